@@ -1,0 +1,218 @@
+"""Plugin loading and the registry of hook records.
+
+Entry points of the ``titan`` group are read from package metadata; each is imported unless it
+is disabled (``TITAN_DISABLE_PLUGINS=a,b`` or ``titan --disable-plugin NAME``), in which case
+it is never imported. A plugin whose import or hook raises is recorded as failed and skipped;
+a run that then asks for a name nobody provides fails with that plugin's error.
+
+Hook records are gathered once per kind, on first use, keyed by lower-cased name; a name
+provided twice is a :class:`~titan_core.errors.PluginError` naming both distributions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import metadata
+from typing import Any
+
+import attrs
+import pluggy
+
+from titan_core import hookspecs
+from titan_core.errors import PluginError, UsageError, describe
+from titan_core.records import RECORD_TYPES
+
+ENTRY_POINT_GROUP = "titan"
+DISABLE_ENV = "TITAN_DISABLE_PLUGINS"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+# Record kind -> hook name.
+_HOOKS = {kind: f"titan_{kind}" for kind in RECORD_TYPES}
+
+
+@attrs.define
+class PluginInfo:
+    """What ``titan plugins list`` shows for one plugin."""
+
+    name: str
+    distribution: str
+    version: str
+    module: str
+    status: str = "loaded"  # loaded | failed | disabled
+    error: str | None = None
+    hooks: list[str] = attrs.field(factory=list)
+    provides: dict[str, list[str]] = attrs.field(factory=dict)
+
+    @property
+    def origin(self) -> str:
+        return f"{self.distribution} {self.version}".strip()
+
+
+@attrs.frozen
+class _Provided:
+    record: Any
+    plugin: PluginInfo
+
+
+def disabled_from_env() -> set[str]:
+    raw = os.environ.get(DISABLE_ENV, "")
+    return {n.strip() for n in raw.split(",") if n.strip()}
+
+
+class Registry:
+    """Loaded plugins and, per hook, the records they provide."""
+
+    def __init__(self, disabled: set[str] | frozenset[str] = frozenset()) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.disabled = set(disabled)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._records: dict[str, dict[str, _Provided]] = {}
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def load_entry_points(self) -> Registry:
+        seen: set[tuple[str, str]] = set()
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.metadata["Name"] if dist is not None else "?"
+            version = dist.version if dist is not None else ""
+            if (ep.name, ep.value) in seen:  # the same distribution found twice on sys.path
+                continue
+            seen.add((ep.name, ep.value))
+            info = PluginInfo(ep.name, dist_name, version, ep.value)
+            if ep.name in self.disabled:
+                info.status = "disabled"
+                self._add_info(info)
+                continue
+            try:
+                plugin = ep.load()
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                info.status, info.error = "failed", describe(exc)
+                self._add_info(info)
+                continue
+            self._register(plugin, info)
+        return self
+
+    def register(
+        self, plugin: Any, name: str, distribution: str = "(registered)", version: str = ""
+    ) -> PluginInfo:
+        """Register a plugin object directly (tests, notebooks, embedding titan)."""
+        info = PluginInfo(name, distribution, version, getattr(plugin, "__name__", repr(plugin)))
+        if name in self.disabled:
+            info.status = "disabled"
+            self._add_info(info)
+            return info
+        self._register(plugin, info)
+        return info
+
+    def _add_info(self, info: PluginInfo) -> None:
+        if info.name in self.plugins:
+            other = self.plugins[info.name]
+            raise PluginError(
+                f"two plugins are named {info.name!r}: from {other.origin} ({other.module}) and "
+                f"from {info.origin} ({info.module}); uninstall one of them or disable it with "
+                f"{DISABLE_ENV}"
+            )
+        self.plugins[info.name] = info
+        self._records.clear()
+
+    def _register(self, plugin: Any, info: PluginInfo) -> None:
+        self._add_info(info)
+        try:
+            self.pm.register(plugin, name=info.name)
+        except Exception as exc:  # pluggy validates hook implementations here
+            info.status, info.error = "failed", describe(exc)
+            return
+        info.hooks = sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or [] if caller.name)
+
+    # -- records ---------------------------------------------------------------------------------
+
+    def records(self, kind: str) -> dict[str, Any]:
+        """All records of one kind (``models``, ``recipes``, ...) keyed by lower-cased name."""
+        return {name: p.record for name, p in self._gather(kind).items()}
+
+    def provider(self, kind: str, name: str) -> PluginInfo:
+        return self._gather(kind)[name.lower()].plugin
+
+    def get(self, kind: str, name: str, *, what: str | None = None) -> Any:
+        """The record ``name`` of ``kind``; unknown names list the known ones and failed plugins."""
+        found = self._gather(kind).get(name.lower())
+        if found is not None:
+            return found.record
+        what = what or kind.rstrip("s").replace("_", " ")
+        known = ", ".join(sorted(p.record.name for p in self._gather(kind).values())) or "(none)"
+        message = f"unknown {what} {name!r}; known: {known}"
+        failed = [p for p in self.plugins.values() if p.status == "failed"]
+        if failed:
+            message += "\n" + "\n".join(
+                f"plugin {p.name!r} ({p.origin}) failed to load and may provide it: {p.error}" for p in failed
+            )
+            raise PluginError(message)
+        disabled = [p.name for p in self.plugins.values() if p.status == "disabled"]
+        if disabled:
+            message += f"\n(disabled plugins, not searched: {', '.join(disabled)})"
+        raise UsageError(message)
+
+    def gather_all(self) -> None:
+        """Gather every kind, so that ``titan plugins list`` can show what each plugin provides."""
+        for kind in RECORD_TYPES:
+            self._gather(kind)
+
+    def _gather(self, kind: str) -> dict[str, _Provided]:
+        if kind in self._records:
+            return self._records[kind]
+        record_type = RECORD_TYPES[kind]
+        gathered: dict[str, _Provided] = {}
+        hook = getattr(self.pm.hook, _HOOKS[kind])
+        for impl in reversed(hook.get_hookimpls()):  # registration order
+            info = self.plugins.get(impl.plugin_name)
+            if info is None or info.status != "loaded":
+                continue
+            try:
+                result = list(impl.function() or [])
+                for record in result:
+                    _check_record(record, record_type, _HOOKS[kind])
+            except Exception as exc:  # a hook that raises fails its plugin, not the run
+                info.status, info.error = "failed", describe(exc)
+                continue
+            for record in result:
+                key = record.name.lower()
+                if key in gathered:
+                    first = gathered[key].plugin
+                    raise PluginError(
+                        f"{record_type.__name__} {record.name!r} is provided twice: by plugin "
+                        f"{first.name!r} ({first.origin}) and by plugin {info.name!r} "
+                        f"({info.origin}); uninstall or disable one of them "
+                        f"({DISABLE_ENV}={info.name})"
+                    )
+                gathered[key] = _Provided(record, info)
+                info.provides.setdefault(kind, []).append(record.name)
+        self._records[kind] = gathered
+        return gathered
+
+
+def _check_record(record: Any, record_type: type, hook: str) -> None:
+    if not isinstance(record, record_type):
+        raise TypeError(f"{hook}() returned {type(record).__name__}, expected {record_type.__name__}")
+    if not isinstance(record.name, str) or not _NAME_RE.match(record.name):
+        raise ValueError(f"{hook}() returned a {record_type.__name__} with invalid name {record.name!r}")
+
+
+_default: Registry | None = None
+
+
+def get_registry(disabled: set[str] | None = None) -> Registry:
+    """The process-wide registry, loaded from entry points on first use."""
+    global _default
+    if _default is None or (disabled is not None and disabled | disabled_from_env() != _default.disabled):
+        _default = Registry((disabled or set()) | disabled_from_env()).load_entry_points()
+    return _default
+
+
+def reset_registry() -> None:
+    global _default
+    _default = None

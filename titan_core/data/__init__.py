@@ -1,0 +1,1 @@
+"""Offline text data: a generated corpus, a shipped tokenizer, and a packing data loader."""

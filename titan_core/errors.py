@@ -1,0 +1,30 @@
+"""The one exception type the CLI turns into a clean message and an exit status."""
+
+from __future__ import annotations
+
+
+class TitanError(Exception):
+    """A problem the user can fix; printed as one message (no traceback) with ``exit_code``."""
+
+    exit_code = 1
+
+
+class UsageError(TitanError):
+    """Bad input: an unknown name, an invalid config value, a broken launch contract."""
+
+    exit_code = 2
+
+
+class PluginError(TitanError):
+    """A plugin failed to load, returned bad records, or clashes with another plugin."""
+
+    exit_code = 1
+
+
+def describe(exc: BaseException) -> str:
+    """One line: the exception and the innermost place it was raised."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"

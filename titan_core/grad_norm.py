@@ -1,0 +1,71 @@
+"""Gradient-norm clipping and loss reduction across parallel ranks.
+
+Gradients may be plain tensors or DTensors on different meshes (FSDP only, TP only, both); each
+group of one mesh and placement gets its norm through DTensor (which reduces partial sums), and
+pipeline stages add their squared norms over the PP group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from titan_core.parallelize import ParallelContext
+
+
+def _group_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm
+
+
+def total_grad_norm(parts: list[nn.Module], ctx: ParallelContext) -> torch.Tensor:
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for part in parts:
+        for p in part.parameters():
+            if p.grad is None:
+                continue
+            key = (p.grad.device_mesh, p.grad.placements) if isinstance(p.grad, DTensor) else None
+            groups.setdefault(key, []).append(p.grad)
+    if not groups:
+        return torch.zeros((), device=ctx.topology.device)
+    squared = sum(_group_norm(g).float() ** 2 for g in groups.values())
+    pp_group = pp_process_group(ctx)
+    if pp_group is not None:
+        dist.all_reduce(squared, group=pp_group)
+    return squared.sqrt()
+
+
+def pp_process_group(ctx: ParallelContext) -> Any:
+    if ctx.topology.pp_group is not None:
+        return ctx.topology.pp_group
+    if ctx.mesh is not None and ctx.parallel_dims.pp > 1:
+        return ctx.mesh["pp"].get_group()
+    return None
+
+
+def clip_grad_norm(parts: list[nn.Module], max_norm: float, ctx: ParallelContext) -> torch.Tensor:
+    norm = total_grad_norm(parts, ctx)
+    if max_norm > 0:
+        params = [p for part in parts for p in part.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
+
+
+def mean_over_dp(loss: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    """Average a per-rank loss over the data-parallel (and context-parallel) ranks."""
+    if isinstance(loss, DTensor):
+        loss = loss.full_tensor()
+    if ctx.mesh is None or ctx.topology.fake:
+        return loss
+    if ctx.parallel_dims.dp * ctx.parallel_dims.cp == 1:
+        return loss
+    loss = loss.detach().clone()
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=ctx.mesh["dp_cp"].get_group())
+    return loss

@@ -1,0 +1,114 @@
+"""The hooks a titan plugin implements.
+
+A plugin is a module (or object) registered under the ``titan`` entry-point group::
+
+    [project.entry-points.titan]
+    my_model = "my_package.plugin"
+
+Its hook implementations are plain functions decorated with :data:`titan_core.hookimpl`.
+Every hook is called once per run, when the registry first needs its records, never from the
+training loop. Each returns a list of typed records (:mod:`titan_core.records`); the registry
+gathers them and rejects a name provided by two plugins.
+
+Convention for plugin authors: keep heavy imports (torch, your model code) inside the hook
+bodies or inside the callables a record carries. ``titan plugins list`` and ``titan --help``
+import every plugin module and must stay fast, so a plugin module must not import torch at
+module level.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from titan_core.records import (
+        Checkpointer,
+        CommBackend,
+        Dataset,
+        ModelSpec,
+        Profiler,
+        Recipe,
+        Strategy,
+    )
+
+PROJECT_NAME = "titan"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def titan_models() -> list[ModelSpec]:
+    """Return the model families this plugin provides.
+
+    Called when a run or ``titan plugins list`` first needs the model registry. Each
+    :class:`~titan_core.records.ModelSpec` names a family (``config.model.name``) and its
+    flavors (``config.model.flavor``). Building a model must not happen here: the spec's
+    ``build`` callable is invoked later, on the meta device.
+    """
+
+
+@hookspec
+def titan_recipes() -> list[Recipe]:
+    """Return the recipes this plugin provides.
+
+    A recipe is a plain function returning a :class:`~titan_core.config.TrainerConfig`;
+    ``titan run --recipe NAME`` selects it. Recipes in a user's module given with
+    ``--module`` need no hook: every public function of that module is a recipe.
+    """
+
+
+@hookspec
+def titan_strategies() -> list[Strategy]:
+    """Return the parallelism strategies (or model transforms) this plugin provides.
+
+    Called once when the trainer builds the model. The trainer applies, in ascending
+    ``Strategy.order``, every strategy whose ``applies(config, parallel_dims)`` is true.
+    """
+
+
+@hookspec
+def titan_comm_backends() -> list[CommBackend]:
+    """Return the communication backends this plugin provides.
+
+    ``config.comm.backend`` (or ``--comm-backend``) selects one by name. Its ``init(config)``
+    is called once at start-up and returns the run's :class:`~titan_core.topology.Topology`.
+    """
+
+
+@hookspec
+def titan_datasets() -> list[Dataset]:
+    """Return the text datasets this plugin provides; ``config.data.dataset`` selects one."""
+
+
+@hookspec
+def titan_profilers() -> list[Profiler]:
+    """Return the profilers this plugin provides.
+
+    The trainer builds the one named by ``config.profiler.backend`` when profiling or memory
+    snapshots are enabled, and calls its ``step()`` once per training step.
+    """
+
+
+@hookspec
+def titan_checkpointers() -> list[Checkpointer]:
+    """Return the checkpointers this plugin provides.
+
+    The trainer builds the one named by ``config.checkpoint.backend`` when
+    ``checkpoint.enable`` is set; it loads before step 1 and saves every ``interval`` steps.
+    """
+
+
+__all__ = [
+    "hookimpl",
+    "hookspec",
+    "titan_checkpointers",
+    "titan_comm_backends",
+    "titan_datasets",
+    "titan_models",
+    "titan_profilers",
+    "titan_recipes",
+    "titan_strategies",
+]

@@ -1,0 +1,99 @@
+"""Parallel degrees of a run, their validation, and the DeviceMesh built from them.
+
+The mesh's dimensions are, outermost first, ``pp, dp_replicate, dp_shard, cp, tp``. Expert
+parallelism borrows its ranks from ``dp_shard x cp`` (as in torchtitan), so it adds no dimension.
+Every degree error is raised before any model is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from titan_core.errors import UsageError
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@attrs.frozen
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int
+    ep: int
+    world_size: int
+
+    @classmethod
+    def from_config(cls, parallelism: Any, world_size: int) -> ParallelDims:
+        """Resolve ``dp_shard=-1`` and check every degree against ``world_size``."""
+        p = parallelism
+        others = p.dp_replicate * p.cp * p.tp * p.pp
+        dp_shard = p.dp_shard
+        degrees = f"dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} cp={p.cp} tp={p.tp} pp={p.pp}"
+        if dp_shard == -1:
+            if world_size % others:
+                raise UsageError(
+                    f"parallel degrees do not fit the world size {world_size}: {degrees}; "
+                    f"dp_replicate*cp*tp*pp = {others} must divide {world_size}. Change the "
+                    "degrees in the recipe or launch a multiple of that many ranks (NGPU)"
+                )
+            dp_shard = world_size // others
+        if dp_shard * others != world_size:
+            raise UsageError(
+                f"parallel degrees do not fit the world size {world_size}: {degrees}; their "
+                f"product is {dp_shard * others}, it must equal {world_size}. Set "
+                "parallelism.dp_shard = -1 to fill the remaining ranks, or change the degrees, "
+                "or launch that many ranks (NGPU)"
+            )
+        if (dp_shard * p.cp) % p.ep:
+            raise UsageError(
+                f"parallelism.ep={p.ep} must divide dp_shard*cp = {dp_shard}*{p.cp} = "
+                f"{dp_shard * p.cp}: expert parallelism borrows its ranks from the data-sharding "
+                "and context axes. Pick an ep that divides it"
+            )
+        return cls(p.dp_replicate, dp_shard, p.cp, p.tp, p.pp, p.ep, world_size)
+
+    # -- which axes are in use --------------------------------------------------------------------
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard * self.cp > 1
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        return self.cp * self.tp * self.pp
+
+    def degrees(self) -> dict[str, int]:
+        return {d: getattr(self, d) for d in (*MESH_DIMS, "ep")}
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of a global rank (row-major over ``MESH_DIMS``)."""
+        coords: dict[str, int] = {}
+        for dim in reversed(MESH_DIMS):
+            size = getattr(self, dim)
+            coords[dim] = rank % size
+            rank //= size
+        return {d: coords[d] for d in MESH_DIMS}
+
+    def build_mesh(self, device_type: str) -> Any:
+        """The world DeviceMesh with the flattened views strategies use.
+
+        Flattened views (``dp``, ``dp_shard_cp``, ``dp_cp``) go through ``DeviceMesh._flatten``,
+        the private API torchtitan relies on too; there is no public equivalent in torch 2.11-2.14.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(
+            device_type, tuple(getattr(self, d) for d in MESH_DIMS), mesh_dim_names=MESH_DIMS
+        )
+        mesh[("dp_replicate", "dp_shard")]._flatten("dp")
+        mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+        mesh[("dp_replicate", "dp_shard", "cp")]._flatten("dp_cp")
+        return mesh

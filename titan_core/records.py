@@ -1,0 +1,147 @@
+"""Typed records that plugins return from titan's hooks.
+
+Each hook (see :mod:`titan_core.hookspecs`) returns a list of one of these records. A record
+carries a ``name`` users select it by and the callables that build the thing it stands for.
+The records never import torch: what they build is created only when a run asks for it, so
+listing plugins stays fast.
+
+The registry (:mod:`titan_core._registry`) gathers the records of one hook from all plugins,
+normalises their names and fails on a name provided twice, naming both distributions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from titan_core.config import TrainerConfig
+    from titan_core.parallel_dims import ParallelDims
+    from titan_core.topology import Topology
+
+
+@attrs.frozen
+class ModelSpec:
+    """A model family: its flavors and what the trainer and strategies need from it.
+
+    The built module follows titan's decoder protocol (``docs/plugins.md``): ``init_weights()``
+    initialises every parameter and buffer in place, ``forward(tokens) -> logits``, and the
+    transformer blocks live in ``model.layers`` (an ``nn.ModuleDict`` keyed ``"0"``, ``"1"``, ...)
+    so that FSDP, activation checkpointing and pipeline splitting can find them.
+    """
+
+    name: str
+    #: flavor name -> model arguments (any object; usually a frozen attrs/dataclass instance).
+    flavors: Mapping[str, Any]
+    #: ``build(args) -> nn.Module``; called under ``torch.device("meta")``.
+    build: Callable[[Any], nn.Module]
+    #: ``num_params(args, include_embedding) -> int`` computed analytically (no model built).
+    num_params: Callable[[Any, bool], int]
+    #: ``flops_per_token(args, seq_len) -> float`` for MFU (6N + attention, torchtitan's formula).
+    flops_per_token: Callable[[Any, int], float]
+    #: ``tp_plan(model, tp_mesh, loss_parallel) -> None`` applies the DTensor TP/SP plan in
+    #: place; ``None`` when the model does not support tensor parallelism.
+    tp_plan: Callable[..., None] | None = None
+    description: str = ""
+
+    def flavor(self, flavor: str) -> Any:
+        try:
+            return self.flavors[flavor]
+        except KeyError:
+            known = ", ".join(sorted(self.flavors))
+            raise LookupError(
+                f"model {self.name!r} has no flavor {flavor!r}; known flavors: {known}"
+            ) from None
+
+
+@attrs.frozen
+class Recipe:
+    """A named function that returns a fully populated :class:`~titan_core.config.TrainerConfig`."""
+
+    name: str
+    fn: Callable[[], TrainerConfig]
+    description: str = ""
+
+
+@attrs.frozen
+class Strategy:
+    """A parallelism or model transformation applied to each model part before training.
+
+    Strategies run in ascending ``order`` (``titan_core.parallelize.ORDER`` names the slots):
+    pipeline splitting happens first and produces model parts; the others transform each part.
+    """
+
+    name: str
+    order: int
+    #: ``applies(config, parallel_dims) -> bool``: whether this run needs the strategy.
+    applies: Callable[[TrainerConfig, ParallelDims], bool]
+    #: ``apply(parts, ctx) -> parts``: takes this rank's model parts (a list of ``nn.Module``)
+    #: and a :class:`~titan_core.parallelize.ParallelContext`, returns the parts to train.
+    apply: Callable[..., Any]
+    description: str = ""
+
+
+@attrs.frozen
+class CommBackend:
+    """How a run reaches its peers: builds the :class:`~titan_core.topology.Topology`."""
+
+    name: str
+    #: ``init(config) -> Topology``; initialises process groups (or fakes them).
+    init: Callable[[TrainerConfig], Topology]
+    description: str = ""
+
+
+@attrs.frozen
+class Dataset:
+    """A source of text documents for the language-modelling data loader."""
+
+    name: str
+    #: ``documents(data_config) -> Iterable[str]``: yields documents in a fixed order; called
+    #: with the ``data`` section once per epoch.
+    documents: Callable[[Any], Any]
+    description: str = ""
+
+
+@attrs.frozen
+class Profiler:
+    """A profiler: ``build(config, topology) -> ProfilerSession`` (context manager with step())."""
+
+    name: str
+    build: Callable[[TrainerConfig, Topology], Any]
+    description: str = ""
+
+
+@attrs.frozen
+class Checkpointer:
+    """A checkpointer: ``build(config, topology) -> object`` with load/save/save_seed methods."""
+
+    name: str
+    build: Callable[[TrainerConfig, Topology], Any]
+    description: str = ""
+
+
+#: Every record type, keyed by the registry key used in ``titan plugins list``.
+RECORD_TYPES: dict[str, type] = {
+    "models": ModelSpec,
+    "recipes": Recipe,
+    "strategies": Strategy,
+    "comm_backends": CommBackend,
+    "datasets": Dataset,
+    "profilers": Profiler,
+    "checkpointers": Checkpointer,
+}
+
+__all__ = [
+    "RECORD_TYPES",
+    "Checkpointer",
+    "CommBackend",
+    "Dataset",
+    "ModelSpec",
+    "Profiler",
+    "Recipe",
+    "Strategy",
+]

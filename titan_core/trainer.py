@@ -1,0 +1,273 @@
+"""The trainer: build everything from the config and plugins, then run the loop.
+
+Build order (docs/architecture.md): comm backend -> parallel dims and mesh -> model on meta ->
+strategies -> materialise and init -> optimizer, schedule, data. The loop calls no hooks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_core._registry import Registry
+from titan_core.config import TrainerConfig
+from titan_core.data.loader import PackedBatches, load_tokenizer
+from titan_core.errors import PluginError, UsageError
+from titan_core.log import get_logger, setup_logging
+from titan_core.metrics import MetricsLogger
+from titan_core.parallel_dims import ParallelDims
+from titan_core.parallelize import (
+    ParallelContext,
+    apply_strategies,
+    required_strategies,
+    select_strategies,
+)
+from titan_core.topology import Topology
+
+log = get_logger("titan.trainer")
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy in float32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def lr_lambda(config: TrainerConfig) -> Any:
+    """Linear warm-up, constant, then linear decay to ``min_lr_factor`` over ``decay_ratio``."""
+    t = config.training
+    warmup = t.warmup_steps
+    decay_steps = round((t.steps - warmup) * t.decay_ratio)
+    decay_start = t.steps - decay_steps
+
+    def factor(step: int) -> float:  # LambdaLR's step counts from 0
+        step += 1
+        if step <= warmup:
+            return step / (warmup + 1)
+        if step <= decay_start or decay_steps == 0:
+            return 1.0
+        progress = (step - decay_start) / decay_steps
+        return 1.0 - (1.0 - t.min_lr_factor) * progress
+
+    return factor
+
+
+def set_determinism(config: TrainerConfig, seed: int) -> None:
+    if config.debug.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=config.debug.deterministic_warn_only)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig, registry: Registry) -> None:
+        self.config = config
+        self.registry = registry
+        self.step = 0
+
+        # 1. Who we are: the comm backend builds the topology; degrees are checked right away.
+        backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+        self.topology: Topology = backend.init(config)
+        setup_logging(rank=self.topology.rank)
+        self.parallel_dims = ParallelDims.from_config(config.parallelism, self.topology.world_size)
+        self.device = self.topology.device
+        self.seed = config.debug.seed if config.debug.seed is not None else 0
+        set_determinism(config, self.seed)
+
+        # 2. Plugins this run needs, resolved before anything heavy is built.
+        self.spec = registry.get("models", config.model.name, what="model")
+        try:
+            self.model_args = self.spec.flavor(config.model.flavor)
+        except LookupError as exc:
+            raise UsageError(f"model.flavor: {exc}") from None
+        strategies = registry.records("strategies")
+        missing = [n for n in required_strategies(config, self.parallel_dims) if n not in strategies]
+        if missing:
+            raise PluginError(
+                f"this run needs the strategies {', '.join(missing)} (from the parallel degrees "
+                f"{self.parallel_dims.degrees()} and the recipe), which no installed plugin "
+                "provides; install titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
+            )
+        dataset = registry.get("datasets", config.data.dataset, what="dataset")
+        self.tokenizer = load_tokenizer(config.data.tokenizer_path)
+        vocab = getattr(self.model_args, "vocab_size", None)
+        if vocab is not None and self.tokenizer.vocab_size > vocab:
+            raise UsageError(
+                f"the tokenizer has {self.tokenizer.vocab_size} tokens but model "
+                f"{config.model.name}/{config.model.flavor} has a vocabulary of {vocab}; use a "
+                "flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
+            )
+
+        # 3. Mesh, model on meta, strategies in their declared order.
+        self.mesh = self.parallel_dims.build_mesh(self.device.type) if self.topology.world_size > 1 else None
+        with torch.device("meta"):
+            model = self.spec.build(self.model_args)
+        self.ctx = ParallelContext(
+            config, self.parallel_dims, self.mesh, self.spec, self.model_args, self.topology
+        )
+        self.parts: list[nn.Module] = apply_strategies(
+            model, select_strategies(strategies, config, self.parallel_dims), self.ctx
+        )
+
+        # 4. Materialise this rank's shards and initialise them (PP stages get their own seed).
+        pp_rank = self._coordinate("pp")
+        torch.manual_seed(self.seed + pp_rank)
+        for part in self.parts:
+            part.to_empty(device=self.device)
+            with torch.no_grad():
+                part.init_weights(buffer_device=self.device)
+            part.train()
+        torch.manual_seed(self.seed)
+        if config.checkpoint.initial_load_path:
+            from titan_core.initial_weights import load_full_state_dict
+
+            load_full_state_dict(self.parts, config.checkpoint.initial_load_path)
+
+        # 5. Optimizer, schedule, data.
+        t = config.training
+        params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+            foreach=True,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
+        dp_rank = self._coordinate("dp_replicate") * self.parallel_dims.dp_shard + self._coordinate(
+            "dp_shard"
+        )
+        self.batches = PackedBatches(
+            documents=lambda: dataset.documents(config.data),
+            tokenizer=self.tokenizer,
+            seq_len=t.seq_len,
+            batch_size=t.local_batch_size,
+            dp_rank=dp_rank,
+            dp_degree=self.parallel_dims.dp,
+            seed=self.seed,
+        )
+        self.pipeline = (
+            self.ctx.build_pipeline(self.parts, cross_entropy_loss)
+            if self.ctx.build_pipeline is not None
+            else None
+        )
+        self.autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if t.dtype == "bfloat16" and not self.ctx.mixed_precision_applied
+            else nullcontext()
+        )
+        tokens = t.local_batch_size * t.seq_len
+        self.metrics = MetricsLogger(
+            config,
+            self.device,
+            self.spec.flops_per_token(self.model_args, t.seq_len),
+            tokens // self.parallel_dims.cp,  # tokens this device processes per step
+            write=self._is_logging_rank(),
+        )
+        n_params = sum(p.numel() for part in self.parts for p in part.parameters())
+        log.info(
+            "built",
+            recipe=config.recipe,
+            model=f"{config.model.name}/{config.model.flavor}",
+            params_total=self.spec.num_params(self.model_args, True),
+            params_local=n_params,
+            degrees=self.parallel_dims.degrees(),
+            strategies=self.ctx.applied,
+            device=str(self.device),
+            comm_backend=config.comm.backend,
+        )
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _coordinate(self, dim: str) -> int:
+        if dim == "pp" and self.topology.pp_rank is not None:
+            return self.topology.pp_rank
+        return self.parallel_dims.coordinates(self.topology.rank)[dim]
+
+    def _is_logging_rank(self) -> bool:
+        """The rank whose loss is meaningful: the first DP/TP/CP coordinate of the last stage."""
+        coords = self.parallel_dims.coordinates(self.topology.rank)
+        pp_last = self._coordinate("pp") == self.parallel_dims.pp - 1
+        return pp_last and all(v == 0 for k, v in coords.items() if k != "pp")
+
+    def _loss_context(self) -> Any:
+        if self.ctx.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return nullcontext()
+
+    # -- one step ------------------------------------------------------------------------------------
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """Loss of this step (``None`` on pipeline ranks without the last stage)."""
+        kwargs: dict[str, Any] = {}
+        if self.ctx.shard_batch is not None:
+            inputs, labels, kwargs = self.ctx.shard_batch(inputs, labels)
+        if self.pipeline is not None:
+            return self.pipeline.step(inputs, labels, kwargs)
+        with self._loss_context():
+            with self.autocast:
+                logits = self.parts[0](inputs, **kwargs)
+            loss = cross_entropy_loss(logits, labels)
+            loss.backward()
+        return loss.detach()
+
+    def clip_gradients(self) -> torch.Tensor:
+        from titan_core.grad_norm import clip_grad_norm
+
+        return clip_grad_norm(self.parts, self.config.training.max_norm, self.ctx)
+
+    def train(self) -> list[dict[str, float]]:
+        config = self.config
+        steps = config.training.steps
+        if config.debug.max_steps is not None:
+            steps = min(steps, config.debug.max_steps)
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.batches)
+        log.info("training starts", steps=steps, dump_folder=config.job.dump_folder)
+        for self.step in range(1, steps + 1):
+            inputs, labels = next(batches)
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.forward_backward(inputs, labels)
+            grad_norm = self.clip_gradients()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.metrics.step_done(self.step, *self._reduce_for_log(loss, grad_norm))
+        self.metrics.close()
+        log.info("training completed", steps=steps)
+        return self.metrics.history
+
+    def _reduce_for_log(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[Any, Any]:
+        """Loss averaged over the data-parallel ranks (only on steps that log)."""
+        if self.step % self.config.metrics.log_freq and self.step != 1:
+            return None, None
+        from titan_core.grad_norm import mean_over_dp
+
+        if loss is not None:
+            loss = mean_over_dp(loss, self.ctx)
+        value = None if loss is None else float(loss)
+        return value, float(grad_norm)
+
+    def close(self) -> None:
+        self.topology.shutdown()
+
+
+def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
+    trainer = Trainer(config, registry)
+    try:
+        history = trainer.train()
+    finally:
+        trainer.close()
+    if not math.isfinite(history[-1].get("loss", 0.0)):
+        raise UsageError("the loss diverged (not finite); lower training.lr or check the data")
+    return history
