@@ -51,6 +51,9 @@ class Data:
     tokenizer_path: str | None = None
     #: Number of documents of the bundled corpus (ignored by other datasets).
     bundled_documents: int = 4000
+    #: Sequences each data-parallel rank shuffles among; 0 keeps the packing order, so runs
+    #: with different DP degrees see the same global batches (for loss comparisons).
+    shuffle_buffer: int = 256
 
 
 @define

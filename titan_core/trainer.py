@@ -154,6 +154,7 @@ class Trainer:
             dp_rank=dp_rank,
             dp_degree=self.parallel_dims.dp,
             seed=self.seed,
+            shuffle_buffer=config.data.shuffle_buffer,
         )
         self.pipeline = (
             self.ctx.build_pipeline(self.parts, cross_entropy_loss)

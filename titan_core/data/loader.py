@@ -137,7 +137,7 @@ class PackedBatches:
             pool.append(seq)
             if len(pool) < self.shuffle_buffer:
                 continue
-            batch.append(pool.pop(rng.randrange(len(pool))))
+            batch.append(pool.pop(rng.randrange(len(pool)) if self.shuffle_buffer else 0))
             if len(batch) == self.batch_size:
                 data = torch.tensor(batch, dtype=torch.long)
                 yield data[:, :-1], data[:, 1:]
