@@ -1,0 +1,59 @@
+"""Shared fixtures: run the ``titan`` CLI in a subprocess, install fixture plugins with pip."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def titan_env(**extra: str) -> dict[str, str]:
+    """A child environment: JSON logs, no inherited plugin switches."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TITAN_DISABLE_PLUGINS",)}
+    env["TITAN_LOG_FORMAT"] = "json"
+    env.update(extra)
+    return env
+
+
+def run_titan(*args: str, cwd: Path | str | None = None, timeout: float = 300, **env: str):
+    """Run ``python -m titan_core.cli ARGS``; returns the CompletedProcess (text mode)."""
+    return subprocess.run(
+        [sys.executable, "-m", "titan_core.cli", *args],
+        cwd=cwd,
+        env=titan_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def step_rows(stdout: str) -> list[dict]:
+    """The per-step metric rows from JSON log lines."""
+    rows = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            if record.get("event") == "step":
+                rows.append(record)
+    return rows
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where the fixture plugins are really installed by pip (put it on PYTHONPATH)."""
+    target = tmp_path_factory.mktemp("site")
+    for name in ("titan_toy_plugin", "titan_broken_plugin"):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+             "--target", str(target), str(FIXTURES / name)],
+            check=True,
+            capture_output=True,
+        )
+    return target
