@@ -127,7 +127,14 @@ class Registry:
         except Exception as exc:  # pluggy validates hook implementations here
             info.status, info.error = "failed", describe(exc)
             return
-        info.hooks = sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or [] if caller.name)
+        info.hooks = sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or [])
+        unknown = [h for h in info.hooks if not hasattr(hookspecs, h)]
+        if unknown:  # a misspelt hook would otherwise be silently ignored
+            self.pm.unregister(plugin)
+            info.status = "failed"
+            info.error = f"implements unknown hooks {', '.join(unknown)}; titan's hooks are " + ", ".join(
+                f"titan_{k}" for k in RECORD_TYPES
+            )
 
     # -- records ---------------------------------------------------------------------------------
 

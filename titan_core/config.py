@@ -274,7 +274,7 @@ def _walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, str, Any]]:
     for a in attrs.fields(type(obj)):
         value = getattr(obj, a.name)
         path = f"{prefix}{a.name}"
-        annotation = str(a.type)
+        annotation = _annotation(a.type)
         if annotation in _SECTIONS:
             if type(value).__name__ == annotation and attrs.has(type(value)):
                 yield from _walk(value, path + ".")
@@ -284,7 +284,16 @@ def _walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, str, Any]]:
             yield path, annotation, value
 
 
-_SECTIONS = {str(a.type) for a in attrs.fields(TrainerConfig) if str(a.type) != "str"}
+def _annotation(annotation: Any) -> str:
+    """A field's annotation as source text ("int | None", "Training"), resolved or not."""
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation)  # e.g. types.UnionType renders as "int | None"
+
+
+_SECTIONS = {_annotation(a.type) for a in attrs.fields(TrainerConfig) if a.name != "recipe"}
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "training.dtype": ("float32", "bfloat16"),

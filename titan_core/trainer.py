@@ -174,6 +174,12 @@ class Trainer:
             tokens // self.parallel_dims.cp,  # tokens this device processes per step
             write=self._is_logging_rank(),
         )
+        if self._is_logging_rank():
+            from titan_core.config import render
+
+            os.makedirs(config.job.dump_folder, exist_ok=True)
+            with open(os.path.join(config.job.dump_folder, "config.toml"), "w") as f:
+                f.write(render(config))
         n_params = sum(p.numel() for part in self.parts for p in part.parameters())
         log.info(
             "built",

@@ -23,6 +23,7 @@ def llama3_debugmodel() -> TrainerConfig:
     config.training.lr = 3e-3
     config.training.warmup_steps = 3
     config.metrics.log_freq = 1
+    config.metrics.enable_tensorboard = True
     config.debug.seed = 0
     return config
 

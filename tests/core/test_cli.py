@@ -1,0 +1,209 @@
+"""The ``titan`` command as users call it: listing, printing configs, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from tests.conftest import run_titan, step_rows, titan_env
+
+TITAN = Path(sys.executable).parent / "titan"
+
+
+def test_plugins_list_is_fast_and_does_not_import_torch() -> None:
+    start = time.perf_counter()
+    result = subprocess.run([str(TITAN), "plugins", "list"], capture_output=True, text=True, env=titan_env())
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    assert elapsed < 0.5, f"titan plugins list took {elapsed:.2f}s"
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:] if line.strip()}
+    assert "0.1.0" in lines["core"] and "titan-core" in lines["core"] and "datasets" in lines["core"]
+    assert "titan-plugins-llama3" in lines["llama3"]
+    assert "models, recipes" in lines["llama3"] and "llama3_debugmodel" in lines["llama3"]
+    probe = (
+        "import sys; from titan_core.cli import main; main(['plugins', 'list']); "
+        "main(['recipes', 'list']); assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, env=titan_env())
+
+
+def test_help_lists_operational_options_without_torch() -> None:
+    probe = (
+        "import sys\nfrom titan_core.cli import main\n"
+        "try:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    for option in ("--recipe", "--config", "--module", "--print-config", "--comm-backend"):
+        assert option in result.stdout
+    top = subprocess.run([str(TITAN), "--help"], capture_output=True, text=True, check=True)
+    assert "run" in top.stdout and "plugins" in top.stdout and "--disable-plugin" in top.stdout
+
+
+def test_plugins_list_json() -> None:
+    result = run_titan("plugins", "list", "--json")
+    plugins = {p["name"]: p for p in json.loads(result.stdout)}
+    assert plugins["llama3"]["status"] == "loaded"
+    assert plugins["llama3"]["provides"]["models"] == ["llama3"]
+    assert plugins["llama3"]["hooks"] == ["titan_models", "titan_recipes"]
+
+
+def test_print_config_of_8b_is_fast_and_builds_nothing() -> None:
+    start = time.perf_counter()
+    result = subprocess.run(
+        [str(TITAN), "run", "--recipe", "llama3_8b", "--print-config"],
+        capture_output=True,
+        text=True,
+        env=titan_env(),
+    )
+    assert time.perf_counter() - start < 3
+    assert result.returncode == 0, result.stderr
+    config = tomllib.loads(result.stdout)
+    assert config["model"] == {"name": "llama3", "flavor": "8B"}
+    assert config["recipe"] == "llama3_8b"
+    # python -m titan_core.train accepts the same options (--config alias, json output).
+    alias = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "titan_core.train",
+            "--config",
+            "llama3_8b",
+            "--print-config",
+            "json",
+            "--comm-backend",
+            "fake",
+        ],
+        capture_output=True,
+        text=True,
+        env=titan_env(),
+    )
+    assert alias.returncode == 0, alias.stderr
+    data = json.loads(alias.stdout)
+    assert data["model"]["flavor"] == "8B" and data["comm"]["backend"] == "fake"
+    probe = (
+        "import sys; from titan_core.cli import main\n"
+        "main(['run', '--recipe', 'llama3_405b', '--print-config'])\n"
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True)
+
+
+def write_module(root: Path, body: str, name: str = "my_project") -> None:
+    package = root / name
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / "recipes.py").write_text(body)
+
+
+def test_invalid_recipe_value_exits_2_with_path(tmp_path: Path) -> None:
+    write_module(
+        tmp_path,
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n"
+        "def bad():\n    c = llama3_debugmodel()\n    c.training.steps = 'four'\n"
+        "    c.parallelism.tp = 0\n    return c\n",
+    )
+    result = run_titan(
+        "run", "--module", "my_project.recipes", "--recipe", "bad", "--print-config", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert "training.steps: expected int, got str 'four'" in result.stderr
+    assert "parallelism.tp: expected a positive integer, got 0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_recipe_lists_known_ones() -> None:
+    result = run_titan("run", "--recipe", "llama3_9b")
+    assert result.returncode == 2
+    assert "unknown recipe 'llama3_9b'" in result.stderr
+    for name in ("llama3_debugmodel", "llama3_8b", "llama3_70b", "llama3_405b"):
+        assert name in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--module", "no_such_module_xyz", "--recipe", "x"], "no module named 'no_such_module_xyz'"),
+        (["--module", "my_project.recipes", "--recipe", "nope"], "recipes defined there: good, raises"),
+        (["--module", "my_project.recipes", "--recipe", "raises"], "recipe 'raises' raised AttributeError"),
+        (["--recipe", "llama3_debugmodel", "--comm-backend", "carrier_pigeon"], "unknown comm backend"),
+    ],
+)
+def test_bad_input_is_one_clear_error(tmp_path: Path, args: list[str], expected: str) -> None:
+    write_module(
+        tmp_path,
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n"
+        "def good():\n    return llama3_debugmodel()\n\n"
+        "def raises():\n    c = llama3_debugmodel()\n    c.training.stepz = 3\n    return c\n",
+    )
+    result = run_titan("run", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 3
+
+
+def test_unknown_model_flavor_is_a_usage_error(tmp_path: Path) -> None:
+    write_module(
+        tmp_path,
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n"
+        "def odd():\n    c = llama3_debugmodel()\n    c.model.flavor = '7B'\n    return c\n",
+    )
+    result = run_titan("run", "--module", "my_project.recipes", "--recipe", "odd", cwd=tmp_path)
+    assert result.returncode == 2
+    assert (
+        "model.flavor: model 'llama3' has no flavor '7B'; known flavors: 405B, 70B, 8B, debugmodel"
+        in result.stderr
+    )
+
+
+def test_disable_plugin_keeps_it_from_import() -> None:
+    result = run_titan("--disable-plugin", "llama3", "plugins", "list", "--json")
+    plugins = {p["name"]: p for p in json.loads(result.stdout)}
+    assert plugins["llama3"]["status"] == "disabled"
+    assert plugins["llama3"]["hooks"] == []
+    result = run_titan("run", "--recipe", "llama3_debugmodel", TITAN_DISABLE_PLUGINS="llama3")
+    assert result.returncode == 2
+    assert "disabled plugins, not searched: llama3" in result.stderr
+
+
+def test_recipes_list() -> None:
+    result = run_titan("recipes", "list", "--json")
+    recipes = {r["name"]: r for r in json.loads(result.stdout)}
+    assert recipes["llama3_8b"]["source"] == "llama3"
+    assert "8B" in recipes["llama3_8b"]["description"]
+
+
+@pytest.mark.slow
+def test_user_recipe_module_from_the_issue(tmp_path: Path) -> None:
+    """The foundation issue's user module, unchanged, trains for 4 steps."""
+    write_module(
+        tmp_path,
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n"
+        "def my_debug_recipe():\n"
+        "    config = llama3_debugmodel()\n"
+        "    config.training.steps = 4\n"
+        "    config.parallelism.dp_shard = 1\n"
+        "    return config\n",
+    )
+    result = run_titan(
+        "run",
+        "--module",
+        "my_project.recipes",
+        "--recipe",
+        "my_debug_recipe",
+        "--dump-folder",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = step_rows(result.stdout)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["rank"] == 0 for r in rows)

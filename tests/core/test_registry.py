@@ -1,0 +1,111 @@
+"""The registry: direct registration, conflicts, failures and disabling (no entry points)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from titan_core import CommBackend, Dataset, ModelSpec, Recipe, TrainerConfig, hookimpl
+from titan_core._registry import Registry
+from titan_core.errors import PluginError, UsageError
+
+
+def plugin_module(name: str, **hooks: object) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for hook, records in hooks.items():
+        module.__dict__[hook] = hookimpl(lambda records=records: list(records))  # type: ignore[misc]
+    return module
+
+
+def recipe(name: str) -> Recipe:
+    return Recipe(name, TrainerConfig, "")
+
+
+def test_records_are_gathered_with_provenance() -> None:
+    registry = Registry()
+    info = registry.register(
+        plugin_module("a", titan_recipes=[recipe("one"), recipe("Two")]), "a", "dist-a", "1.0"
+    )
+    assert set(registry.records("recipes")) == {"one", "two"}
+    assert registry.get("recipes", "TWO").name == "Two"  # names match case-insensitively
+    assert registry.provider("recipes", "one") is info
+    assert info.hooks == ["titan_recipes"]
+    assert info.provides == {"recipes": ["one", "Two"]}
+
+
+def test_duplicate_name_names_both_distributions() -> None:
+    registry = Registry()
+    registry.register(plugin_module("a", titan_recipes=[recipe("same")]), "a", "dist-a", "1.0")
+    registry.register(plugin_module("b", titan_recipes=[recipe("SAME")]), "b", "dist-b", "2.5")
+    with pytest.raises(PluginError) as info:
+        registry.records("recipes")
+    message = str(info.value)
+    assert "dist-a 1.0" in message and "dist-b 2.5" in message and "'same'" in message.lower()
+
+
+def test_two_plugins_with_one_name() -> None:
+    registry = Registry()
+    registry.register(plugin_module("x"), "dup", "dist-a", "1")
+    with pytest.raises(PluginError, match="two plugins are named 'dup'.*dist-a 1.*dist-b 2"):
+        registry.register(plugin_module("y"), "dup", "dist-b", "2")
+
+
+def test_unknown_name_lists_known_ones() -> None:
+    registry = Registry()
+    registry.register(plugin_module("a", titan_recipes=[recipe("alpha"), recipe("beta")]), "a")
+    with pytest.raises(UsageError, match="unknown recipe 'gamma'; known: alpha, beta"):
+        registry.get("recipes", "gamma", what="recipe")
+
+
+def test_hook_that_raises_fails_only_its_plugin() -> None:
+    bad = types.ModuleType("bad")
+
+    @hookimpl
+    def titan_recipes() -> list[Recipe]:
+        raise RuntimeError("boom")
+
+    bad.titan_recipes = titan_recipes  # type: ignore[attr-defined]
+    registry = Registry()
+    registry.register(bad, "bad", "dist-bad", "0.1")
+    registry.register(plugin_module("good", titan_recipes=[recipe("ok")]), "good")
+    assert list(registry.records("recipes")) == ["ok"]
+    assert registry.plugins["bad"].status == "failed"
+    assert "RuntimeError: boom" in registry.plugins["bad"].error
+    # A name nobody provides now points at the failed plugin and its error.
+    with pytest.raises(PluginError, match=r"plugin 'bad' \(dist-bad 0.1\) failed to load .*boom"):
+        registry.get("recipes", "missing", what="recipe")
+
+
+def test_wrong_record_type_and_bad_names_fail_the_plugin() -> None:
+    registry = Registry()
+    registry.register(plugin_module("w", titan_recipes=["not a record"]), "w")
+    registry.register(plugin_module("n", titan_datasets=[Dataset("has space", lambda d: [])]), "n")
+    registry.gather_all()
+    assert "returned str, expected Recipe" in registry.plugins["w"].error
+    assert "invalid name 'has space'" in registry.plugins["n"].error
+
+
+def test_unknown_hook_in_plugin_is_reported() -> None:
+    module = types.ModuleType("typo")
+
+    @hookimpl
+    def titan_modelz() -> list[ModelSpec]:
+        return []
+
+    module.titan_modelz = titan_modelz  # type: ignore[attr-defined]
+    registry = Registry()
+    info = registry.register(module, "typo")
+    assert info.status == "failed"
+    assert "unknown hooks titan_modelz" in info.error
+    assert "titan_models" in info.error
+
+
+def test_disabled_plugin_is_not_registered() -> None:
+    registry = Registry(disabled={"off"})
+    info = registry.register(
+        plugin_module("off", titan_comm_backends=[CommBackend("x", lambda c: None)]), "off"
+    )
+    assert info.status == "disabled"
+    with pytest.raises(UsageError, match=r"disabled plugins, not searched: off"):
+        registry.get("comm_backends", "x")
