@@ -47,7 +47,7 @@ def test_duplicate_name_names_both_distributions() -> None:
 def test_two_plugins_with_one_name() -> None:
     registry = Registry()
     registry.register(plugin_module("x"), "dup", "dist-a", "1")
-    with pytest.raises(PluginError, match="two plugins are named 'dup'.*dist-a 1.*dist-b 2"):
+    with pytest.raises(PluginError, match=r"two plugins are named 'dup'.*dist-a 1.*dist-b 2"):
         registry.register(plugin_module("y"), "dup", "dist-b", "2")
 
 
