@@ -36,3 +36,15 @@ def test_readme_run_command_trains_llama3_debugmodel(tmp_path: Path) -> None:
     dump = tmp_path / "outputs" / "llama3_debugmodel"
     assert "steps = 30" in (dump / "config.toml").read_text()
     assert list((dump / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    command = "pip install -r requirements-dev.txt && python -m pytest"
+    assert command in readme
+    assert command in (REPO / ".ci" / "run").read_text()
+    blocks = [b for b in readme.split("```bash\n")[1:3]]
+    assert [b.split("\n")[0] for b in blocks] == [
+        "pip install -r requirements.txt && titan run --recipe llama3_debugmodel",
+        command,
+    ]
