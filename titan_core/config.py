@@ -74,8 +74,9 @@ class Training:
     min_lr_factor: float = 0.1
     #: AdamW weight decay.
     weight_decay: float = 0.1
-    #: AdamW betas.
+    #: AdamW beta1.
     beta1: float = 0.9
+    #: AdamW beta2.
     beta2: float = 0.95
     #: AdamW epsilon.
     eps: float = 1e-8
