@@ -37,6 +37,8 @@ class Model:
     name: str = "llama3"
     #: Flavor of the family (``debugmodel``, ``8B``, ...).
     flavor: str = "debugmodel"
+    #: Changes to the flavor's arguments, e.g. ``{"n_layers": 8}`` for a shallower 8B.
+    overrides: dict[str, int | float | bool | str] = field(factory=dict)
 
 
 @define
@@ -266,6 +268,20 @@ def _check_type(value: Any, annotation: Any) -> str | None:
     return f"expected {expected}, got {type(value).__name__} {value!r}"
 
 
+def _check_table(path: str, value: Any, annotation: str) -> list[str]:
+    """Problems of a ``dict[str, <scalars>]`` field, one per bad key or value."""
+    if not isinstance(value, dict):
+        return [f"{path}: expected a table (dict), got {type(value).__name__}"]
+    value_annotation = annotation[len("dict[str,") : -1]
+    problems = []
+    for key, item in value.items():
+        if not isinstance(key, str):
+            problems.append(f"{path}: expected str keys, got {key!r}")
+        elif (err := _check_type(item, value_annotation)) is not None:
+            problems.append(f"{path}.{key}: {err}")
+    return problems
+
+
 def _names(types: list[type]) -> str:
     return " or ".join(_TYPE_NAMES[t] for t in types)
 
@@ -334,6 +350,9 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
         if annotation in _SECTIONS:
             problems.append(f"{path}: expected a {annotation} section, got {type(value).__name__}")
             continue
+        if annotation.startswith("dict["):
+            problems += _check_table(path, value, annotation)
+            continue
         if (err := _check_type(value, annotation)) is not None:
             problems.append(f"{path}: {err}")
             continue
@@ -366,7 +385,15 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
 def _converter() -> Any:
     import cattrs
 
-    return cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+
+    def scalar(value: Any, _: Any) -> Any:
+        if not isinstance(value, (int, float, bool, str)):
+            raise TypeError(f"expected int, float, bool or str, got {type(value).__name__}")
+        return value
+
+    converter.register_structure_hook(int | float | bool | str, scalar)
+    return converter
 
 
 def to_dict(config: TrainerConfig) -> dict[str, Any]:
@@ -415,6 +442,9 @@ def _to_toml(data: dict[str, Any]) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        items = ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

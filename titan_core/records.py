@@ -11,6 +11,7 @@ normalises their names and fails on a name provided twice, naming both distribut
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -48,14 +49,42 @@ class ModelSpec:
     tp_plan: Callable[..., None] | None = None
     description: str = ""
 
-    def flavor(self, flavor: str) -> Any:
+    def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
+        """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""
         try:
-            return self.flavors[flavor]
+            args = self.flavors[flavor]
         except KeyError:
             known = ", ".join(sorted(self.flavors))
             raise LookupError(
                 f"model {self.name!r} has no flavor {flavor!r}; known flavors: {known}"
             ) from None
+        if not overrides:
+            return args
+        if isinstance(args, dict):
+            fields = set(args)
+        elif attrs.has(type(args)):
+            fields = {a.name for a in attrs.fields(type(args))}
+        elif dataclasses.is_dataclass(args):
+            fields = {f.name for f in dataclasses.fields(args)}
+        else:
+            raise LookupError(f"model {self.name!r} flavor arguments cannot be overridden")
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise LookupError(
+                f"{self.name} arguments have no field {', '.join(map(repr, unknown))}; "
+                f"fields: {', '.join(sorted(fields))}"
+            )
+        current = args if isinstance(args, dict) else {f: getattr(args, f) for f in fields}
+        for key, value in overrides.items():
+            old = current[key]
+            numeric = isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool)
+            if old is not None and type(value) is not type(old) and not numeric:
+                raise LookupError(f"{self.name} argument {key!r} expects {type(old).__name__}, got {value!r}")
+        if isinstance(args, dict):
+            return {**args, **overrides}
+        if attrs.has(type(args)):
+            return attrs.evolve(args, **overrides)
+        return dataclasses.replace(args, **overrides)
 
 
 @attrs.frozen

@@ -85,9 +85,10 @@ class Trainer:
         # 2. Plugins this run needs, resolved before anything heavy is built.
         self.spec = registry.get("models", config.model.name, what="model")
         try:
-            self.model_args = self.spec.flavor(config.model.flavor)
+            self.model_args = self.spec.flavor(config.model.flavor, config.model.overrides)
         except LookupError as exc:
-            raise UsageError(f"model.flavor: {exc}") from None
+            field = "model.overrides" if config.model.flavor in self.spec.flavors else "model.flavor"
+            raise UsageError(f"{field}: {exc}") from None
         strategies = registry.records("strategies")
         missing = [n for n in required_strategies(config, self.parallel_dims) if n not in strategies]
         if missing:

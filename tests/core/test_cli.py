@@ -207,3 +207,22 @@ def test_user_recipe_module_from_the_issue(tmp_path: Path) -> None:
     rows = step_rows(result.stdout)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["rank"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ("{'layers': 2}", "model.overrides: llama3 arguments have no field 'layers'; fields: dim,"),
+        ("{'n_layers': '2'}", "model.overrides: llama3 argument 'n_layers' expects int, got '2'"),
+        ("{'n_layers': [2]}", "model.overrides.n_layers: expected int or float or bool or str, got list"),
+    ],
+)
+def test_bad_model_overrides(tmp_path: Path, overrides: str, expected: str) -> None:
+    write_module(
+        tmp_path,
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n"
+        f"def odd():\n    c = llama3_debugmodel()\n    c.model.overrides = {overrides}\n    return c\n",
+    )
+    result = run_titan("run", "--module", "my_project.recipes", "--recipe", "odd", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr

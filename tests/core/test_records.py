@@ -1,0 +1,45 @@
+"""ModelSpec flavor arguments with overrides, for attrs, dataclass and dict arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import attrs
+import pytest
+
+from titan_core import ModelSpec
+
+
+@attrs.frozen
+class AttrsArgs:
+    dim: int = 8
+    eps: float = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class DataArgs:
+    dim: int = 8
+
+
+def spec(args: object) -> ModelSpec:
+    return ModelSpec(
+        "m", {"base": args}, build=lambda a: None, num_params=lambda a, e: 0, flops_per_token=lambda a, s: 0.0
+    )
+
+
+@pytest.mark.parametrize("args", [AttrsArgs(), DataArgs(), {"dim": 8}])
+def test_overrides_apply_to_any_argument_kind(args: object) -> None:
+    out = spec(args).flavor("base", {"dim": 16})
+    assert (out["dim"] if isinstance(out, dict) else out.dim) == 16
+    assert spec(args).flavor("base") is args
+
+
+def test_int_is_accepted_for_float_fields() -> None:
+    assert spec(AttrsArgs()).flavor("base", {"eps": 1}).eps == 1
+
+
+def test_unknown_flavor_and_field() -> None:
+    with pytest.raises(LookupError, match="no flavor 'big'; known flavors: base"):
+        spec(AttrsArgs()).flavor("big")
+    with pytest.raises(LookupError, match="no field 'width'; fields: dim, eps"):
+        spec(AttrsArgs()).flavor("base", {"width": 3})
