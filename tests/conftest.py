@@ -51,8 +51,18 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site")
     for name in ("titan_toy_plugin", "titan_broken_plugin"):
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-             "--target", str(target), str(FIXTURES / name)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--target",
+                str(target),
+                str(FIXTURES / name),
+            ],
             check=True,
             capture_output=True,
         )

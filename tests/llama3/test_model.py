@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+
 from titan_plugins_llama3.flavors import FLAVORS, Llama3Args, flops_per_token, num_params
 from titan_plugins_llama3.model import Llama3, rope_frequencies
 
