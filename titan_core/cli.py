@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="do not import plugin NAME (repeatable; also TITAN_DISABLE_PLUGINS=a,b)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{run,plugins,recipes}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,plugins,models,recipes}")
 
     run = sub.add_parser("run", help="train with a recipe", description=RUN_DESCRIPTION)
     add_run_arguments(run, standalone=False)
@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     plugins_sub = plugins.add_subparsers(dest="plugins_command", metavar="{list}")
     plugins_list = plugins_sub.add_parser("list", help="list plugins, their hooks and status")
     plugins_list.add_argument("--json", action="store_true", help="machine-readable output")
+
+    models = sub.add_parser("models", help="inspect model families and flavors")
+    models_sub = models.add_subparsers(dest="models_command", metavar="{list}")
+    models_list = models_sub.add_parser("list", help="models, flavors and parameter counts")
+    models_list.add_argument("--json", action="store_true", help="machine-readable output")
 
     recipes = sub.add_parser("recipes", help="inspect recipes")
     recipes_sub = recipes.add_subparsers(dest="recipes_command", metavar="{list}")
@@ -119,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plugins_list(args)
         if args.command == "recipes" and args.recipes_command == "list":
             return _recipes_list(args)
+        if args.command == "models" and args.models_command == "list":
+            return _models_list(args)
     except TitanError as exc:
         return report_error(exc)
     parser.print_help()
@@ -183,6 +190,37 @@ def _recipes_list(args: argparse.Namespace) -> int:
     rows += [(n, s, r.description) for n, (r, s) in sorted(recipes.items())]
     _print_table(rows)
     return 0
+
+
+def _models_list(args: argparse.Namespace) -> int:
+    """Every flavor with its analytic parameter count (no model is built, torch is not imported)."""
+    registry = _registry(args)
+    rows = []
+    for spec in sorted(registry.records("models").values(), key=lambda s: s.name):
+        provider = registry.provider("models", spec.name)
+        for flavor, flavor_args in spec.flavors.items():
+            rows.append(
+                {
+                    "model": spec.name,
+                    "flavor": flavor,
+                    "params": spec.num_params(flavor_args, True),
+                    "plugin": provider.name,
+                }
+            )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [("MODEL", "FLAVOR", "PARAMS", "PLUGIN")]
+    table += [(r["model"], r["flavor"], _human(r["params"]), r["plugin"]) for r in rows]
+    _print_table(table)
+    return 0
+
+
+def _human(count: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.2f}{unit}"
+    return str(count)
 
 
 def _print_table(rows: list[tuple[str, ...]]) -> None:

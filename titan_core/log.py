@@ -49,6 +49,7 @@ def setup_logging(**context: Any) -> None:
         root = logging.getLogger()
         root.handlers[:] = [handler]
         root.setLevel(logging.WARNING)
+        logging.captureWarnings(True)  # Python warnings (torch's many) through the same renderer
         _configured = True
     structlog.contextvars.bind_contextvars(**context)
 

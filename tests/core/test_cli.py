@@ -226,3 +226,11 @@ def test_bad_model_overrides(tmp_path: Path, overrides: str, expected: str) -> N
     result = run_titan("run", "--module", "my_project.recipes", "--recipe", "odd", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
+
+
+def test_models_list_reports_8b_size_without_torch() -> None:
+    result = run_titan("models", "list", "--json")
+    rows = {(r["model"], r["flavor"]): r for r in json.loads(result.stdout)}
+    assert abs(rows[("llama3", "8B")]["params"] / 8.03e9 - 1) < 0.005
+    assert rows[("llama3", "debugmodel")]["plugin"] == "llama3"
+    assert "8.03B" in run_titan("models", "list").stdout
