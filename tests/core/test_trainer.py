@@ -1,0 +1,97 @@
+"""The trainer in one process: seeding, schedule, clipping, dtypes, outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from titan_core._registry import Registry, get_registry
+from titan_core.config import TrainerConfig
+from titan_core.errors import PluginError, UsageError
+from titan_core.trainer import Trainer, lr_lambda, train
+from titan_plugins_llama3.recipes import llama3_debugmodel
+
+
+def tiny(tmp_path: Path, steps: int = 4) -> TrainerConfig:
+    config = llama3_debugmodel()
+    config.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
+    config.training.steps = steps
+    config.training.seq_len = 32
+    config.training.local_batch_size = 2
+    config.data.bundled_documents = 200
+    config.job.dump_folder = str(tmp_path)
+    config.metrics.enable_tensorboard = False
+    return config
+
+
+def losses(config: TrainerConfig) -> list[float]:
+    return [row["loss"] for row in train(config, get_registry())]
+
+
+def test_same_seed_same_losses_other_seed_differs(tmp_path: Path) -> None:
+    config = tiny(tmp_path)
+    config.debug.deterministic = True
+    first, again = losses(config), losses(config)
+    assert first == again
+    config.debug.seed = 1
+    assert losses(config) != first
+
+
+def test_lr_schedule_warmup_then_decay() -> None:
+    config = TrainerConfig()
+    config.training.steps, config.training.warmup_steps = 10, 2
+    config.training.decay_ratio, config.training.min_lr_factor = 0.5, 0.1
+    factors = [lr_lambda(config)(i) for i in range(10)]
+    assert factors[:2] == pytest.approx([1 / 3, 2 / 3])
+    assert factors[2:6] == [1.0] * 4  # constant until the last decay_ratio of the steps
+    assert factors[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(factors[2:], factors[3:], strict=False))
+
+
+def test_clipping_bounds_the_update(tmp_path: Path) -> None:
+    config = tiny(tmp_path, steps=1)
+    config.training.max_norm = 1e-3
+    trainer = Trainer(config, get_registry())
+    before = [p.detach().clone() for p in trainer.parts[0].parameters()]
+    inputs, labels = next(iter(trainer.batches))
+    trainer.forward_backward(inputs, labels)
+    norm = trainer.clip_gradients()
+    clipped = torch.sqrt(sum(p.grad.norm() ** 2 for p in trainer.parts[0].parameters()))
+    assert norm > 1e-3 and clipped == pytest.approx(1e-3, rel=1e-3)
+    trainer.optimizer.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.parts[0].parameters(), strict=True))
+    trainer.close()
+
+
+def test_bf16_autocast_on_cpu_trains(tmp_path: Path) -> None:
+    config = tiny(tmp_path, steps=3)
+    config.training.dtype = "bfloat16"
+    found = losses(config)
+    assert len(found) == 3 and all(torch.isfinite(torch.tensor(found)))
+
+
+def test_outputs_written(tmp_path: Path) -> None:
+    config = tiny(tmp_path, steps=2)
+    config.metrics.enable_tensorboard = True
+    rows = train(config, get_registry())
+    assert [r["step"] for r in rows] == [1, 2]
+    assert (tmp_path / "config.toml").read_text().count("[training]") == 1
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_vocab_too_small_for_tokenizer(tmp_path: Path) -> None:
+    config = tiny(tmp_path)
+    config.model.overrides = {**config.model.overrides, "vocab_size": 100}
+    expected = "tokenizer has .* tokens but model llama3/debugmodel has a vocabulary of 100"
+    with pytest.raises(UsageError, match=expected):
+        Trainer(config, get_registry())
+
+
+def test_missing_strategy_plugin_is_named(tmp_path: Path) -> None:
+    config = tiny(tmp_path)
+    config.activation_checkpoint.mode = "full"
+    registry = Registry(disabled={"parallel"}).load_entry_points()
+    with pytest.raises(PluginError, match="needs the strategies activation_checkpoint"):
+        Trainer(config, registry)
