@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def test_lr_schedule_warmup_then_decay() -> None:
     assert factors[:2] == pytest.approx([1 / 3, 2 / 3])
     assert factors[2:6] == [1.0] * 4  # constant until the last decay_ratio of the steps
     assert factors[-1] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(factors[2:], factors[3:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(factors[2:]))
 
 
 def test_clipping_bounds_the_update(tmp_path: Path) -> None:
