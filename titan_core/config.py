@@ -205,6 +205,11 @@ class Debug:
     #: Stop after this many steps regardless of ``training.steps`` (``run_train.sh`` sets 1 in
     #: pure fake mode); ``None`` runs all steps.
     max_steps: int | None = None
+    #: Record memory after init, after the first optimizer step, during steady-state
+    #: forward/backward and after the optimizer step, and write
+    #: ``memory_report_rank{rank}.json`` under ``job.dump_folder``; always on with the fake
+    #: comm backends (docs/debugging.md).
+    memory_report: bool = False
 
 
 @define

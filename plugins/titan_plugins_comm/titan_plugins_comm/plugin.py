@@ -17,6 +17,18 @@ def _default(config: TrainerConfig) -> Topology:
     return init(config)
 
 
+def _fake(config: TrainerConfig) -> Topology:
+    from titan_plugins_comm.fake import init
+
+    return init(config)
+
+
+def _real_pp_fake_spmd(config: TrainerConfig) -> Topology:
+    from titan_plugins_comm.real_pp_fake_spmd import init
+
+    return init(config)
+
+
 @hookimpl
 def titan_comm_backends() -> list[CommBackend]:
     return [
@@ -24,5 +36,17 @@ def titan_comm_backends() -> list[CommBackend]:
             "default",
             _default,
             "one process, or torchrun's env:// rendezvous (NCCL on CUDA, gloo on CPU)",
+        ),
+        CommBackend(
+            "fake",
+            _fake,
+            "one process stands for logical rank FAKE_PP_RANK*NGPU/pp of an NGPU-rank job; "
+            "no communication (memory and shape debugging, docs/debugging.md)",
+        ),
+        CommBackend(
+            "real_pp_fake_spmd",
+            _real_pp_fake_spmd,
+            "torchrun, one process per PP rank: real pipeline sends/receives, fake DP/TP/CP/EP "
+            "(docs/debugging.md)",
         ),
     ]
