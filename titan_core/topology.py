@@ -31,6 +31,9 @@ class Topology:
     pp_group: Any = None
     #: Physical processes of this job.
     physical_world_size: int = 1
+    #: ``after_first_step(mesh)``, called once after the first training step of the process, or
+    #: ``None``; the default backend shortens collective timeouts to ``comm.train_timeout_seconds``.
+    after_first_step: Any = None
 
     @property
     def distributed(self) -> bool:

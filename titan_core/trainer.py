@@ -1,7 +1,9 @@
 """The trainer: build everything from the config and plugins, then run the loop.
 
 Build order (docs/architecture.md): comm backend -> parallel dims and mesh -> model on meta ->
-strategies -> materialise and init -> optimizer, schedule, data. The loop calls no hooks.
+strategies -> materialise and init -> optimizer, schedule, data -> checkpoint load. The loop
+calls no hooks: the profiler and checkpointer plugins are built before it, and it calls only their
+methods.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 from titan_core._registry import Registry
 from titan_core.config import TrainerConfig
 from titan_core.data.loader import PackedBatches, load_tokenizer
-from titan_core.errors import PluginError, UsageError
+from titan_core.errors import PluginError, TitanError, UsageError
 from titan_core.log import get_logger, setup_logging
 from titan_core.memory_report import MemoryReport
 from titan_core.metrics import MetricsLogger
@@ -33,6 +35,9 @@ from titan_core.parallelize import (
 from titan_core.topology import Topology
 
 log = get_logger("titan.trainer")
+
+#: Optional plugin kinds the trainer builds, and the package of this repository providing them.
+_PROVIDERS = {"profilers": "titan_plugins_profiler", "checkpointers": "titan_plugins_dcp"}
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -101,6 +106,14 @@ class Trainer:
                 "provides; install titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
             )
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
+        p, c = config.profiler, config.checkpoint
+        self.profiler: Any = _NoProfiler()
+        if p.enable_profiling or p.enable_memory_snapshot:
+            self.profiler = self._optional_plugin("profilers", "profiler").build(config, self.topology)
+        self.checkpointer: Any = None
+        if c.enable or c.create_seed_checkpoint:
+            record = self._optional_plugin("checkpointers", "checkpoint")
+            self.checkpointer = record.build(config, self.topology)
         self.tokenizer = load_tokenizer(config.data.tokenizer_path)
         vocab = getattr(self.model_args, "vocab_size", None)
         if vocab is not None and self.tokenizer.vocab_size > vocab:
@@ -160,6 +173,9 @@ class Trainer:
             seed=self.seed,
             shuffle_buffer=config.data.shuffle_buffer,
         )
+        if self.checkpointer is not None and not c.create_seed_checkpoint:
+            self.step = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
+            self.profiler.step_num = self.step  # trace folders carry the global step
         self.pipeline = (
             self.ctx.build_pipeline(self.parts, cross_entropy_loss)
             if self.ctx.build_pipeline is not None
@@ -198,6 +214,18 @@ class Trainer:
         )
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _optional_plugin(self, kind: str, section: str) -> Any:
+        """The record named by ``<section>.backend``; if missing, say which distribution has it."""
+        name = getattr(self.config, section).backend
+        try:
+            return self.registry.get(kind, name, what=section)
+        except TitanError as exc:
+            package = _PROVIDERS[kind]
+            raise PluginError(
+                f"{section}.backend = {name!r}: {exc}\ntitan's own {kind} come from "
+                f"{package.replace('_', '-')}; install it with pip install -e plugins/{package}"
+            ) from None
 
     def _coordinate(self, dim: str) -> int:
         if dim == "pp" and self.topology.pp_rank is not None:
@@ -243,12 +271,25 @@ class Trainer:
         steps = config.training.steps
         if config.debug.max_steps is not None:
             steps = min(steps, config.debug.max_steps)
+        if config.checkpoint.create_seed_checkpoint:
+            self.checkpointer.save_seed(self.parts)
+            return []
         batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.batches)
-        log.info("training starts", steps=steps, dump_folder=config.job.dump_folder)
+        for _ in range(self.step):  # resumed: skip the batches the restored steps consumed
+            next(batches)
+        log.info("training starts", steps=steps, first_step=self.step + 1, dump_folder=config.job.dump_folder)
+        with self.profiler:
+            self._run_steps(batches, steps)
+        self.metrics.close()
+        log.info("training completed", steps=steps)
+        return self.metrics.history
+
+    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], steps: int) -> None:
+        first = self.step + 1
         report = self.memory_report
         if report is not None:
             report.start(self.parts, self.optimizer, steps)
-        for self.step in range(1, steps + 1):
+        for self.step in range(first, steps + 1):
             inputs, labels = next(batches)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             self.optimizer.zero_grad(set_to_none=True)
@@ -263,9 +304,12 @@ class Trainer:
                 report.after_optimizer_step(self.step)
             self.scheduler.step()
             self.metrics.step_done(self.step, *self._reduce_for_log(loss, grad_norm))
-        self.metrics.close()
-        log.info("training completed", steps=steps)
-        return self.metrics.history
+            if self.checkpointer is not None:
+                last = self.step == steps
+                self.checkpointer.save(self.step, self.parts, self.optimizer, self.scheduler, last=last)
+            self.profiler.step()
+            if self.step == first and self.topology.after_first_step is not None:
+                self.topology.after_first_step(self.mesh)
 
     def _reduce_for_log(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[Any, Any]:
         """Loss averaged over the data-parallel ranks (only on steps that log)."""
@@ -282,6 +326,13 @@ class Trainer:
         self.topology.shutdown()
 
 
+class _NoProfiler(nullcontext):
+    """Stands in for the profiler when profiling is off, so the loop has no branch for it."""
+
+    def step(self) -> None:
+        pass
+
+
 def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
     trainer = Trainer(config, registry)
     try:
@@ -289,6 +340,6 @@ def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
     finally:
         trainer.close()
     # Under the fake backends received activations and reduced values are garbage by design.
-    if not trainer.topology.fake and not math.isfinite(history[-1].get("loss", 0.0)):
+    if history and not trainer.topology.fake and not math.isfinite(history[-1].get("loss", 0.0)):
         raise UsageError("the loss diverged (not finite); lower training.lr or check the data")
     return history
