@@ -128,7 +128,7 @@ def hybrid_launch(pp: int, env: Mapping[str, str]) -> FakeLaunch:
             f"FAKE_PP_RANK, or use --comm-backend fake to represent a single PP rank; {DOC}"
         )
     ngpu = read_ngpu(pp, env)
-    raw_world, raw_rank = env.get("WORLD_SIZE"), env.get("RANK")
+    raw_world, raw_rank = env.get("WORLD_SIZE") or None, env.get("RANK") or None
     if raw_world is None or raw_rank is None:
         raise UsageError(
             "WORLD_SIZE/RANK are not set: real_pp_fake_spmd must be launched by torchrun with one "

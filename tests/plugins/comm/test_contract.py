@@ -1,0 +1,111 @@
+"""The fake backends' launch contract: every violation is one message naming the variable, its
+value, the valid range and the fix, raised before any process group or model exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_titan
+from titan_core.errors import UsageError
+from titan_plugins_comm.contract import hybrid_launch, pure_fake_launch
+
+
+def test_logical_rank_is_pp_rank_times_spmd_size() -> None:
+    launch = pure_fake_launch(2, {"NGPU": "4", "FAKE_PP_RANK": "1"})
+    assert (launch.logical_rank, launch.spmd_size, launch.pp_line) == (2, 2, [0, 2])
+    assert pure_fake_launch(4, {"NGPU": "64", "FAKE_PP_RANK": "3"}).logical_rank == 48
+    assert pure_fake_launch(1, {"NGPU": "8"}).logical_rank == 0  # without PP: rank zero
+    hybrid = hybrid_launch(2, {"NGPU": "64", "RANK": "1", "WORLD_SIZE": "2"})
+    assert (hybrid.pp_rank, hybrid.logical_rank) == (1, 32)
+
+
+@pytest.mark.parametrize(
+    ("pp", "env", "expected"),
+    [
+        (2, {}, ["NGPU is not set", "divisible by parallelism.pp=2", "NGPU=8"]),
+        (1, {"NGPU": "four"}, ["NGPU='four' is not a positive integer"]),
+        (1, {"NGPU": "0"}, ["NGPU='0' is not a positive integer"]),
+        (4, {"NGPU": "6", "FAKE_PP_RANK": "0"}, ["NGPU=6 is not divisible", "parallelism.pp=4", "4 or 8"]),
+        (2, {"NGPU": "4"}, ["FAKE_PP_RANK is not set", "one of 0..1", "--all-pp-ranks"]),
+        (2, {"NGPU": "4", "FAKE_PP_RANK": "2"}, ["FAKE_PP_RANK=2 is out of range", "0..1"]),
+        (2, {"NGPU": "4", "FAKE_PP_RANK": "-1"}, ["FAKE_PP_RANK=-1 is out of range"]),
+        (2, {"NGPU": "4", "FAKE_PP_RANK": "x"}, ["FAKE_PP_RANK='x' is not an integer", "0..1"]),
+        (1, {"NGPU": "4", "FAKE_PP_RANK": "1"}, ["FAKE_PP_RANK=1 is out of range", "unset it"]),
+    ],
+)
+def test_pure_fake_contract_errors(pp: int, env: dict[str, str], expected: list[str]) -> None:
+    with pytest.raises(UsageError) as info:
+        pure_fake_launch(pp, env)
+    message = str(info.value)
+    for fragment in expected:
+        assert fragment in message
+    assert "docs/debugging.md" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"NGPU": "4", "FAKE_PP_RANK": "1", "RANK": "0", "WORLD_SIZE": "2"},
+            ["FAKE_PP_RANK='1' is set", "torchrun's RANK", "Unset FAKE_PP_RANK"],
+        ),
+        ({"NGPU": "4", "RANK": "0", "WORLD_SIZE": "4"}, ["WORLD_SIZE=4", "must equal parallelism.pp=2"]),
+        ({"NGPU": "4", "RANK": "0", "WORLD_SIZE": "1"}, ["WORLD_SIZE=1", "--nproc_per_node=2"]),
+        ({"NGPU": "4"}, ["WORLD_SIZE/RANK are not set", "torchrun --nproc_per_node=2"]),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, ["NGPU is not set"]),
+        ({"NGPU": "5", "RANK": "0", "WORLD_SIZE": "2"}, ["NGPU=5 is not divisible"]),
+    ],
+)
+def test_hybrid_contract_errors(env: dict[str, str], expected: list[str]) -> None:
+    with pytest.raises(UsageError) as info:
+        hybrid_launch(2, env)
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+RECIPES = """
+from titan_plugins_llama3.recipes import llama3_debugmodel
+
+def pp2():
+    config = llama3_debugmodel()
+    config.parallelism.pp = 2
+    config.parallelism.dp_shard = 2
+    return config
+"""
+
+
+@pytest.mark.parametrize(
+    ("backend", "env", "fragment"),
+    [
+        ("fake", {"NGPU": "4"}, "FAKE_PP_RANK is not set"),
+        ("fake", {"NGPU": "3", "FAKE_PP_RANK": "0"}, "NGPU=3 is not divisible"),
+        ("real_pp_fake_spmd", {"NGPU": "4", "RANK": "0", "WORLD_SIZE": "3"}, "WORLD_SIZE=3"),
+        (
+            "real_pp_fake_spmd",
+            {"NGPU": "4", "FAKE_PP_RANK": "0", "RANK": "0", "WORLD_SIZE": "2"},
+            "FAKE_PP_RANK",
+        ),
+    ],
+)
+def test_cli_reports_contract_errors_before_building(
+    tmp_path: Path, backend: str, env: dict[str, str], fragment: str
+) -> None:
+    (tmp_path / "contract_recipes.py").write_text(RECIPES)
+    clean = {"NGPU": "", "FAKE_PP_RANK": "", "RANK": "", "WORLD_SIZE": "", **env}
+    result = run_titan(
+        "run",
+        "--module",
+        "contract_recipes",
+        "--recipe",
+        "pp2",
+        "--comm-backend",
+        backend,
+        cwd=tmp_path,
+        **clean,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("titan: error:") and fragment in lines[0], result.stderr
+    assert '"event": "built"' not in result.stdout  # nothing was built
