@@ -185,18 +185,25 @@ def run_titan_train(
 
 
 def log_records(stdout: str) -> list[dict[str, Any]]:
-    """Every JSON log line of ``stdout`` as a dict (other lines, e.g. torchrun's, are skipped)."""
+    """Every JSON log record of ``stdout`` as a dict, in order; other text is skipped.
+
+    Ranks share one pipe and a record's newline is written separately, so two records can
+    share a line; torchrun's ``--tee`` prefixes lines with ``[rank]:``. Records are therefore
+    decoded wherever a ``{`` starts one.
+    """
+    decoder = json.JSONDecoder()
     records = []
     for line in stdout.splitlines():
-        line = line.strip()
-        # torchrun's --tee prefixes lines with "[rank]:"; the JSON starts at the first brace.
-        start = line.find("{")
-        if start < 0:
-            continue
-        try:
-            records.append(json.loads(line[start:]))
-        except json.JSONDecodeError:
-            continue
+        pos = line.find("{")
+        while pos >= 0:
+            try:
+                record, end = decoder.raw_decode(line, pos)
+            except json.JSONDecodeError:
+                pos = line.find("{", pos + 1)
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            pos = line.find("{", end)
     return records
 
 

@@ -43,9 +43,12 @@ def rope_frequencies(args: Llama3Args, seq_len: int, device: torch.device | None
 
 
 def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(batch, seq, heads, head_dim)`` by ``freqs_cis (seq, head_dim/2)``."""
+    """Rotate ``x`` of shape ``(batch, seq, heads, head_dim)`` by the first ``seq`` rows of
+    ``freqs_cis (>= seq, head_dim/2)``."""
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    rotated = xc * freqs_cis.view(1, xc.shape[1], 1, xc.shape[-1])
+    # freqs_cis may cover more positions than x (the whole buffer): x's length is only known
+    # here, after sequence-parallel activations were gathered for attention.
+    rotated = xc * freqs_cis[: xc.shape[1]].view(1, xc.shape[1], 1, xc.shape[-1])
     return torch.view_as_real(rotated).flatten(3).type_as(x)
 
 
@@ -160,7 +163,8 @@ class Llama3(nn.Module):
         the input and output are hidden states ``(batch, seq, dim)``. ``positions (seq,)`` gives
         each token's position when the sequence is a shard (context parallel)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        freqs_cis = self.freqs_cis[positions] if positions is not None else self.freqs_cis[: h.shape[1]]
+        # Under sequence parallelism h holds a slice of the sequence: attention takes its rows.
+        freqs_cis = self.freqs_cis[positions] if positions is not None else self.freqs_cis
         for block in self.layers.values():
             h = block(h, freqs_cis)
         h = self.norm(h) if self.norm is not None else h

@@ -1,0 +1,47 @@
+"""Hook implementation of the parallelism plugin: one ``Strategy`` record per strategy module.
+
+Each record names its module; the module is imported only when the trainer asks whether the
+strategy applies or applies it, so ``titan plugins list`` stays free of torch. Every module
+provides ``applies(config, parallel_dims) -> bool`` and ``apply(parts, ctx) -> parts``; the order
+slots are ``titan_core.parallelize.ORDER``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from titan_core import Strategy, hookimpl
+from titan_core.parallelize import ORDER
+
+
+def _lazy(module: str, function: str) -> Callable[..., Any]:
+    """``titan_plugins_parallel.<module>.<function>``, imported on first call."""
+
+    def call(*args: Any) -> Any:
+        return getattr(importlib.import_module(f"titan_plugins_parallel.{module}"), function)(*args)
+
+    call.__name__ = f"{module}.{function}"
+    return call
+
+
+def _strategy(name: str, module: str, description: str) -> Strategy:
+    return Strategy(name, ORDER[name], _lazy(module, "applies"), _lazy(module, "apply"), description)
+
+
+#: (strategy name = ORDER slot, module, description). Add a strategy by adding a line.
+STRATEGIES = [
+    ("tp", "tensor_parallel", "tensor + sequence parallel (+ loss parallel) from the model's TP plan"),
+    ("activation_checkpoint", "activation_checkpoint", "recompute blocks in backward (full/selective)"),
+    ("compile", "compile", "torch.compile each transformer block"),
+    ("fsdp", "fsdp", "FSDP2 fully_shard per block and at the root; HSDP when dp_replicate > 1"),
+    ("pp", "pipeline", "pipeline stages from the model's blocks, torch.distributed.pipelining schedules"),
+    ("ep", "expert_parallel", "experts sharded over ep ranks, tokens moved by all_to_all_single"),
+    ("cp", "context_parallel", "load-balanced sequence shards, K/V all-gathered for attention"),
+]
+
+
+@hookimpl
+def titan_strategies() -> list[Strategy]:
+    return [_strategy(name, module, description) for name, module, description in STRATEGIES]

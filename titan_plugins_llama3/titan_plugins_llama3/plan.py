@@ -1,0 +1,88 @@
+"""Llama 3's tensor-parallel plan: Megatron-style TP with sequence parallelism (DTensor).
+
+Per block, attention's ``wq/wk/wv`` and the feed-forward's ``w1/w3`` are split by output columns
+(each rank holds a slice of the heads / hidden units) and ``wo``/``w2`` by input rows, so each
+sub-layer needs one reduction. Between sub-layers the activations are sharded along the
+sequence (``Shard(1)``): the RMSNorms run on sequence shards, the input of attention and
+feed-forward is all-gathered, and the row-split outputs are reduce-scattered back to sequence
+shards. The embedding is split by vocabulary rows and produces sequence shards; the output
+projection is split by vocabulary columns and either keeps its logits sharded on the vocabulary
+(``loss_parallel``, the loss is computed on the shards) or gathers them.
+
+Pipeline stages may lack ``tok_embeddings``, ``norm`` or ``output`` (``None``); their entries are
+left out of the plan. Attention reshapes with ``view(bs, seq, -1, head_dim)``, so it works on the
+local slice of heads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from titan_core.errors import UsageError
+from titan_plugins_llama3.flavors import Llama3Args
+
+
+def check_tp(args: Llama3Args, tp: int) -> None:
+    """One error naming every dimension that ``tp`` does not divide."""
+    sizes = {
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.kv_heads,
+        "vocab_size": args.vocab_size,
+        "ffn hidden dim": args.ffn_hidden_dim,
+    }
+    bad = [f"{name}={value}" for name, value in sizes.items() if value % tp]
+    if bad:
+        raise UsageError(
+            f"parallelism.tp={tp} must divide the model's {', '.join(bad)} (each TP rank holds an "
+            "equal slice); pick a tp that divides them, or change the model (model.overrides)"
+        )
+
+
+def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
+    """Apply the plan to ``model`` (a whole model or a pipeline stage) in place."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    check_tp(model.args, tp_mesh.size())
+    top: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    if model.args.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
+        # Both weights are now Shard(0) over the vocabulary on the same mesh: tie them again.
+        model.output.weight = model.tok_embeddings.weight
+
+    block_plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan)
