@@ -25,14 +25,20 @@ def _group_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return norm
 
 
-def total_grad_norm(parts: list[nn.Module], ctx: ParallelContext) -> torch.Tensor:
-    groups: dict[Any, list[torch.Tensor]] = {}
+def _grad_groups(parts: list[nn.Module]) -> dict[Any, list[nn.Parameter]]:
+    """Parameters with a gradient, grouped by their gradient's DTensor mesh and placements."""
+    groups: dict[Any, list[nn.Parameter]] = {}
     for part in parts:
         for p in part.parameters():
             if p.grad is None:
                 continue
             key = (p.grad.device_mesh, p.grad.placements) if isinstance(p.grad, DTensor) else None
-            groups.setdefault(key, []).append(p.grad)
+            groups.setdefault(key, []).append(p)
+    return groups
+
+
+def total_grad_norm(parts: list[nn.Module], ctx: ParallelContext) -> torch.Tensor:
+    groups = {k: [p.grad for p in ps] for k, ps in _grad_groups(parts).items()}
     if not groups:
         return torch.zeros((), device=ctx.topology.device)
     squared = sum(_group_norm(g).float() ** 2 for g in groups.values())
@@ -53,8 +59,10 @@ def pp_process_group(ctx: ParallelContext) -> Any:
 def clip_grad_norm(parts: list[nn.Module], max_norm: float, ctx: ParallelContext) -> torch.Tensor:
     norm = total_grad_norm(parts, ctx)
     if max_norm > 0:
-        params = [p for part in parts for p in part.parameters() if p.grad is not None]
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        # One call per group: foreach kernels cannot mix DTensors of different meshes (expert
+        # parallel's experts next to FSDP's dense weights).
+        for params in _grad_groups(parts).values():
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm
 
 

@@ -1,0 +1,121 @@
+"""Context parallelism: each ``cp`` rank holds a slice of every sequence; attention sees all of it.
+
+Load balancing for causal attention: the sequence is cut into ``2 * cp`` equal chunks and CP rank
+``i`` holds chunks ``i`` and ``2*cp - 1 - i``, so every rank has the same amount of work under the
+causal mask (an early chunk attends to little, its partner at the end to almost everything).
+
+Attention gathers K and V from all CP ranks with an autograd-aware functional all-gather
+(backward: reduce-scatter of the K/V gradients back to their owners) and masks by *global*
+position: a query at position ``p`` sees keys at positions ``<= p``. This is exact against
+attention without CP (the same scores, summed in another order), runs on gloo and NCCL, and
+costs ``O(seq)`` K/V memory per rank; PyTorch's own ``context_parallel`` (ring attention) needs
+CUDA and is not used so that CPU runs work too.
+
+The model supplies the hooks (titan's decoder protocol): attention modules call
+``self.attention_fn(q, k, v)`` on ``(batch, heads, seq, head_dim)`` tensors, and the model's
+forward accepts ``positions`` (the global position of each local token, for RoPE).
+
+Gradients: each rank's loss is the mean over its own tokens; FSDP reduces gradients over
+``dp_shard_cp`` with an average, and the all-gather's backward sums every rank's contribution
+to each K/V, so the result is the gradient of the mean loss over all tokens (the loss-match
+tests against a one-process run check this).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from titan_core.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from titan_core.config import TrainerConfig
+    from titan_core.parallel_dims import ParallelDims
+    from titan_core.parallelize import ParallelContext
+
+
+def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
+    """Whenever the context-parallel degree is above 1."""
+    return parallel_dims.cp > 1
+
+
+def chunk_positions(cp_rank: int, cp: int, seq_len: int) -> list[int]:
+    """Global positions held by ``cp_rank``: chunks ``cp_rank`` and ``2*cp - 1 - cp_rank``."""
+    size = seq_len // (2 * cp)
+    first, second = cp_rank, 2 * cp - 1 - cp_rank
+    return [*range(first * size, (first + 1) * size), *range(second * size, (second + 1) * size)]
+
+
+def _all_gather_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """All-gather ``(batch, heads, seq, dim)`` along ``seq`` with autograd (rank-major order)."""
+    import torch.distributed._functional_collectives as funcol
+
+    # all_gather_single_autograd (newer torch) and all_gather_tensor_autograd (2.11) gather
+    # along dim 0; gathering there and moving seq back keeps both paths the same.
+    gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    return gather(x.movedim(2, 0).contiguous(), gather_dim=0, group=group).movedim(0, 2)
+
+
+class GatheredKVAttention:
+    """Causal attention for a load-balanced sequence shard (replaces ``attention_fn``)."""
+
+    def __init__(self, local_positions: torch.Tensor, all_positions: torch.Tensor, group: Any) -> None:
+        self.group = group
+        self.local_len = local_positions.numel()
+        # (local queries, all keys): True where the key's global position <= the query's.
+        self.mask = local_positions[:, None] >= all_positions[None, :]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        if q.shape[2] != self.local_len:
+            raise UsageError(
+                f"context parallel expected {self.local_len} local tokens per sequence, got "
+                f"{q.shape[2]}; every batch must have training.seq_len tokens"
+            )
+        k_all = _all_gather_seq(k, self.group)
+        v_all = _all_gather_seq(v, self.group)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask)
+
+
+class BatchSharder:
+    """``shard_batch(inputs, labels) -> (inputs, labels, {"positions": ...})`` for the trainer."""
+
+    def __init__(self, positions: torch.Tensor) -> None:
+        self.positions = positions
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[Any, Any, dict[str, Any]]:
+        idx = self.positions.to(inputs.device)
+        return inputs[:, idx], labels[:, idx], {"positions": idx}
+
+
+def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
+    import torch
+
+    cp = ctx.parallel_dims.cp
+    seq_len = ctx.config.training.seq_len
+    if seq_len % (2 * cp):
+        raise UsageError(
+            f"context parallel with cp={cp} cuts each sequence into 2*cp = {2 * cp} equal chunks, "
+            f"but training.seq_len={seq_len} is not a multiple of {2 * cp}; change seq_len or cp"
+        )
+    cp_rank = ctx.parallel_dims.coordinates(ctx.topology.rank)["cp"]
+    device = ctx.topology.device
+    local = torch.tensor(chunk_positions(cp_rank, cp, seq_len), device=device)
+    everyone = torch.tensor([p for r in range(cp) for p in chunk_positions(r, cp, seq_len)], device=device)
+    attention = GatheredKVAttention(local, everyone, ctx.mesh["cp"].get_group())
+    replaced = 0
+    for part in parts:
+        for module in part.modules():
+            if hasattr(module, "attention_fn"):
+                module.attention_fn = attention
+                replaced += 1
+    if not replaced:
+        raise UsageError(
+            f"model {ctx.spec.name!r} has no attention module with an `attention_fn` to replace, "
+            "so it cannot run with context parallel; set parallelism.cp = 1"
+        )
+    ctx.shard_batch = BatchSharder(local)
+    return parts

@@ -1,0 +1,167 @@
+"""Expert parallelism: each ``ep`` rank holds ``experts / ep`` experts of every MoE layer, and
+tokens travel to the rank of their expert and back through ``all_to_all_single``.
+
+Token dispatch and combine (:func:`dispatch`, :func:`combine`) are reusable on their own: they
+take tokens sorted by global expert and per-expert counts, exchange the counts, send each
+rank's slice with uneven split sizes through the autograd-aware functional
+``all_to_all_single``, regroup what arrives by local expert, and undo all of it on the way back.
+
+The strategy works on any module that declares ``grouped_experts = True`` (titan's MoE contract,
+see ``titan_plugins_moe.model``): expert weights stacked on dim 0, called as
+``experts(tokens_sorted_by_expert, num_tokens_per_expert)``. Through ``distribute_module`` its
+weights become DTensors sharded on dim 0 over the EP mesh, with dispatch as the forward
+pre-hook and combine as the forward hook.
+
+Meshes: EP borrows its ranks from ``dp_shard x cp`` (the flattened ``dp_shard_cp`` axis, as in
+torchtitan). A second world mesh ``(pp, dp_replicate, efsdp, ep, tp)`` splits that axis into
+``efsdp = dp_shard*cp/ep`` outer and ``ep`` inner (consecutive ranks form an EP group). Expert
+weights are then sharded by FSDP over ``efsdp`` (and replicated over ``dp_replicate``) here,
+before the FSDP strategy wraps the blocks: FSDP skips parameters of modules already sharded, so
+the dense weights are sharded over ``dp_shard_cp`` and the experts over ``efsdp`` x ``ep``.
+
+Gradient scale: an expert's gradient arrives summed over the tokens of all ``ep`` ranks (the
+all-to-all's backward brings them home), while every rank's loss is its own mean; the experts'
+FSDP divides by the number of ranks that average the loss (``dp_replicate*dp_shard*cp``), not by
+its own mesh size, so experts get the same gradient as in a one-process run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from titan_core.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from titan_core.config import TrainerConfig
+    from titan_core.parallel_dims import ParallelDims
+    from titan_core.parallelize import ParallelContext
+
+
+@attrs.frozen
+class DispatchState:
+    """What :func:`combine` needs to send expert outputs back where their tokens came from."""
+
+    #: Permutation from arrival order (source-rank major) to local-expert order.
+    perm: Any
+    #: Tokens this rank sent to / received from each EP rank.
+    send_splits: list[int]
+    recv_splits: list[int]
+
+
+def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
+    """Whenever the expert-parallel degree is above 1."""
+    return parallel_dims.ep > 1
+
+
+def dispatch(
+    tokens: torch.Tensor, num_tokens_per_expert: torch.Tensor, group: Any
+) -> tuple[torch.Tensor, torch.Tensor, DispatchState]:
+    """Send tokens (sorted by global expert) to the ranks owning their experts.
+
+    Returns the tokens this rank's experts must process (sorted by local expert), how many each
+    local expert gets, and the state for :func:`combine`. ``num_tokens_per_expert`` has one
+    entry per global expert; rank ``r`` owns experts ``[r*E/ep, (r+1)*E/ep)``.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    ep = dist.get_world_size(group)
+    n_local = num_tokens_per_expert.numel() // ep
+    # Exchange counts: row s of `received` = tokens rank s sends to each of my experts.
+    received = torch.empty_like(num_tokens_per_expert)
+    dist.all_to_all_single(received, num_tokens_per_expert.contiguous(), group=group)
+    received = received.view(ep, n_local)
+    send_splits = num_tokens_per_expert.view(ep, n_local).sum(dim=1).tolist()
+    recv_splits = received.sum(dim=1).tolist()
+    arrived = funcol.all_to_all_single_autograd(tokens.contiguous(), recv_splits, send_splits, group)
+    # Arrivals are grouped by source rank, then expert; regroup by local expert (stable).
+    expert_of = torch.arange(n_local, device=tokens.device).repeat(ep)
+    expert_of = expert_of.repeat_interleave(received.flatten())
+    perm = expert_of.argsort(stable=True)
+    return arrived[perm], received.sum(dim=0), DispatchState(perm, send_splits, recv_splits)
+
+
+def combine(outputs: torch.Tensor, state: DispatchState, group: Any) -> torch.Tensor:
+    """Return expert outputs to the ranks (and the order) their tokens came from."""
+    import torch.distributed._functional_collectives as funcol
+
+    back = outputs[state.perm.argsort()].contiguous()
+    return funcol.all_to_all_single_autograd(back, state.send_splits, state.recv_splits, group)
+
+
+def expert_mesh(ctx: ParallelContext) -> Any:
+    """World mesh ``(pp, dp_replicate, efsdp, ep, tp)``: ``dp_shard_cp`` split into efsdp x ep."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    pd = ctx.parallel_dims
+    shape = (pd.pp, pd.dp_replicate, pd.dp_shard * pd.cp // pd.ep, pd.ep, pd.tp)
+    names = ("pp", "dp_replicate", "efsdp", "ep", "tp")
+    return init_device_mesh(ctx.topology.device.type, shape, mesh_dim_names=names)
+
+
+def _shard_experts(name: str, module: nn.Module, mesh: Any) -> None:
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for pname, param in list(module.named_parameters(recurse=False)):
+        sharded = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)]), param.requires_grad)
+        module.register_parameter(pname, sharded)
+
+
+def _dispatch_hook(module: nn.Module, inputs: Any, mesh: Any) -> Any:
+    tokens, counts = inputs
+    local, local_counts, module._ep_state = dispatch(tokens, counts, mesh.get_group())
+    return local, local_counts
+
+
+def _combine_hook(module: nn.Module, outputs: Any, mesh: Any) -> Any:
+    state, module._ep_state = module._ep_state, None
+    return combine(outputs, state, mesh.get_group())
+
+
+def _set_divide_factor(module: Any, factor: float) -> None:
+    # Renamed in torch 2.8 (set_reduce_scatter_divide_factor -> set_gradient_divide_factor).
+    setter = getattr(module, "set_gradient_divide_factor", None) or module.set_reduce_scatter_divide_factor
+    setter(factor)
+
+
+def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_module
+
+    from titan_plugins_parallel.fsdp import mixed_precision
+
+    pd = ctx.parallel_dims
+    if pd.tp > 1:
+        raise UsageError(
+            f"expert parallel (ep={pd.ep}) with tensor parallel (tp={pd.tp}) is not supported; "
+            "set parallelism.tp = 1 or parallelism.ep = 1"
+        )
+    experts = [m for part in parts for m in part.modules() if getattr(m, "grouped_experts", False)]
+    if not experts:
+        raise UsageError(
+            f"parallelism.ep={pd.ep} but model {ctx.spec.name!r} has no grouped-experts (MoE) "
+            "layers; set parallelism.ep = 1 or pick a MoE model (e.g. model.name = 'moe')"
+        )
+    for module in experts:
+        if module.num_experts % pd.ep:
+            raise UsageError(
+                f"parallelism.ep={pd.ep} must divide the number of experts per layer "
+                f"({module.num_experts}); pick an ep that divides it"
+            )
+    mesh = expert_mesh(ctx)
+    dp_mesh = mesh[("dp_replicate", "efsdp")] if pd.dp_replicate > 1 else mesh["efsdp"]
+    # The same mixed precision as the FSDP strategy gives the dense weights.
+    mp = mixed_precision(ctx)
+    options = {"mp_policy": mp} if mp is not None else {}
+    for module in experts:
+        distribute_module(module, mesh["ep"], _shard_experts, _dispatch_hook, _combine_hook)
+        fully_shard(module, mesh=dp_mesh, **options)
+        _set_divide_factor(module, pd.dp_replicate * pd.dp_shard * pd.cp)
+    return parts

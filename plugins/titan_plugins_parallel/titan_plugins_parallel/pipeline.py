@@ -1,0 +1,277 @@
+"""Pipeline parallelism: split the model into stages and drive them with a PyTorch schedule.
+
+The model is split at its transformer blocks (``model.layers``, an ``nn.ModuleDict``): every
+stage is a copy of the (meta) model that keeps a contiguous run of blocks; the first stage also
+keeps ``tok_embeddings``, the last keeps ``norm`` and ``output``, and the others set them to
+``None`` (titan's decoder protocol: a middle stage takes and returns hidden states). Blocks keep
+their names, so state-dict keys are the same as in the whole model and a full seed checkpoint
+loads into any stage.
+
+A PP rank holds one stage for single-stage schedules (``GPipe``, ``1F1B``) and two for the
+multi-stage ones (``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``, placed in a loop:
+rank ``r`` holds ``r, r + pp, ...``; ``ZBVZeroBubble``/``DualPipeV``, placed in a V: rank ``r``
+holds ``r`` and ``2*pp - 1 - r``); ``parallelism.pp_stages_per_rank`` overrides the count.
+
+Loss and logging: each microbatch's loss is divided by the number of microbatches before its
+backward (so gradients are those of the whole batch's mean loss, with no rescaling pass), the
+last stage adds them up, and the step broadcasts that loss over the PP group. Every PP rank thus
+returns the same loss and its ``step`` log line carries it, whichever rank ``LOG_RANK`` shows.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+from titan_core.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from titan_core.config import TrainerConfig
+    from titan_core.parallel_dims import ParallelDims
+    from titan_core.parallelize import ParallelContext
+
+#: Schedules whose stages sit in a V (rank r holds stages r and 2*pp-1-r).
+_V_SCHEDULES = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+
+
+def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
+    """Whenever the pipeline degree is above 1."""
+    return parallel_dims.pp > 1
+
+
+def schedule_class(name: str) -> type:
+    """The torch.distributed.pipelining schedule class called ``name`` (clear error otherwise)."""
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    try:
+        return get_schedule_class(name)
+    except ValueError:
+        raise UsageError(
+            f"parallelism.pp_schedule={name!r} is not a schedule of torch.distributed.pipelining; "
+            "use GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble or ZBVZeroBubble"
+        ) from None
+
+
+def is_single_stage(cls: type) -> bool:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    return issubclass(cls, PipelineScheduleSingle)
+
+
+def stages_per_rank(cls: type, configured: int | None) -> int:
+    if is_single_stage(cls):
+        if configured not in (None, 1):
+            raise UsageError(
+                f"parallelism.pp_stages_per_rank={configured}, but {cls.__name__} runs one stage "
+                "per rank; set it to 1 (or None), or pick a multi-stage schedule such as Interleaved1F1B"
+            )
+        return 1
+    if cls.__name__ in _V_SCHEDULES:
+        if configured not in (None, 2):
+            raise UsageError(
+                f"parallelism.pp_stages_per_rank={configured}, but {cls.__name__} places exactly "
+                "two stages per rank in a V; set it to 2 (or None)"
+            )
+        return 2
+    return configured or 2
+
+
+def stage_ids_of(pp_rank: int, pp: int, per_rank: int, v_style: bool) -> list[int]:
+    """Stage indices a PP rank holds, in execution order."""
+    if v_style:
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + i * pp for i in range(per_rank)]
+
+
+def split_layers(names: list[str], num_stages: int) -> list[list[str]]:
+    """Contiguous runs of block names, one per stage; earlier stages take the remainder."""
+    base, extra = divmod(len(names), num_stages)
+    runs, start = [], 0
+    for stage in range(num_stages):
+        size = base + (1 if stage < extra else 0)
+        runs.append(names[start : start + size])
+        start += size
+    return runs
+
+
+def _pp_rank(ctx: ParallelContext) -> int:
+    if ctx.topology.pp_rank is not None:
+        return ctx.topology.pp_rank
+    return ctx.parallel_dims.coordinates(ctx.topology.rank)["pp"]
+
+
+def _stage_module(model: nn.Module, keep: list[str], first: bool, last: bool) -> nn.Module:
+    """A copy of the meta model with only this stage's blocks (and ends)."""
+    stage = copy.deepcopy(model)
+    for name in list(stage.layers.keys()):
+        if name not in keep:
+            del stage.layers[name]
+    if not first:
+        stage.tok_embeddings = None
+    if not last:
+        stage.norm = None
+        stage.output = None
+    return stage
+
+
+def microbatches(config: Any, num_stages: int) -> int:
+    p, batch = config.parallelism, config.training.local_batch_size
+    n = p.pp_microbatches or num_stages
+    if batch % n:
+        raise UsageError(
+            f"parallelism.pp_microbatches={n}{' (the number of stages)' if not p.pp_microbatches else ''} "
+            f"must divide training.local_batch_size={batch}; set pp_microbatches to a divisor of "
+            "the local batch size, or change the batch size"
+        )
+    return n
+
+
+def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
+    """Split the one meta model into this rank's stages; leave ``build_pipeline`` on ``ctx``."""
+    (model,) = parts
+    p = ctx.config.parallelism
+    pp = ctx.parallel_dims.pp
+    cls = schedule_class(p.pp_schedule)
+    per_rank = stages_per_rank(cls, p.pp_stages_per_rank)
+    num_stages = pp * per_rank
+    layers = getattr(model, "layers", None)
+    if layers is None or not hasattr(layers, "keys"):
+        raise UsageError(
+            f"model {ctx.spec.name!r} has no `layers` ModuleDict, so it cannot be split into "
+            "pipeline stages; set parallelism.pp = 1"
+        )
+    names = list(layers.keys())
+    if len(names) < num_stages:
+        raise UsageError(
+            f"pipeline parallel needs at least one block per stage: {len(names)} blocks for "
+            f"pp={pp} x {per_rank} stages per rank = {num_stages} stages; lower parallelism.pp "
+            "or pp_stages_per_rank, or use a deeper flavor"
+        )
+    if getattr(ctx.model_args, "tie_embeddings", False):
+        raise UsageError(
+            "tied input/output embeddings cannot be split across pipeline stages; "
+            "set parallelism.pp = 1 or use a flavor with tie_embeddings=False"
+        )
+    n_micro = microbatches(ctx.config, num_stages)
+    runs = split_layers(names, num_stages)
+    ids = stage_ids_of(_pp_rank(ctx), pp, per_rank, cls.__name__ in _V_SCHEDULES)
+    stages = [_stage_module(model, runs[i], i == 0, i == num_stages - 1) for i in ids]
+
+    ctx.stage_ids = ids
+    ctx.has_first_stage = 0 in ids
+    ctx.has_last_stage = num_stages - 1 in ids
+    ctx.build_pipeline = lambda parts, loss_fn: Pipeline(parts, loss_fn, ctx, cls, num_stages, n_micro)
+    return stages
+
+
+class Pipeline:
+    """One training step through the schedule: ``step(inputs, labels, kwargs) -> loss | None``.
+
+    ``kwargs`` are per-step forward arguments that are the same for every sample (context
+    parallel's ``positions``); every stage's forward receives them through a pre-hook, since the
+    schedule would otherwise split them like the batch and hand them to the first stage only.
+    """
+
+    def __init__(
+        self,
+        parts: list[nn.Module],
+        loss_fn: Any,
+        ctx: ParallelContext,
+        cls: type,
+        num_stages: int,
+        n_microbatches: int,
+    ) -> None:
+        from torch.distributed.pipelining import PipelineStage
+
+        from titan_core.grad_norm import pp_process_group
+
+        self.ctx = ctx
+        self.group = pp_process_group(ctx)
+        self.n_microbatches = n_microbatches
+        self._step_kwargs: dict[str, Any] = {}
+        for part in parts:
+            part.register_forward_pre_hook(self._add_step_kwargs, with_kwargs=True)
+        self.stages = [
+            PipelineStage(part, sid, num_stages, ctx.topology.device, group=self.group)
+            for part, sid in zip(parts, ctx.stage_ids, strict=True)
+        ]
+
+        def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            # Mean over microbatches: grads then equal the whole batch's, without rescaling.
+            return loss_fn(output, target) / n_microbatches
+
+        options: dict[str, Any] = {"n_microbatches": n_microbatches, "loss_fn": scaled_loss}
+        if "scale_grads" in inspect.signature(cls.__init__).parameters:
+            options["scale_grads"] = False
+        try:
+            self.schedule = cls(self.stages[0] if is_single_stage(cls) else self.stages, **options)
+        except ValueError as exc:
+            raise UsageError(
+                f"parallelism.pp_schedule={cls.__name__.removeprefix('Schedule')} rejects this "
+                f"layout ({exc}); change parallelism.pp_microbatches (now {n_microbatches})"
+            ) from None
+        dtype = ctx.config.training.dtype
+        self._autocast = dtype == "bfloat16" and not ctx.mixed_precision_applied
+        # The rank holding the last stage, in global numbering, for the loss broadcast.
+        self.v_style = cls.__name__ in _V_SCHEDULES
+        self._last_rank = self._rank_of_last_stage(num_stages)
+
+    def _add_step_kwargs(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+        if not self._step_kwargs:
+            return None
+        return args, {**kwargs, **self._step_kwargs}
+
+    def _rank_of_last_stage(self, num_stages: int) -> int | None:
+        """Global rank of the PP peer holding the last stage (``None``: no broadcast)."""
+        import torch.distributed as dist
+
+        if self.group is None or self._broadcast_skipped():
+            return None
+        pp = self.ctx.parallel_dims.pp
+        holder = 0 if self.v_style else (num_stages - 1) % pp
+        return dist.get_global_rank(self.group, holder)
+
+    def _broadcast_skipped(self) -> bool:
+        # Pure fake mode simulates the PP peers: nothing would arrive, keep None off the last stage.
+        return self.ctx.topology.fake and self.ctx.topology.pp_group is None
+
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        ctx = self.ctx
+        self._step_kwargs = kwargs
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if ctx.has_first_stage else ()
+        target = labels if ctx.has_last_stage else None
+        with ExitStack() as stack:
+            if ctx.loss_parallel:
+                from torch.distributed.tensor.parallel import loss_parallel
+
+                stack.enter_context(loss_parallel())
+            if self._autocast:
+                stack.enter_context(torch.autocast(ctx.topology.device.type, dtype=torch.bfloat16))
+            self.schedule.step(*args, target=target, losses=losses)
+        self._step_kwargs = {}
+        loss = torch.stack([_plain(x) for x in losses]).sum() if ctx.has_last_stage else None
+        if self._last_rank is None:
+            return loss
+        if loss is None:
+            loss = torch.zeros((), device=ctx.topology.device)
+        loss = loss.float().contiguous()
+        dist.broadcast(loss, src=self._last_rank, group=self.group)
+        return loss
+
+
+def _plain(loss: torch.Tensor) -> torch.Tensor:
+    """A detached plain tensor (a DTensor loss under loss parallel is replicated)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(loss, DTensor):
+        loss = loss.full_tensor()
+    return loss.detach()
