@@ -28,31 +28,39 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> ParallelDims:
-        """Resolve ``dp_shard=-1`` and check every degree against ``world_size``."""
+        """Resolve ``dp_shard=-1`` and check every degree against ``world_size``.
+
+        Each violation raises one :class:`UsageError` naming all degrees, the world size and
+        what to change (:func:`degree_error`).
+        """
         p = parallelism
         others = p.dp_replicate * p.cp * p.tp * p.pp
         dp_shard = p.dp_shard
-        degrees = f"dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} cp={p.cp} tp={p.tp} pp={p.pp}"
         if dp_shard == -1:
             if world_size % others:
-                raise UsageError(
-                    f"parallel degrees do not fit the world size {world_size}: {degrees}; "
-                    f"dp_replicate*cp*tp*pp = {others} must divide {world_size}. Change the "
-                    "degrees in the recipe or launch a multiple of that many ranks (NGPU)"
+                raise degree_error(
+                    p,
+                    world_size,
+                    f"dp_replicate*cp*tp*pp = {others} does not divide the world size",
+                    f"launch a multiple of {others} ranks (NGPU), or lower the degrees so their "
+                    f"product divides {world_size}",
                 )
             dp_shard = world_size // others
         if dp_shard * others != world_size:
-            raise UsageError(
-                f"parallel degrees do not fit the world size {world_size}: {degrees}; their "
-                f"product is {dp_shard * others}, it must equal {world_size}. Set "
-                "parallelism.dp_shard = -1 to fill the remaining ranks, or change the degrees, "
-                "or launch that many ranks (NGPU)"
+            raise degree_error(
+                p,
+                world_size,
+                f"their product is {dp_shard * others}, it must equal the world size",
+                "set parallelism.dp_shard = -1 to fill the remaining ranks, change the degrees, or "
+                f"launch {dp_shard * others} ranks (NGPU)",
             )
         if (dp_shard * p.cp) % p.ep:
-            raise UsageError(
-                f"parallelism.ep={p.ep} must divide dp_shard*cp = {dp_shard}*{p.cp} = "
-                f"{dp_shard * p.cp}: expert parallelism borrows its ranks from the data-sharding "
-                "and context axes. Pick an ep that divides it"
+            raise degree_error(
+                p,
+                world_size,
+                f"ep={p.ep} does not divide dp_shard*cp = {dp_shard * p.cp} (expert parallelism "
+                "borrows its ranks from the data-sharding and context axes)",
+                f"pick an ep that divides {dp_shard * p.cp}, or raise dp_shard or cp",
             )
         return cls(p.dp_replicate, dp_shard, p.cp, p.tp, p.pp, p.ep, world_size)
 
@@ -97,3 +105,13 @@ class ParallelDims:
         mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
         mesh[("dp_replicate", "dp_shard", "cp")]._flatten("dp_cp")
         return mesh
+
+
+def degree_error(parallelism: Any, world_size: int, problem: str, fix: str) -> UsageError:
+    """The one message of a layout that does not fit: degrees, world size, problem and fix."""
+    p = parallelism
+    degrees = f"dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} cp={p.cp} tp={p.tp} pp={p.pp} ep={p.ep}"
+    return UsageError(
+        f"parallel degrees {degrees} do not fit the world size {world_size}: {problem}. "
+        f"Fix: {fix} (parallelism.* in the recipe)"
+    )
