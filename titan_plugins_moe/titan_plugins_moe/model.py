@@ -181,7 +181,8 @@ class MoETransformer(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """As ``Llama3.forward``: tokens (or hidden states on a later pipeline stage) -> logits."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        freqs_cis = self.freqs_cis[positions] if positions is not None else self.freqs_cis[: h.shape[1]]
+        # Attention takes the rows it needs (Llama 3's apply_rope slices to its sequence length).
+        freqs_cis = self.freqs_cis[positions] if positions is not None else self.freqs_cis
         for block in self.layers.values():
             h = block(h, freqs_cis)
         h = self.norm(h) if self.norm is not None else h

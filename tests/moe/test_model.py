@@ -1,0 +1,109 @@
+"""MoE model: parameter and FLOP counts, routing against a per-token reference, causality, plugin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import attrs
+import pytest
+import torch
+import torch.nn.functional as F
+
+from titan_plugins_moe.flavors import FLAVORS, MoEArgs, flops_per_token, num_params
+from titan_plugins_moe.model import MoE, MoETransformer
+
+TINY = MoEArgs(
+    dim=32,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=128,
+    n_experts=4,
+    top_k=2,
+    expert_hidden_dim=16,
+    shared_expert_hidden_dim=16,
+    n_dense_layers=1,
+    multiple_of=32,
+    max_seq_len=64,
+)
+
+
+def build(args: MoEArgs, seed: int = 0) -> MoETransformer:
+    with torch.device("meta"):
+        model = MoETransformer(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    model.init_weights(buffer_device=torch.device("cpu"))
+    return model
+
+
+@pytest.mark.parametrize("flavor", sorted(FLAVORS))
+def test_analytic_counts_match_the_module(flavor: str) -> None:
+    args = FLAVORS[flavor]
+    with torch.device("meta"):
+        model = MoETransformer(args)
+    total = sum(p.numel() for p in model.parameters())
+    assert total == num_params(args, include_embedding=True)
+    assert total - args.vocab_size * args.dim == num_params(args, include_embedding=False)
+
+
+def test_flops_count_only_the_active_experts() -> None:
+    args = FLAVORS["debugmodel"]
+    more_experts = attrs.evolve(args, n_experts=2 * args.n_experts)
+    # Experts a token does not visit cost no FLOPs; routing to more of them does.
+    router_only = 6 * (more_experts.n_experts - args.n_experts) * args.dim * (args.n_layers - 1)
+    assert flops_per_token(more_experts, 256) - flops_per_token(args, 256) == router_only
+    assert flops_per_token(attrs.evolve(args, top_k=args.top_k + 1), 256) > flops_per_token(args, 256)
+
+
+def _reference_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """Token by token: the top-k experts' SwiGLU outputs weighted by renormalised scores."""
+    flat = x.reshape(-1, x.shape[-1])
+    probs = F.softmax(moe.router.gate(flat), dim=-1)
+    out = torch.zeros_like(flat)
+    for t in range(flat.shape[0]):
+        scores, experts = probs[t].topk(moe.top_k)
+        scores = scores / scores.sum()
+        for s, e in zip(scores, experts.tolist(), strict=True):
+            w1, w2, w3 = moe.experts.w1[e], moe.experts.w2[e], moe.experts.w3[e]
+            out[t] += s * (w2 @ (F.silu(w1 @ flat[t]) * (w3 @ flat[t])))
+    out += moe.shared_expert(flat)
+    return out.view_as(x)
+
+
+def test_grouped_experts_match_per_token_routing() -> None:
+    model = build(TINY)
+    moe = model.layers["1"].feed_forward
+    assert isinstance(moe, MoE)
+    x = torch.randn(2, 5, TINY.dim)
+    torch.testing.assert_close(moe(x), _reference_moe(moe, x), rtol=1e-5, atol=1e-6)
+
+
+def test_first_blocks_are_dense_the_rest_moe() -> None:
+    model = build(TINY)
+    assert [type(b.feed_forward).__name__ for b in model.layers.values()] == ["FeedForward", "MoE", "MoE"]
+
+
+def test_forward_is_causal_and_trains() -> None:
+    model = build(TINY)
+    tokens = torch.randint(0, TINY.vocab_size, (2, 12))
+    logits = model(tokens)
+    assert logits.shape == (2, 12, TINY.vocab_size)
+    changed = tokens.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % TINY.vocab_size
+    torch.testing.assert_close(model(changed)[:, :8], logits[:, :8])
+    F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+    experts = model.layers["2"].feed_forward.experts
+    assert experts.w1.grad is not None and experts.w1.grad.abs().sum() > 0
+
+
+def test_top_k_larger_than_experts_is_refused() -> None:
+    with pytest.raises(ValueError, match="top_k=5 exceeds n_experts=4"):
+        MoETransformer(attrs.evolve(TINY, top_k=5))
+
+
+def test_plugin_module_does_not_import_torch() -> None:
+    code = "import sys, titan_plugins_moe.plugin as p; p.titan_models(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

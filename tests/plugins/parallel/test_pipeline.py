@@ -1,0 +1,165 @@
+"""Pipeline parallel: stage layout, clear errors, and per-step losses equal to one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.parallel_harness import (
+    GLOBAL_BATCH,
+    STEPS,
+    assert_losses_close,
+    log_records,
+    run_layout,
+    run_titan_train,
+)
+from titan_core.config import TrainerConfig
+from titan_core.errors import UsageError
+from titan_plugins_parallel import pipeline
+
+#: Every schedule titan documents; the single-stage ones hold 1 stage per rank, the rest 2.
+SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
+
+
+# -- layout (no processes) ---------------------------------------------------------------------
+
+
+def test_blocks_split_contiguously_with_the_remainder_first() -> None:
+    names = [str(i) for i in range(7)]
+    assert pipeline.split_layers(names, 3) == [["0", "1", "2"], ["3", "4"], ["5", "6"]]
+    assert pipeline.split_layers(names[:4], 4) == [["0"], ["1"], ["2"], ["3"]]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "configured", "stages"),
+    [("GPipe", None, 1), ("1F1B", 1, 1), ("Interleaved1F1B", None, 2), ("Interleaved1F1B", 3, 3)],
+)
+def test_stages_per_rank_follow_the_schedule(schedule: str, configured: int | None, stages: int) -> None:
+    assert pipeline.stages_per_rank(pipeline.schedule_class(schedule), configured) == stages
+
+
+def test_loop_and_v_placement() -> None:
+    assert pipeline.stage_ids_of(1, 2, 2, v_style=False) == [1, 3]
+    assert pipeline.stage_ids_of(0, 2, 2, v_style=True) == [0, 3]
+    assert pipeline.stage_ids_of(1, 2, 2, v_style=True) == [1, 2]
+
+
+def test_unknown_schedule_names_the_choices() -> None:
+    with pytest.raises(UsageError, match=r"pp_schedule='Zigzag'.*GPipe, 1F1B, Interleaved1F1B"):
+        pipeline.schedule_class("Zigzag")
+
+
+@pytest.mark.parametrize(
+    ("schedule", "configured", "message"),
+    [("1F1B", 2, "runs one stage per rank"), ("ZBVZeroBubble", 3, "exactly two stages per rank")],
+)
+def test_stage_count_the_schedule_cannot_run(schedule: str, configured: int, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        pipeline.stages_per_rank(pipeline.schedule_class(schedule), configured)
+
+
+def test_microbatches_must_divide_the_local_batch() -> None:
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    assert pipeline.microbatches(config, num_stages=2) == 2
+    config.parallelism.pp_microbatches = 3
+    with pytest.raises(UsageError, match=r"pp_microbatches=3 must divide training.local_batch_size=4"):
+        pipeline.microbatches(config, num_stages=2)
+
+
+def _ctx(config: TrainerConfig, pp: int, rank: int, n_layers: int = 4) -> SimpleNamespace:
+    from titan_plugins_llama3.flavors import Llama3Args
+
+    args = Llama3Args(dim=32, n_layers=n_layers, n_heads=4, vocab_size=64, max_seq_len=16)
+    dims = SimpleNamespace(pp=pp, coordinates=lambda r: {"pp": r})
+    spec = SimpleNamespace(name="llama3")
+    topology = SimpleNamespace(pp_rank=None, rank=rank)
+    return SimpleNamespace(config=config, parallel_dims=dims, spec=spec, model_args=args, topology=topology)
+
+
+def _meta_model(ctx: SimpleNamespace):
+    import torch
+
+    from titan_plugins_llama3.model import Llama3
+
+    with torch.device("meta"):
+        return Llama3(ctx.model_args)
+
+
+def test_stages_keep_their_blocks_names_and_ends() -> None:
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    config.parallelism.pp_schedule = "Interleaved1F1B"
+    firsts = []
+    for rank in (0, 1):
+        ctx = _ctx(config, pp=2, rank=rank)
+        stages = pipeline.apply([_meta_model(ctx)], ctx)
+        assert ctx.stage_ids == [rank, rank + 2]
+        assert [list(s.layers.keys()) for s in stages] == [[str(rank)], [str(rank + 2)]]
+        assert (ctx.has_first_stage, ctx.has_last_stage) == (rank == 0, rank == 1)
+        firsts.append(stages[0])
+    assert firsts[0].tok_embeddings is not None and firsts[1].tok_embeddings is None
+    assert firsts[0].output is None and stages[1].output is not None  # rank 1's stage 3 is last
+
+
+def test_too_few_blocks_for_the_stages() -> None:
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    config.parallelism.pp_schedule = "Interleaved1F1B"
+    ctx = _ctx(config, pp=2, rank=0, n_layers=3)
+    with pytest.raises(UsageError, match=r"3 blocks for pp=2 x 2 stages per rank = 4 stages"):
+        pipeline.apply([_meta_model(ctx)], ctx)
+
+
+# -- runs (torchrun, gloo) -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference_rows(tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path) -> list[dict]:
+    """Step records (loss and grad norm) of one process, for the grad-norm comparison."""
+    folder = tmp_path_factory.mktemp("pp_reference")
+    result = run_titan_train(folder, 1, {"checkpoint.initial_load_path": str(seed_checkpoint)})
+    rows = [r for r in log_records(result.stdout) if r.get("event") == "step"]
+    assert result.returncode == 0 and len(rows) == STEPS, result.stderr[-3000:]
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_pp2_matches_one_process(
+    schedule: str, tmp_path: Path, seed_checkpoint: Path, reference_rows: list[dict]
+) -> None:
+    """Each schedule: same losses and grad norms; every PP rank's step line carries the loss."""
+    overrides = {
+        "checkpoint.initial_load_path": str(seed_checkpoint),
+        "parallelism.pp": 2,
+        "parallelism.pp_schedule": schedule,
+    }
+    result = run_titan_train(tmp_path, 2, overrides)
+    records = [r for r in log_records(result.stdout) if r.get("event") == "step"]
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected = [r["loss"] for r in reference_rows]
+    for rank in (0, 1):  # rank 0 holds no last stage (except under ZBV): the loss was broadcast
+        mine = [r for r in records if r.get("rank") == rank]
+        assert_losses_close([r["loss"] for r in mine], expected)
+        # Grad norm sums both stages' squares over the PP group (titan_core.grad_norm).
+        norms = [r["grad_norm"] for r in mine]
+        assert norms == pytest.approx([r["grad_norm"] for r in reference_rows], rel=1e-3)
+    built = next(r for r in log_records(result.stdout) if r.get("event") == "built")
+    assert built["strategies"] == ["pp"]
+
+
+@pytest.mark.slow
+def test_pp2_with_fsdp2_matches_one_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    overrides = {
+        "parallelism.pp": 2,
+        "parallelism.dp_shard": 2,
+        "parallelism.pp_schedule": "Interleaved1F1B",
+        "parallelism.pp_microbatches": 2,
+        "training.local_batch_size": GLOBAL_BATCH // 2,
+    }
+    assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, overrides), reference_losses)
