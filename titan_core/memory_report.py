@@ -13,13 +13,12 @@ fake run observes step 1 at points 2-4).
 On CUDA the figures come from the caching allocator (``torch.cuda.memory_stats``: allocated and
 reserved, current and peak; the peak of point 3 is reset just before that forward/backward), and
 a snapshot for https://pytorch.org/memory_viz is written when ``profiler.enable_memory_snapshot``
-is on. On CPU there is no allocator to ask, so tensors are accounted: parameters, gradients and
-optimizer state are counted directly (local shards of DTensors), and during steps 1..steady
-``torch.distributed._tools.mem_tracker.MemTracker`` (a TorchDispatchMode; private module, the
-only tensor-level tracker PyTorch ships) follows every allocation to give the peak by category
-(parameters, gradients, activations, temporaries such as FSDP's unsharded parameters, optimizer
-state). Its peak restarts at each step it enters; tensors that existed before it was created and
-belong to no module or optimizer (none in titan's trainer) are not seen.
+is on. On CPU there is no allocator to ask, so tensors are accounted: parameters, buffers,
+gradients and optimizer state are counted directly (local shards of DTensors), and during steps
+1..steady an :class:`AllocationTracker` follows every storage created (or resized) by an operator
+until it is freed; what it holds at its peak is added to what was accounted when the step began.
+(``torch.distributed._tools.mem_tracker.MemTracker`` does the same with categories, but refuses
+a module called twice in one step, which every pipeline microbatch does.)
 
 Every rank writes ``memory_report_rank{logical_rank}.json`` under ``job.dump_folder`` and prints a
 table. The report is on under the fake comm backends and when ``debug.memory_report`` is set;
@@ -28,14 +27,18 @@ otherwise the trainer holds ``None`` and the loop does nothing for it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from titan_core.log import get_logger
 
@@ -93,25 +96,70 @@ def _max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-_CATEGORIES = {
-    "Parameter": "parameters",
-    "Buffer": "buffers",
-    "Gradient": "gradients",
-    "Activation": "activations",
-    "Temp": "temporaries",
-    "Optstate": "optimizer_state",
-    "Other": "other",
-}
+class AllocationTracker(TorchDispatchMode):
+    """Bytes of the storages operators create (or resize) while active, current and peak.
 
+    A dispatch mode below DTensor (DTensor ops are let through to their local ops) sees every
+    operator's outputs; each new storage is remembered by a weak reference whose callback
+    subtracts its bytes when it is freed. ``UntypedStorage.resize_`` is wrapped while active
+    because FSDP allocates and frees its all-gather buffers by resizing storages in place.
+    ``TorchDispatchMode`` lives in the private ``torch.utils._python_dispatch``; it is the
+    mechanism PyTorch's own memory tools use, unchanged across torch 2.11-2.14.
+    """
 
-def _tracker_breakdown(snapshot: dict[Any, dict[Any, int]], device: torch.device) -> dict[str, int]:
-    """MemTracker's per-device snapshot as ``{category: bytes, 'total': bytes}``."""
-    for dev, values in snapshot.items():
-        if torch.device(dev).type == device.type:
-            out = {_CATEGORIES.get(str(getattr(k, "value", k)), str(k)): v for k, v in values.items()}
-            out["total"] = out.pop("Total", sum(out.values()))
-            return out
-    return {"total": 0}
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref] = {}
+        self._orig_resize: Any = None
+
+    def _add(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        if key in self._sizes or storage.device.type == "meta":
+            return
+        self._sizes[key] = storage.nbytes()
+        self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
+        self._grow(self._sizes[key])
+
+    def _freed(self, key: int, _ref: Any) -> None:
+        self.current -= self._sizes.pop(key, 0)
+        self._refs.pop(key, None)
+
+    def _grow(self, nbytes: int) -> None:
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
+                self._add(t.untyped_storage())
+        return out
+
+    def __enter__(self) -> AllocationTracker:
+        self._orig_resize = orig = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            key, before = id(storage), storage.nbytes()
+            result = orig(storage, size)
+            if key in tracker._sizes:
+                tracker._sizes[key] = storage.nbytes()
+                tracker._grow(storage.nbytes() - before)
+            else:
+                tracker._add(storage)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        super().__exit__(*exc)
 
 
 class MemoryReport:
@@ -134,7 +182,8 @@ class MemoryReport:
                 config.profiler.save_memory_snapshot_folder,
                 f"memory_report_rank{topology.rank}.pickle",
             )
-        self._tracker: Any = None
+        self._tracker: AllocationTracker | None = None
+        self._base_bytes = 0  # accounted bytes when the tracked step began
         self._parts: list[nn.Module] = []
         self._optimizer: Any = None
         self.steady_step = 1
@@ -155,19 +204,15 @@ class MemoryReport:
         """Point 1; called once everything is built, before step 1."""
         self._parts, self._optimizer = parts, optimizer
         self.steady_step = 2 if steps >= 2 else 1
-        if not self.cuda:
-            from torch.distributed._tools.mem_tracker import MemTracker
-
-            self._tracker = MemTracker()
-            self._tracker.track_external(*parts, optimizer)
         self._observe("after_init", 0)
 
     def before_forward_backward(self, step: int) -> None:
         if self.done or step > self.steady_step:
             return
-        if self._tracker is not None:
-            self._tracker.reset_mod_stats()  # per-module stats hold one iteration only
-            self._tracker.__enter__()  # the tracker's peak restarts from what is live now
+        if not self.cuda:
+            self._base_bytes = self._accounted(tensor_account(self._parts, self._optimizer))
+            self._tracker = AllocationTracker()
+            self._tracker.__enter__()
         elif step == self.steady_step:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -185,18 +230,22 @@ class MemoryReport:
             self._observe("after_optimizer_step", step)
         if self._tracker is not None:
             self._tracker.__exit__(None, None, None)
+            self._tracker = None
         if step == self.steady_step:
             self.finish()
 
     # -- recording --------------------------------------------------------------------------------
 
+    @staticmethod
+    def _accounted(account: dict[str, int]) -> int:
+        return sum(
+            account[k] for k in ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_state_bytes")
+        )
+
     def _observe(self, point: str, step: int) -> None:
         row: dict[str, Any] = {"point": point, "step": step}
         row.update(tensor_account(self._parts, self._optimizer))
-        accounted = sum(
-            row[k] for k in ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_state_bytes")
-        )
-        row["accounted_bytes"] = accounted
+        accounted = row["accounted_bytes"] = self._accounted(row)
         if self.cuda:
             torch.cuda.synchronize(self.device)
             stats = torch.cuda.memory_stats(self.device)
@@ -205,13 +254,12 @@ class MemoryReport:
             row["reserved_bytes"] = stats.get("reserved_bytes.all.current", 0)
             row["reserved_peak_bytes"] = stats.get("reserved_bytes.all.peak", 0)
             row["peak_bytes"] = row["allocated_peak_bytes"]
-        elif self._tracker is not None and step > 0:
-            current = _tracker_breakdown(self._tracker.get_tracker_snapshot("current"), self.device)
-            peak = _tracker_breakdown(self._tracker.get_tracker_snapshot("peak"), self.device)
-            row["tracked_bytes"] = current["total"]
-            row["tracked_peak_bytes"] = peak["total"]
-            row["peak_breakdown"] = peak
-            row["peak_bytes"] = max(peak["total"], accounted)
+        elif self._tracker is not None:
+            # Activations, unsharded parameters, gradients, optimizer state and temporaries made
+            # since the step began, at their peak; plus what existed when it began.
+            row["step_allocations_bytes"] = self._tracker.current
+            row["step_allocations_peak_bytes"] = self._tracker.peak
+            row["peak_bytes"] = max(self._base_bytes + self._tracker.peak, accounted)
         else:
             row["peak_bytes"] = accounted
         row["rss_bytes"] = _rss_bytes()
@@ -280,7 +328,7 @@ def format_table(data: dict[str, Any]) -> str:
     )
     cuda = str(data["device"]).startswith("cuda")
     cols = ["point", "step", "params", "grads", "optim", "peak"]
-    cols += ["allocated", "reserved", "rsv peak"] if cuda else ["activ.", "temp", "rss"]
+    cols += ["allocated", "reserved", "rsv peak"] if cuda else ["step alloc peak", "rss"]
     rows = [cols]
     for o in data["observations"]:
         row = [o["point"], str(o["step"]), _mib(o["params_bytes"]), _mib(o["grads_bytes"])]
@@ -288,9 +336,7 @@ def format_table(data: dict[str, Any]) -> str:
         if cuda:
             row += [_mib(o["allocated_bytes"]), _mib(o["reserved_bytes"]), _mib(o["reserved_peak_bytes"])]
         else:
-            breakdown = o.get("peak_breakdown", {})
-            row += [_mib(breakdown.get("activations")), _mib(breakdown.get("temporaries"))]
-            row += [_mib(o["rss_bytes"])]
+            row += [_mib(o.get("step_allocations_peak_bytes")), _mib(o["rss_bytes"])]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
 
@@ -300,5 +346,9 @@ def format_table(data: dict[str, Any]) -> str:
         )
 
     lines = [head, *(line(r) for r in rows)]
-    lines.append("(MiB; peak: " + ("CUDA allocated peak" if cuda else "tracked tensors at their peak") + ")")
+    lines.append(
+        "(MiB; peak: "
+        + ("CUDA allocated peak" if cuda else "accounted at step start + step allocations at their peak")
+        + ")"
+    )
     return "\n".join(lines)

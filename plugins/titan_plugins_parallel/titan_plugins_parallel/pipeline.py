@@ -196,10 +196,15 @@ class Pipeline:
         self._step_kwargs: dict[str, Any] = {}
         for part in parts:
             part.register_forward_pre_hook(self._add_step_kwargs, with_kwargs=True)
-        self.stages = [
-            PipelineStage(part, sid, num_stages, ctx.topology.device, group=self.group)
-            for part, sid in zip(parts, ctx.stage_ids, strict=True)
-        ]
+        from titan_plugins_parallel.fake_pipeline import peers_simulated, simulated_peer_stages
+
+        if peers_simulated(ctx):  # pure fake backend: no peer can tell a stage its shapes
+            self.stages = simulated_peer_stages(parts, ctx, num_stages, n_microbatches, self.group)
+        else:
+            self.stages = [
+                PipelineStage(part, sid, num_stages, ctx.topology.device, group=self.group)
+                for part, sid in zip(parts, ctx.stage_ids, strict=True)
+            ]
 
         def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             # Mean over microbatches: grads then equal the whole batch's, without rescaling.
