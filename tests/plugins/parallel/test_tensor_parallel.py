@@ -1,0 +1,84 @@
+"""Tensor + sequence + loss parallel: checks before building, and losses equal to one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from tests.parallel_harness import GLOBAL_BATCH, assert_losses_close, run_layout, tiny_config
+from titan_core.errors import UsageError
+from titan_core.parallel_dims import ParallelDims
+from titan_core.parallelize import ParallelContext
+from titan_core.topology import Topology
+from titan_plugins_llama3.flavors import Llama3Args
+from titan_plugins_llama3.plan import check_tp
+from titan_plugins_parallel import tensor_parallel
+
+
+def context(spec: Any, tp: int = 2, seq_len: int = 32) -> ParallelContext:
+    config = tiny_config(**{"parallelism.tp": tp, "training.seq_len": seq_len})
+    dims = ParallelDims(1, 1, 1, tp, 1, 1, tp)
+    topology = Topology(world_size=tp, rank=0, local_rank=0, device=None)
+    return ParallelContext(config, dims, None, spec, None, topology)
+
+
+@attrs.frozen
+class Spec:
+    name: str = "toy"
+    tp_plan: Any = None
+
+
+def test_model_without_tp_plan_is_one_clear_error() -> None:
+    expected = r"parallelism.tp=2, but model 'toy' supplies no tensor-parallel plan"
+    with pytest.raises(UsageError, match=expected):
+        tensor_parallel.check(context(Spec()))
+
+
+def test_seq_len_must_split_over_tp_ranks() -> None:
+    with pytest.raises(UsageError, match=r"training.seq_len=33 is not divisible by parallelism.tp=2"):
+        tensor_parallel.check(context(Spec(tp_plan=lambda *a: None), seq_len=33))
+
+
+def test_llama3_plan_names_every_dimension_tp_does_not_divide() -> None:
+    args = Llama3Args(dim=96, n_heads=6, n_kv_heads=2, vocab_size=2048, multiple_of=32)
+    check_tp(args, 2)  # all divisible
+    with pytest.raises(UsageError) as info:
+        check_tp(args, 4)
+    message = str(info.value)
+    assert "parallelism.tp=4 must divide the model's n_heads=6, n_kv_heads=2 (" in message
+    with pytest.raises(UsageError) as info:
+        check_tp(args, 3)
+    message = str(info.value)
+    assert "n_kv_heads=2, vocab_size=2048, ffn hidden dim=256 (" in message
+    assert "n_heads=6" not in message
+
+
+@pytest.mark.slow
+def test_tp_two_ranks_matches_single_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    layout = {"parallelism.tp": 2, "training.local_batch_size": GLOBAL_BATCH}
+    assert_losses_close(run_layout(tmp_path, 2, seed_checkpoint, layout), reference_losses)
+
+
+@pytest.mark.slow
+def test_tp_without_loss_parallel_matches_single_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    layout = {"parallelism.tp": 2, "parallelism.loss_parallel": False}
+    assert_losses_close(run_layout(tmp_path, 2, seed_checkpoint, layout), reference_losses)
+
+
+@pytest.mark.slow
+def test_fsdp_with_tp_matches_single_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    layout = {
+        "parallelism.dp_shard": 2,
+        "parallelism.tp": 2,
+        "training.local_batch_size": GLOBAL_BATCH // 2,
+    }
+    assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, layout), reference_losses)
