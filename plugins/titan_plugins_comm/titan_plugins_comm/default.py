@@ -1,16 +1,36 @@
-"""The default backend: a single process, or one process per rank launched by torchrun."""
+"""The default backend: a single process, or one process per rank launched by torchrun.
+
+On CUDA it turns on the NCCL flight recorder (``comm.trace_buf_size`` entries per rank): when a
+collective times out, every rank dumps its recent collectives to
+``job.dump_folder/comm_traces/rank_<rank>`` for ``python -m torch.distributed.flight_recorder``
+(``torchfrtrace``). Collectives get ``comm.init_timeout_seconds`` until the first step is done,
+then ``comm.train_timeout_seconds``.
+"""
 
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
+from titan_core.log import get_logger
+from titan_core.parallel_dims import MESH_DIMS
 from titan_core.topology import Topology
+
+log = get_logger("titan.comm")
+
+# Flight-recorder variables of torch 2.11-2.14; the NCCL-prefixed names are their older aliases,
+# still read by torch, so a value the user set under either name is kept.
+_FR_BUFFER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+_FR_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+_FR_DUMP_ON_TIMEOUT = ("TORCH_NCCL_DUMP_ON_TIMEOUT",)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -41,13 +61,7 @@ def init(config: TrainerConfig) -> Topology:
     device = select_device(config, local_rank)
     if world_size > 1 and not dist.is_initialized():
         if config.comm.trace_buf_size > 0 and device.type == "cuda":
-            # Flight recorder: dumped on timeout, see docs/debugging.md.
-            os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(config.comm.trace_buf_size))
-            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-            os.environ.setdefault(
-                "TORCH_FR_DUMP_TEMP_FILE",
-                os.path.join(os.path.abspath(config.job.dump_folder), "comm_traces", "rank_"),
-            )
+            os.environ.update(flight_recorder_env(config, os.environ))
             os.makedirs(os.path.join(config.job.dump_folder, "comm_traces"), exist_ok=True)
         dist.init_process_group(
             backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
@@ -63,4 +77,50 @@ def init(config: TrainerConfig) -> Topology:
         device=device,
         backend="default",
         physical_world_size=world_size,
+        after_first_step=(lambda mesh: shorten_timeouts(config, device, mesh)) if world_size > 1 else None,
     )
+
+
+def flight_recorder_env(config: TrainerConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """Variables that make NCCL's flight recorder dump to ``comm_traces/`` on a timeout.
+
+    Read by torch when the first NCCL communicator is created, so they are set before
+    ``init_process_group``. A variable already set, under its name or its older alias, wins.
+    """
+    wanted = {
+        _FR_BUFFER: str(config.comm.trace_buf_size),
+        _FR_DUMP_ON_TIMEOUT: "1",
+        _FR_FILE: os.path.join(os.path.abspath(config.job.dump_folder), "comm_traces", "rank_"),
+    }
+    return {names[0]: value for names, value in wanted.items() if not any(n in environ for n in names)}
+
+
+def shorten_timeouts(config: TrainerConfig, device: torch.device, mesh: Any) -> None:
+    """Give every process group of the run ``comm.train_timeout_seconds`` (after step 1).
+
+    The first step may be slow (compilation, lazy initialisation, checkpoint loading) and runs
+    under ``comm.init_timeout_seconds``; a hang later should surface, with a flight-recorder dump,
+    after the shorter training timeout. ``_set_pg_timeout`` is private: torch 2.11-2.14 has no
+    public way to change a live process group's timeout, so it is looked up and skipped with a
+    warning if absent.
+    """
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if set_timeout is None:
+        log.warning("this torch cannot change process-group timeouts; comm.train_timeout_seconds unused")
+        return
+    groups: dict[int, Any] = {}
+    if mesh is not None:
+        for name in (*MESH_DIMS, "dp", "dp_shard_cp", "dp_cp"):
+            try:
+                with warnings.catch_warnings():  # torch >= 2.11 warns on slicing flattened dims
+                    warnings.simplefilter("ignore", UserWarning)
+                    group = mesh[name].get_group()
+            except (KeyError, RuntimeError, ValueError):
+                continue  # a flattened view this mesh does not have
+            groups[id(group)] = group
+    # Every rank has finished step 1 before any collective runs under the shorter timeout.
+    dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
+    timeout = timedelta(seconds=config.comm.train_timeout_seconds)
+    for group in [None, *groups.values()]:  # None: the default (world) group
+        set_timeout(timeout, group)
+    log.info("collective timeout set", seconds=config.comm.train_timeout_seconds, groups=len(groups) + 1)
