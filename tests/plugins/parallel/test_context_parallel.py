@@ -1,0 +1,78 @@
+"""Context parallel: load-balanced shards, the global causal mask, and losses equal to one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.parallel_harness import GLOBAL_BATCH, assert_losses_close, run_layout
+from titan_core.config import TrainerConfig
+from titan_core.errors import UsageError
+from titan_plugins_parallel import context_parallel as cp_module
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_shards_cover_the_sequence_once_with_equal_causal_work(cp: int) -> None:
+    seq = 8 * cp
+    shards = [cp_module.chunk_positions(r, cp, seq) for r in range(cp)]
+    assert sorted(p for shard in shards for p in shard) == list(range(seq))
+    # Causal work of a query at position p is p + 1 keys: every rank does the same amount.
+    work = {sum(p + 1 for p in shard) for shard in shards}
+    assert len(work) == 1
+
+
+def test_mask_by_global_position_equals_causal_attention() -> None:
+    """What one CP rank computes from the gathered K/V is its rows of full causal attention."""
+    cp, seq = 2, 16
+    q, k, v = (torch.randn(2, 3, seq, 8) for _ in range(3))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    everyone = torch.tensor([p for r in range(cp) for p in cp_module.chunk_positions(r, cp, seq)])
+    for rank in range(cp):
+        local = torch.tensor(cp_module.chunk_positions(rank, cp, seq))
+        attention = cp_module.GatheredKVAttention(local, everyone, group=None)
+        # K/V as the all-gather delivers them: rank-major shards.
+        out = F.scaled_dot_product_attention(
+            q[:, :, local], k[:, :, everyone], v[:, :, everyone], attn_mask=attention.mask
+        )
+        torch.testing.assert_close(out, full[:, :, local])
+
+
+def test_batch_sharder_takes_this_ranks_positions() -> None:
+    positions = torch.tensor(cp_module.chunk_positions(1, 2, 8))
+    inputs = torch.arange(16).view(2, 8)
+    x, y, kwargs = cp_module.BatchSharder(positions)(inputs, inputs + 100)
+    assert x.tolist() == [[2, 3, 4, 5], [10, 11, 12, 13]]
+    assert y.tolist() == [[102, 103, 104, 105], [110, 111, 112, 113]]
+    assert kwargs["positions"].tolist() == [2, 3, 4, 5]
+
+
+def test_seq_len_must_split_into_two_chunks_per_rank() -> None:
+    config = TrainerConfig()
+    config.training.seq_len = 30
+    ctx = SimpleNamespace(config=config, parallel_dims=SimpleNamespace(cp=4))
+    with pytest.raises(UsageError, match=r"training.seq_len=30 is not a multiple of 8"):
+        cp_module.apply([], ctx)
+
+
+@pytest.mark.slow
+def test_cp2_matches_one_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    losses = run_layout(tmp_path, 2, seed_checkpoint, {"parallelism.cp": 2})
+    assert_losses_close(losses, reference_losses)
+
+
+@pytest.mark.slow
+def test_cp2_with_fsdp2_matches_one_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    overrides = {
+        "parallelism.cp": 2,
+        "parallelism.dp_shard": 2,
+        "training.local_batch_size": GLOBAL_BATCH // 2,
+    }
+    assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, overrides), reference_losses)
