@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,21 @@ def test_other_comm_backend_values_point_to_the_hybrid_flag(tmp_path: Path) -> N
     assert result.returncode == 2
     assert "--comm-backend real_pp_fake_spmd' under torchrun" in result.stderr
     assert result.stdout == ""
+
+
+def test_docs_recipe_resolves_through_the_launcher(tmp_path: Path) -> None:
+    """The recipe module of docs/parallelism.md, launched as the docs show (config printed only)."""
+    text = (REPO / "docs" / "parallelism.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_recipes.py").write_text(block)
+    env = child_env(tmp_path, NGPU="1", MODULE="my_recipes", CONFIG="llama3_debug_fsdp_tp")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    result = subprocess.run(
+        [str(SCRIPT), "--print-config", "json"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # torchrun's --tee prefixes each line of rank 0 with "[rank0]:".
+    lines = [line.removeprefix("[rank0]:") for line in result.stdout.splitlines()]
+    printed = "\n".join(lines)
+    config = json.loads(printed[printed.index("{") :])
+    assert config["parallelism"]["dp_shard"] == 2 and config["parallelism"]["tp"] == 2
