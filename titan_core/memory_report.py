@@ -282,6 +282,7 @@ class MemoryReport:
             else self.parallel_dims.coordinates(top.rank)["pp"],
             "world_size": top.world_size,
             "physical_world_size": top.physical_world_size,
+            "pp_group_backend": _backend_name(top.pp_group),
             "degrees": self.parallel_dims.degrees(),
             "device": str(self.device),
             "dtype": config.training.dtype,
@@ -312,6 +313,15 @@ class MemoryReport:
         print(format_table(data), flush=True)
         log.info("memory report written", path=path, peak_mib=round((data["peak_bytes"] or 0) / MiB, 1))
         return data
+
+
+def _backend_name(group: Any) -> str | None:
+    """The backend of the real PP group (``real_pp_fake_spmd``), e.g. ``gloo``; else ``None``."""
+    if group is None:
+        return None
+    import torch.distributed as dist
+
+    return str(dist.get_backend(group))
 
 
 def _mib(value: int | None) -> str:

@@ -1,0 +1,254 @@
+"""The fake comm backends end to end: the spec's launch commands, the memory report, and the
+per-rank parameter share of a logical job far larger than this machine."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, step_rows, titan_env
+from titan_core.memory_report import POINTS
+from titan_plugins_llama3.flavors import FLAVORS, Llama3Args
+from titan_plugins_parallel.pipeline import split_layers
+
+RECIPES = '''
+from titan_plugins_llama3.recipes import llama3_8b, llama3_debugmodel
+
+
+def llama3_debugmodel_pp2_fsdp2():
+    """The spec's example layout: PP 2 x FSDP 2 (a four-rank job)."""
+    config = llama3_debugmodel()
+    config.parallelism.pp = 2
+    config.parallelism.dp_shard = 2
+    config.training.local_batch_size = 4
+    config.training.seq_len = 64
+    config.training.device = "cpu"
+    config.metrics.enable_tensorboard = False
+    config.job.dump_folder = "./out"
+    return config
+
+
+def llama3_8b_tp8_pp2_fsdp4():
+    """Llama 3.1 8B as a 64-rank job, TP 8 x PP 2 x FSDP 4; a short sequence keeps one CPU step short."""
+    config = llama3_8b()
+    config.parallelism.tp = 8
+    config.parallelism.pp = 2
+    config.parallelism.dp_shard = 4
+    config.parallelism.pp_schedule = "GPipe"
+    config.parallelism.pp_microbatches = 1
+    config.training.seq_len = 256
+    config.training.local_batch_size = 1
+    config.training.dtype = "float32"
+    config.training.device = "cpu"
+    config.metrics.enable_tensorboard = False
+    config.job.dump_folder = "./out8b"
+    return config
+'''
+
+CONTRACT_VARS = (
+    "NGPU",
+    "FAKE_PP_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "COMM_BACKEND",
+    "MODULE",
+    "CONFIG",
+)
+
+
+@pytest.fixture
+def recipes(tmp_path: Path) -> Path:
+    (tmp_path / "my_debug_configs.py").write_text(RECIPES)
+    return tmp_path
+
+
+def env(**extra: str) -> dict[str, str]:
+    """A child environment with no launch variable inherited from this one."""
+    base = titan_env(**extra)
+    for name in CONTRACT_VARS:
+        if name not in extra:
+            base.pop(name, None)
+    return base
+
+
+def local_param_share(args: Llama3Args, pp: int, pp_rank: int, tp: int, fsdp: int) -> int:
+    """Parameters one rank of stage ``pp_rank`` holds: its stage's matrices split tp * fsdp ways,
+    its RMSNorm weights (replicated over TP) split fsdp ways."""
+    dim, hd = args.dim, args.head_dim
+    attention = dim * args.n_heads * hd * 2 + dim * args.kv_heads * hd * 2
+    ffn = 3 * dim * args.ffn_hidden_dim
+    n_blocks = len(split_layers([str(i) for i in range(args.n_layers)], pp)[pp_rank])
+    matrices = n_blocks * (attention + ffn)
+    norms = n_blocks * 2 * dim
+    if pp_rank == 0:
+        matrices += args.vocab_size * dim  # token embedding
+    if pp_rank == pp - 1:
+        matrices += args.vocab_size * dim  # output projection
+        norms += dim  # final norm
+    assert matrices % (tp * fsdp) == 0 and norms % fsdp == 0  # no padding in these layouts
+    return matrices // (tp * fsdp) + norms // fsdp
+
+
+def test_analytic_share_adds_up_to_the_model() -> None:
+    from titan_plugins_llama3.flavors import num_params
+
+    args = FLAVORS["8B"]
+    shares = [local_param_share(args, 2, r, 1, 1) for r in range(2)]
+    assert sum(shares) == num_params(args)
+
+
+@pytest.mark.slow
+def test_pure_fake_example_is_logical_rank_2_and_reports_memory(recipes: Path) -> None:
+    result = subprocess.run(
+        [str(REPO / "run_train.sh")],
+        cwd=recipes,
+        env=env(
+            NGPU="4",
+            FAKE_PP_RANK="1",
+            COMM_BACKEND="fake",
+            MODULE="my_debug_configs",
+            CONFIG="llama3_debugmodel_pp2_fsdp2",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = step_rows(result.stdout)
+    assert [r["step"] for r in rows] == [1]  # run_train.sh limits pure fake to one step
+    assert all(r["rank"] == 2 for r in rows)
+    assert "memory report: llama3_debugmodel_pp2_fsdp2" in result.stdout  # the printed table
+
+    report = json.loads((recipes / "out" / "memory_report_rank2.json").read_text())
+    assert (report["logical_rank"], report["pp_rank"], report["world_size"]) == (2, 1, 4)
+    assert report["physical_world_size"] == 1 and report["comm_backend"] == "fake"
+    assert report["pp_group_backend"] is None
+    assert report["recipe"] == "llama3_debugmodel_pp2_fsdp2"
+    assert report["degrees"]["pp"] == 2 and report["degrees"]["dp_shard"] == 2
+    assert sorted(o["point"] for o in report["observations"]) == sorted(POINTS)
+    assert report["steady_step"] == 1
+
+    share = local_param_share(FLAVORS["debugmodel"], pp=2, pp_rank=1, tp=1, fsdp=2)
+    assert report["params_numel"] == share
+    assert report["params_bytes"] == 4 * share  # float32
+    by_point = {o["point"]: o for o in report["observations"]}
+    assert by_point["after_init"]["grads_bytes"] == 0
+    assert by_point["after_init"]["optimizer_state_bytes"] == 0
+    after = by_point["after_optimizer_step"]
+    assert after["grads_bytes"] == report["params_bytes"]
+    assert after["optimizer_state_bytes"] >= 2 * report["params_bytes"]  # AdamW: exp_avg, exp_avg_sq
+    fwd_bwd = by_point["steady_forward_backward"]
+    assert fwd_bwd["step_allocations_peak_bytes"] > 0
+    assert fwd_bwd["peak_bytes"] > report["params_bytes"] + fwd_bwd["grads_bytes"]
+
+
+@pytest.mark.slow
+def test_hybrid_example_runs_real_pp_over_gloo(recipes: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=localhost:0",
+        "--role=rank",
+        "--tee=3",
+        "-m",
+        "titan_core.train",
+        "--module",
+        "my_debug_configs",
+        "--config",
+        "llama3_debugmodel_pp2_fsdp2",
+        "--comm-backend",
+        "real_pp_fake_spmd",
+    ]
+    result = subprocess.run(
+        command,
+        cwd=recipes,
+        env=env(NGPU="4", TITAN_DEFAULT_MAX_STEPS="2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    losses: dict[int, dict[int, float]] = {}
+    for line in result.stdout.splitlines():
+        match = re.match(r"\[rank(\d)\]:(\{.*\})$", line)
+        if match and '"event": "step"' in line:
+            row = json.loads(match.group(2))
+            losses.setdefault(row["rank"], {})[row["step"]] = row["loss"]
+    # Physical ranks 0 and 1 stand for logical ranks 0 and 2 (pp_rank * NGPU / P).
+    assert sorted(losses) == [0, 2]
+    # Only the last stage computes the loss; the first stage logs it because it crossed the real
+    # PP group (the step broadcasts it from the last stage).
+    assert losses[0] == losses[2] and sorted(losses[0]) == [1, 2]
+    for logical, pp_rank in ((0, 0), (2, 1)):
+        report = json.loads((recipes / "out" / f"memory_report_rank{logical}.json").read_text())
+        assert report["comm_backend"] == "real_pp_fake_spmd"
+        assert (report["pp_rank"], report["world_size"], report["physical_world_size"]) == (pp_rank, 4, 2)
+        assert report["pp_group_backend"] == "gloo"
+        assert report["steady_step"] == 2
+        share = local_param_share(FLAVORS["debugmodel"], pp=2, pp_rank=pp_rank, tp=1, fsdp=2)
+        assert report["params_numel"] == share
+
+
+@pytest.mark.slow
+def test_all_pp_ranks_compares_every_coordinate(recipes: Path) -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "titan_core.cli", "run", "--module", "my_debug_configs"),
+            *("--recipe", "llama3_debugmodel_pp2_fsdp2", "--comm-backend", "fake", "--all-pp-ranks"),
+        ],
+        cwd=recipes,
+        env=env(NGPU="4"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "memory by pipeline coordinate" in result.stdout
+    summary = json.loads((recipes / "out" / "memory_report_all_pp_ranks.json").read_text())
+    coords = summary["coordinates"]
+    assert [(c["pp_rank"], c["logical_rank"]) for c in coords] == [(0, 0), (1, 2)]
+    for c in coords:
+        share = local_param_share(FLAVORS["debugmodel"], pp=2, pp_rank=c["pp_rank"], tp=1, fsdp=2)
+        assert c["params_numel"] == share
+        assert c["optimizer_state_bytes"] >= 2 * c["params_bytes"]
+        assert f"{share:,}" in result.stdout  # the table row
+
+
+@pytest.mark.slow
+def test_llama3_8b_as_a_64_rank_job_fits_this_machine(recipes: Path) -> None:
+    """One rank of an 8B TP8 x PP2 x FSDP4 job: only its shards exist, on a 2-core CPU."""
+    start = time.perf_counter()
+    result = subprocess.run(
+        [str(REPO / "run_train.sh")],
+        cwd=recipes,
+        env=env(
+            NGPU="64",
+            FAKE_PP_RANK="1",
+            COMM_BACKEND="fake",
+            MODULE="my_debug_configs",
+            CONFIG="llama3_8b_tp8_pp2_fsdp4",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((recipes / "out8b" / "memory_report_rank32.json").read_text())
+    assert (report["logical_rank"], report["pp_rank"], report["world_size"]) == (32, 1, 64)
+    share = local_param_share(FLAVORS["8B"], pp=2, pp_rank=1, tp=8, fsdp=4)
+    assert report["params_numel"] == share
+    assert report["params_bytes"] == 4 * share
+    gib = 1024**3
+    assert report["max_rss_bytes"] < 6 * gib, report["max_rss_bytes"] / gib
+    assert elapsed < 120, f"one fake 8B step took {elapsed:.0f}s"
