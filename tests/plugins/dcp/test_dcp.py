@@ -1,0 +1,118 @@
+"""The DCP checkpointer in one process: interval saves, exact resume, load_only, seed checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from tests.parallel_harness import tiny_config
+from titan_core._registry import Registry, get_registry
+from titan_core.config import TrainerConfig
+from titan_core.errors import PluginError, UsageError
+from titan_core.topology import Topology
+from titan_core.trainer import Trainer, train
+from titan_plugins_dcp.checkpointer import DCPCheckpointer
+
+_INITIAL = "checkpoint.initial_load_path"
+
+
+def config_in(folder: Path, **overrides: Any) -> TrainerConfig:
+    return tiny_config(**{"job.dump_folder": str(folder), "checkpoint.enable": True, **overrides})
+
+
+def run(config: TrainerConfig) -> dict[int, float]:
+    return {int(row["step"]): row["loss"] for row in train(config, get_registry())}
+
+
+def saved_steps(folder: Path) -> list[str]:
+    root = folder / "checkpoint"
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_resume_continues_with_the_losses_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    whole = run(config_in(tmp_path / "whole", **{"checkpoint.interval": 2}))
+    assert list(whole) == [1, 2, 3, 4, 5, 6]
+    assert saved_steps(tmp_path / "whole") == ["step-2", "step-4", "step-6"]
+
+    stopped = run(config_in(tmp_path / "split", **{"checkpoint.interval": 3, "debug.max_steps": 4}))
+    assert stopped == {k: whole[k] for k in (1, 2, 3, 4)}
+    assert saved_steps(tmp_path / "split") == ["step-3", "step-4"]  # the interval and the last step
+    resumed = run(config_in(tmp_path / "split", **{"checkpoint.interval": 3}))
+    assert resumed == {5: whole[5], 6: whole[6]}  # same weights, optimizer, LR and data position
+
+
+def test_load_only_loads_but_writes_nothing(tmp_path: Path) -> None:
+    run(config_in(tmp_path, **{"debug.max_steps": 2}))
+    assert saved_steps(tmp_path) == ["step-2"]
+    resumed = run(config_in(tmp_path, **{"checkpoint.load_only": True, "checkpoint.interval": 1}))
+    assert list(resumed) == [3, 4, 5, 6]
+    assert saved_steps(tmp_path) == ["step-2"]
+
+    fresh = tmp_path / "fresh"
+    assert list(run(config_in(fresh, **{"checkpoint.load_only": True, "checkpoint.interval": 1}))) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
+    assert not (fresh / "checkpoint").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "named"),
+    [
+        ({"parallelism.dp_shard": 2}, 2, ["parallelism.dp_shard=2", "world size 2"]),
+        ({"parallelism.tp": 2, "parallelism.pp": 2}, 4, ["parallelism.tp=2", "parallelism.pp=2"]),
+        ({}, 2, ["world size 2"]),  # dp_shard=-1 would fill two ranks
+    ],
+)
+def test_seed_checkpoint_refuses_parallel_degrees(
+    tmp_path: Path, overrides: dict[str, int], world_size: int, named: list[str]
+) -> None:
+    config = config_in(tmp_path, **{"checkpoint.create_seed_checkpoint": True, **overrides})
+    with pytest.raises(UsageError, match="create_seed_checkpoint needs every parallel degree 1") as info:
+        DCPCheckpointer(config, Topology(world_size, 0, 0, torch.device("cpu")))
+    for text in named:
+        assert text in str(info.value)
+
+
+def test_seed_checkpoint_holds_the_initial_weights_and_reproduces_them(tmp_path: Path) -> None:
+    seed_run = tmp_path / "seed"
+    seed = config_in(seed_run, **{"checkpoint.enable": False, "checkpoint.create_seed_checkpoint": True})
+    seed.debug.seed = 7  # the seed's weights differ from what the later runs would initialise
+    assert train(seed, get_registry()) == []  # writes step-0 and stops
+    assert saved_steps(seed_run) == ["step-0"]
+    keys = dcp.FileSystemReader(str(seed_run / "checkpoint" / "step-0")).read_metadata().state_dict_metadata
+    assert keys and all(k.startswith("model.") for k in keys)  # weights only
+
+    # The seed-checkpoint workflow: the same dump folder, load_only; and initial_load_path.
+    from_folder = run(config_in(seed_run, **{"checkpoint.load_only": True}))
+    path = str(seed_run / "checkpoint" / "step-0")
+    from_path = run(
+        tiny_config(**{"job.dump_folder": str(tmp_path / "b"), "checkpoint.initial_load_path": path})
+    )
+    own_init = run(tiny_config(**{"job.dump_folder": str(tmp_path / "c")}))
+    assert list(from_folder) == [1, 2, 3, 4, 5, 6]
+    assert from_folder == from_path
+    assert from_folder[1] != own_init[1]
+    assert saved_steps(seed_run) == ["step-0"]
+
+
+def test_initial_load_path_folder_that_is_no_checkpoint(tmp_path: Path) -> None:
+    config = tiny_config(**{"job.dump_folder": str(tmp_path), _INITIAL: str(tmp_path)})
+    with pytest.raises(UsageError, match=r"without \.metadata, so not a DCP checkpoint"):
+        Trainer(config, get_registry())
+
+
+def test_missing_checkpointer_plugin_names_the_distribution(tmp_path: Path) -> None:
+    registry = Registry(disabled={"dcp"}).load_entry_points()
+    with pytest.raises(
+        PluginError, match=r"(?s)checkpoint.backend = 'dcp'.*pip install -e plugins/titan_plugins_dcp"
+    ):
+        Trainer(config_in(tmp_path), registry)
