@@ -35,6 +35,22 @@ def fake_store() -> dist.Store:
     return FakeStore()
 
 
+def without_detail_debug() -> None:
+    """Lower ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` to ``INFO`` for a logical world.
+
+    DETAIL wraps every process group in a checker that compares collectives across ranks through
+    the store; simulated ranks cannot answer (the fake store fails, a real one would wait forever).
+    """
+    if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        from titan_core.log import get_logger
+
+        get_logger("titan.comm").warning(
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL cannot check collectives across simulated ranks; "
+            "using INFO under the fake comm backends"
+        )
+        dist.set_debug_level(dist.DebugLevel.INFO)
+
+
 def init(config: TrainerConfig) -> Topology:
     launch = pure_fake_launch(config.parallelism.pp, os.environ)
     if dist.is_initialized():
@@ -44,6 +60,7 @@ def init(config: TrainerConfig) -> Topology:
         )
     local_rank = _env_int("LOCAL_RANK", 0)
     device = select_device(config, local_rank)
+    without_detail_debug()
     dist.init_process_group("fake", store=fake_store(), rank=launch.logical_rank, world_size=launch.ngpu)
     return Topology(
         world_size=launch.ngpu,

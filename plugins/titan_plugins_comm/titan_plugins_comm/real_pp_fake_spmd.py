@@ -59,9 +59,10 @@ def init(config: TrainerConfig) -> Topology:
     store, _, _ = next(dist.rendezvous("env://", rank=launch.pp_rank, world_size=launch.pp, timeout=timeout))
     store = dist.PrefixStore("titan_real_pp_fake_spmd", store)
 
-    from titan_plugins_comm.fake import fake_store
+    from titan_plugins_comm.fake import fake_store, without_detail_debug
 
     fake_store()  # imports the module that registers the "fake" backend
+    without_detail_debug()
     dist.init_process_group(
         "fake", store=store, rank=launch.logical_rank, world_size=launch.ngpu, timeout=timeout
     )

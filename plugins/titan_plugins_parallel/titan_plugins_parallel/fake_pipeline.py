@@ -49,6 +49,16 @@ class SimulatedPeerStage(PipelineStage):
     def _warmup_backward_result(self, received_result: Any = None) -> torch.Tensor:
         return torch.ones(1, dtype=torch.int32, device=self.device)
 
+    def forward_one_chunk(self, fwd_chunk_id: int, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        # Static metadata has default strides, and torch < 2.13 compares the first stage's input
+        # strides: a batch sliced from a longer buffer is copied (tokens only, a few KiB).
+        if self.is_first and isinstance(args, (tuple, list)):
+            args = type(args)(
+                a.clone(memory_format=torch.contiguous_format) if isinstance(a, torch.Tensor) else a
+                for a in args
+            )
+        return super().forward_one_chunk(fwd_chunk_id, args, *rest, **kwargs)
+
 
 def hidden_states_meta(ctx: ParallelContext, microbatch: int) -> torch.Tensor:
     """The activation one stage sends the next, as a meta tensor of this rank's local shape."""
@@ -78,9 +88,12 @@ def simulated_peer_stages(
     hidden = hidden_states_meta(ctx, microbatch)
     seq = ctx.config.training.seq_len // ctx.parallel_dims.cp
     tokens = torch.empty(microbatch, seq, dtype=torch.long, device="meta")
+    # The last stage's logits go to the loss, not to a peer; torch < 2.13 still checks their
+    # shape and dtype: the full vocabulary (loss parallel is off under PP), bfloat16 when the
+    # run computes in bfloat16 (FSDP mixed precision or autocast).
     vocab = getattr(ctx.model_args, "vocab_size", 1)
-    # The last stage's output goes to the loss, never to a peer; its metadata is not checked.
-    logits = torch.empty(microbatch, seq, vocab, device="meta", requires_grad=True)
+    logits_dtype = torch.bfloat16 if ctx.config.training.dtype == "bfloat16" else torch.float32
+    logits = torch.empty(microbatch, seq, vocab, dtype=logits_dtype, device="meta", requires_grad=True)
     stages = []
     for part, sid in zip(parts, ctx.stage_ids, strict=True):
         inputs = tokens if sid == 0 else hidden
