@@ -34,6 +34,14 @@ def llama3_debugmodel_pp2_fsdp2():
     return config
 
 
+def llama3_debugmodel_fsdp4():
+    """FSDP over four ranks, no pipeline."""
+    config = llama3_debugmodel_pp2_fsdp2()
+    config.parallelism.pp = 1
+    config.parallelism.dp_shard = 4
+    return config
+
+
 def llama3_8b_tp8_pp2_fsdp4():
     """Llama 3.1 8B as a 64-rank job, TP 8 x PP 2 x FSDP 4; a short sequence keeps one CPU step short."""
     config = llama3_8b()
@@ -147,6 +155,26 @@ def test_pure_fake_example_is_logical_rank_2_and_reports_memory(recipes: Path) -
     fwd_bwd = by_point["steady_forward_backward"]
     assert fwd_bwd["step_allocations_peak_bytes"] > 0
     assert fwd_bwd["peak_bytes"] > report["params_bytes"] + fwd_bwd["grads_bytes"]
+
+
+@pytest.mark.slow
+def test_pure_fake_without_pp_is_rank_0_and_ignores_detail_debug(recipes: Path) -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "titan_core.cli", "run", "--module", "my_debug_configs"),
+            *("--recipe", "llama3_debugmodel_fsdp4", "--comm-backend", "fake"),
+        ],
+        cwd=recipes,
+        env=env(NGPU="4", TORCH_DISTRIBUTED_DEBUG="DETAIL", TITAN_DEFAULT_MAX_STEPS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "cannot check collectives across simulated ranks" in result.stdout
+    report = json.loads((recipes / "out" / "memory_report_rank0.json").read_text())
+    assert (report["logical_rank"], report["pp_rank"], report["world_size"]) == (0, 0, 4)
+    assert report["params_numel"] == local_param_share(FLAVORS["debugmodel"], pp=1, pp_rank=0, tp=1, fsdp=4)
 
 
 @pytest.mark.slow
