@@ -1,0 +1,55 @@
+"""docs/profiling.md: its recipe module and commands run as written and produce what it describes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.parallel_harness import REPO, child_env, log_records
+
+DOC = REPO / "docs" / "profiling.md"
+
+
+def doc_commands(doc: Path, folder: Path) -> list[str]:
+    """Write the doc's Python block to ``folder/my_recipes.py``; return its bash commands."""
+    text = doc.read_text()
+    (folder / "my_recipes.py").write_text(text.split("```python\n", 1)[1].split("```", 1)[0])
+    blocks = [b.split("```", 1)[0] for b in text.split("```bash\n")[1:]]
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def run_command(command: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    """Run a documented command from ``folder`` with this checkout's titan, torchrun and run_train.sh."""
+    env = child_env(folder)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    command = command.replace("./run_train.sh", str(REPO / "run_train.sh"))
+    return subprocess.run(
+        ["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True, timeout=400
+    )
+
+
+def test_profiling_recipe_writes_traces_at_the_documented_steps(tmp_path: Path) -> None:
+    commands = doc_commands(DOC, tmp_path)
+    assert commands[0] == "titan run --module my_recipes --recipe llama3_profile"
+    result = run_command(commands[0], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = tmp_path / "outputs" / "profile" / "profile_traces"
+    assert sorted(p.name for p in traces.iterdir()) == ["iteration_3", "iteration_6"]
+    assert (traces / "iteration_3" / "rank0_trace.json").stat().st_size > 0
+    warned = [r["event"] for r in log_records(result.stdout) if r.get("level") == "warning"]
+    assert any(w.startswith("memory snapshots record the CUDA caching allocator") for w in warned)
+    assert "memory snapshots record the CUDA caching allocator" in DOC.read_text()
+
+
+@pytest.mark.slow
+def test_profiling_recipe_on_two_processes_writes_a_trace_per_rank(tmp_path: Path) -> None:
+    commands = doc_commands(DOC, tmp_path)
+    assert commands[1] == "NGPU=2 MODULE=my_recipes CONFIG=llama3_profile ./run_train.sh"
+    result = run_command(commands[1], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "outputs" / "profile" / "profile_traces" / "iteration_6"
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0_trace.json", "rank1_trace.json"]
