@@ -165,14 +165,15 @@ class Checkpoint:
     backend: str = "dcp"
     #: Folder (under ``job.dump_folder``) for checkpoints.
     folder: str = "checkpoint"
-    #: Steps between checkpoints.
+    #: Steps between checkpoints (the last step is always saved).
     interval: int = 500
     #: Load checkpoints but never save one (for debugging with a seed checkpoint).
     load_only: bool = False
     #: Write a seed checkpoint of the freshly initialised model and exit (needs all degrees 1).
     create_seed_checkpoint: bool = False
-    #: Initial weights loaded after initialisation, whatever the parallel layout: a ``.pt`` file
-    #: holding a full (unsharded) model state dict, e.g. written by a one-process run.
+    #: Initial weights loaded after initialisation, whatever the parallel layout: a DCP checkpoint
+    #: folder (e.g. a seed ``.../checkpoint/step-0``) or a ``.pt`` file holding a full (unsharded)
+    #: model state dict, e.g. written by a one-process run.
     initial_load_path: str | None = None
 
 
