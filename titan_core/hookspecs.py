@@ -88,7 +88,8 @@ def titan_profilers() -> list[Profiler]:
     """Return the profilers this plugin provides.
 
     The trainer builds the one named by ``config.profiler.backend`` when profiling or memory
-    snapshots are enabled, and calls its ``step()`` once per training step.
+    snapshots are enabled, enters its session around the training loop and calls its ``step()``
+    once per training step (see :class:`~titan_core.records.Profiler`).
     """
 
 
@@ -97,7 +98,9 @@ def titan_checkpointers() -> list[Checkpointer]:
     """Return the checkpointers this plugin provides.
 
     The trainer builds the one named by ``config.checkpoint.backend`` when
-    ``checkpoint.enable`` is set; it loads before step 1 and saves every ``interval`` steps.
+    ``checkpoint.enable`` or ``checkpoint.create_seed_checkpoint`` is set, before the model; it
+    loads before step 1 and offers a save after every step (see
+    :class:`~titan_core.records.Checkpointer`).
     """
 
 

@@ -137,7 +137,14 @@ class Dataset:
 
 @attrs.frozen
 class Profiler:
-    """A profiler: ``build(config, topology) -> ProfilerSession`` (context manager with step())."""
+    """A profiler: ``build(config, topology) -> session``.
+
+    The session is a context manager the trainer enters around the training loop (its
+    ``__exit__`` sees an exception leaving the loop, e.g. ``torch.OutOfMemoryError``, and must not
+    swallow it) with ``step()``, called once after every training step. The trainer sets its
+    ``step_num`` attribute to the last finished step (0, or the step a checkpoint resumed from)
+    before entering it.
+    """
 
     name: str
     build: Callable[[TrainerConfig, Topology], Any]
@@ -146,7 +153,14 @@ class Profiler:
 
 @attrs.frozen
 class Checkpointer:
-    """A checkpointer: ``build(config, topology) -> object`` with load/save/save_seed methods."""
+    """A checkpointer: ``build(config, topology) -> checkpointer`` with three methods.
+
+    ``load(parts, optimizer, scheduler) -> int`` restores the latest checkpoint before step 1
+    and returns the last step it holds (0: start from scratch); ``save(step, parts, optimizer,
+    scheduler, *, last)`` is called after every step and decides whether to write (interval, last
+    step, ``load_only``); ``save_seed(parts)`` writes the initial weights
+    (``checkpoint.create_seed_checkpoint``). ``parts`` is this rank's list of model parts.
+    """
 
     name: str
     build: Callable[[TrainerConfig, Topology], Any]
