@@ -125,10 +125,17 @@ def _combine_hook(module: nn.Module, outputs: Any, mesh: Any) -> Any:
     return combine(outputs, state, mesh.get_group())
 
 
-def _set_divide_factor(module: Any, factor: float) -> None:
+def _set_divide_factor(module: Any, factor: float, shard_size: int, device_type: str) -> None:
+    """Divide the experts' summed gradients by ``factor`` instead of FSDP's mesh size."""
     # Renamed in torch 2.8 (set_reduce_scatter_divide_factor -> set_gradient_divide_factor).
     setter = getattr(module, "set_gradient_divide_factor", None) or module.set_reduce_scatter_divide_factor
     setter(factor)
+    force_sum = getattr(module, "set_force_sum_reduction_for_comms", None)
+    if device_type != "cuda" and shard_size > 1 and force_sum is not None:
+        # A custom factor makes FSDP reduce-scatter with PREMUL_SUM, which NCCL has and gloo
+        # lacks; summing and dividing afterwards is the same. Not with one shard: FSDP then skips
+        # the reduce-scatter and divides by the factor itself (forcing would divide twice).
+        force_sum(True)
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
@@ -160,8 +167,9 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     # The same mixed precision as the FSDP strategy gives the dense weights.
     mp = mixed_precision(ctx)
     options = {"mp_policy": mp} if mp is not None else {}
+    device = ctx.topology.device.type
     for module in experts:
         distribute_module(module, mesh["ep"], _shard_experts, _dispatch_hook, _combine_hook)
         fully_shard(module, mesh=dp_mesh, **options)
-        _set_divide_factor(module, pd.dp_replicate * pd.dp_shard * pd.cp)
+        _set_divide_factor(module, pd.dp_replicate * pd.dp_shard * pd.cp, mesh["efsdp"].size(), device)
     return parts

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.parallel_harness import GLOBAL_BATCH, assert_losses_close, run_layout
+from tests.parallel_harness import GLOBAL_BATCH
+from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
 from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_plugins_parallel import context_parallel as cp_module
@@ -58,21 +59,25 @@ def test_seq_len_must_split_into_two_chunks_per_rank() -> None:
         cp_module.apply([], ctx)
 
 
+@pytest.fixture
+def reference_rows(tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path) -> list[dict]:
+    """Step records (loss, grad norm) of one process from the seed checkpoint."""
+    return one_process_rows(tmp_path_factory, seed_checkpoint)
+
+
 @pytest.mark.slow
-def test_cp2_matches_one_process(
-    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
-) -> None:
-    losses = run_layout(tmp_path, 2, seed_checkpoint, {"parallelism.cp": 2})
-    assert_losses_close(losses, reference_losses)
+def test_cp2_matches_one_process(tmp_path: Path, seed_checkpoint: Path, reference_rows: list[dict]) -> None:
+    rows = layout_rows(tmp_path, 2, seed_checkpoint, {"parallelism.cp": 2})
+    assert_rows_close(rows, reference_rows)
 
 
 @pytest.mark.slow
 def test_cp2_with_fsdp2_matches_one_process(
-    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+    tmp_path: Path, seed_checkpoint: Path, reference_rows: list[dict]
 ) -> None:
     overrides = {
         "parallelism.cp": 2,
         "parallelism.dp_shard": 2,
         "training.local_batch_size": GLOBAL_BATCH // 2,
     }
-    assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, overrides), reference_losses)
+    assert_rows_close(layout_rows(tmp_path, 4, seed_checkpoint, overrides), reference_rows)

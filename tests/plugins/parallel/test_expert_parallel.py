@@ -9,14 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.parallel_harness import (
-    GLOBAL_BATCH,
-    REPO,
-    assert_losses_close,
-    child_env,
-    run_layout,
-    write_seed_checkpoint,
-)
+from tests.parallel_harness import GLOBAL_BATCH, REPO, child_env, write_seed_checkpoint
+from tests.plugins.parallel.rows import assert_rows_close, layout_rows
 from titan_core.errors import UsageError
 from titan_plugins_parallel import expert_parallel
 
@@ -112,10 +106,27 @@ def test_ep_with_tp_is_refused() -> None:
         expert_parallel.apply([], _ctx("moe", 2, tp=2))
 
 
+@pytest.fixture(scope="module")
+def moe_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_seed_checkpoint(tmp_path_factory.mktemp("moe") / "seed.pt", **MOE)
+
+
+@pytest.fixture(scope="module")
+def moe_reference(tmp_path_factory: pytest.TempPathFactory, moe_seed: Path) -> list[dict]:
+    return layout_rows(tmp_path_factory.mktemp("moe_one"), 1, moe_seed, MOE)
+
+
 @pytest.mark.slow
-def test_ep2_matches_one_process(tmp_path: Path) -> None:
-    """EP 2 over dp_shard 2 (dense weights FSDP-sharded, experts split) == one process."""
-    seed = write_seed_checkpoint(tmp_path / "seed.pt", **MOE)
-    reference = run_layout(tmp_path / "one", 1, seed, MOE)
+def test_ep2_matches_one_process(tmp_path: Path, moe_seed: Path, moe_reference: list[dict]) -> None:
+    """EP 2 over dp_shard 2: dense weights FSDP-sharded, each rank holds 2 of the 4 experts."""
     overrides = {**MOE, "parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 2}
-    assert_losses_close(run_layout(tmp_path / "ep2", 2, seed, overrides), reference)
+    assert_rows_close(layout_rows(tmp_path, 2, moe_seed, overrides), moe_reference)
+
+
+@pytest.mark.slow
+def test_ep2_with_expert_fsdp2_matches_one_process(
+    tmp_path: Path, moe_seed: Path, moe_reference: list[dict]
+) -> None:
+    """EP 2 over dp_shard 4: experts also FSDP-sharded over the 2 remaining ranks (efsdp)."""
+    overrides = {**MOE, "parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 4}
+    assert_rows_close(layout_rows(tmp_path, 4, moe_seed, overrides), moe_reference)

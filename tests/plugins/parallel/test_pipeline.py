@@ -7,14 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.parallel_harness import (
-    GLOBAL_BATCH,
-    STEPS,
-    assert_losses_close,
-    log_records,
-    run_layout,
-    run_titan_train,
-)
+from tests.parallel_harness import GLOBAL_BATCH, log_records, run_titan_train
+from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
 from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_plugins_parallel import pipeline
@@ -116,14 +110,10 @@ def test_too_few_blocks_for_the_stages() -> None:
 # -- runs (torchrun, gloo) -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def reference_rows(tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path) -> list[dict]:
-    """Step records (loss and grad norm) of one process, for the grad-norm comparison."""
-    folder = tmp_path_factory.mktemp("pp_reference")
-    result = run_titan_train(folder, 1, {"checkpoint.initial_load_path": str(seed_checkpoint)})
-    rows = [r for r in log_records(result.stdout) if r.get("event") == "step"]
-    assert result.returncode == 0 and len(rows) == STEPS, result.stderr[-3000:]
-    return rows
+    """Step records (loss, grad norm) of one process from the seed checkpoint."""
+    return one_process_rows(tmp_path_factory, seed_checkpoint)
 
 
 @pytest.mark.slow
@@ -138,22 +128,18 @@ def test_pp2_matches_one_process(
         "parallelism.pp_schedule": schedule,
     }
     result = run_titan_train(tmp_path, 2, overrides)
-    records = [r for r in log_records(result.stdout) if r.get("event") == "step"]
     assert result.returncode == 0, result.stderr[-4000:]
-    expected = [r["loss"] for r in reference_rows]
+    records = [r for r in log_records(result.stdout) if r.get("event") == "step"]
     for rank in (0, 1):  # rank 0 holds no last stage (except under ZBV): the loss was broadcast
-        mine = [r for r in records if r.get("rank") == rank]
-        assert_losses_close([r["loss"] for r in mine], expected)
-        # Grad norm sums both stages' squares over the PP group (titan_core.grad_norm).
-        norms = [r["grad_norm"] for r in mine]
-        assert norms == pytest.approx([r["grad_norm"] for r in reference_rows], rel=1e-3)
+        # The grad norm sums both stages' squares over the PP group (titan_core.grad_norm).
+        assert_rows_close([r for r in records if r.get("rank") == rank], reference_rows)
     built = next(r for r in log_records(result.stdout) if r.get("event") == "built")
     assert built["strategies"] == ["pp"]
 
 
 @pytest.mark.slow
 def test_pp2_with_fsdp2_matches_one_process(
-    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+    tmp_path: Path, seed_checkpoint: Path, reference_rows: list[dict]
 ) -> None:
     overrides = {
         "parallelism.pp": 2,
@@ -162,4 +148,4 @@ def test_pp2_with_fsdp2_matches_one_process(
         "parallelism.pp_microbatches": 2,
         "training.local_batch_size": GLOBAL_BATCH // 2,
     }
-    assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, overrides), reference_losses)
+    assert_rows_close(layout_rows(tmp_path, 4, seed_checkpoint, overrides), reference_rows)
