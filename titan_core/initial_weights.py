@@ -12,6 +12,7 @@ checkpoint ``.../checkpoint/step-0`` written by the dcp plugin): its ``model`` e
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -41,7 +42,6 @@ def load_full_state_dict(parts: list[nn.Module], path: str) -> None:
 
 def load_dcp_model(parts: list[nn.Module], path: str) -> None:
     """Load the ``model`` entry of a DCP checkpoint folder into this rank's parts (resharding)."""
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -52,9 +52,10 @@ def load_dcp_model(parts: list[nn.Module], path: str) -> None:
         )
     own = [get_model_state_dict(part) for part in parts]
     merged = {k: v for state in own for k, v in state.items()}
-    single = not (dist.is_available() and dist.is_initialized())
     try:
-        dcp.load({"model": merged}, checkpoint_id=path, no_dist=single)
+        with warnings.catch_warnings():  # one process: DCP warns it assumes one process, as meant
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"model": merged}, checkpoint_id=path)
     except dcp.CheckpointException as exc:
         raise UsageError(
             f"checkpoint.initial_load_path: cannot load the model from {path!r}; was it saved from "

@@ -22,9 +22,9 @@ What a checkpoint ``step-N`` (N >= 1) holds, under these top-level keys:
 Resuming restores all of them. The data loader keeps no state of its own: its order depends only
 on the data config, the seed and the DP rank, so the trainer resumes it by skipping the ``step``
 batches each rank already consumed. Data resumes exactly when the data config, ``debug.seed``,
-``training.local_batch_size``, ``training.seq_len`` and the DP degree are unchanged (a warning
-says which changed; with ``data.shuffle_buffer = 0`` the global batches do not depend on the DP
-degree either). RNG states are not saved: titan's models draw no random numbers after
+``training.local_batch_size``, ``training.seq_len`` and the DP degree are unchanged; with
+``data.shuffle_buffer = 0`` only the global batch size (DP degree x local batch size) matters. A
+warning names what changed. RNG states are not saved: titan's models draw no random numbers after
 initialisation.
 
 The seed checkpoint ``step-0`` holds ``model`` only, written by a one-process run right after
@@ -36,10 +36,10 @@ from __future__ import annotations
 import os
 import re
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -200,14 +200,13 @@ class DCPCheckpointer:
             return 0
         start = time.perf_counter()
         if step == 0:  # a seed checkpoint: initial weights only
-            dcp.load({"model": ModelState(parts)}, checkpoint_id=self.path(0), no_dist=_single())
+            _dcp(dcp.load, {"model": ModelState(parts)}, checkpoint_id=self.path(0))
             log.info("seed checkpoint loaded", path=self.path(0), seconds=_since(start))
             return 0
         train = TrainState(step, self.data_geometry)
         state = self._state(parts, optimizer, scheduler, train)
-        dcp.load(state, checkpoint_id=self.path(step), no_dist=_single())
-        saved = train.saved_data
-        changed = {k: f"{saved.get(k)} -> {v}" for k, v in self.data_geometry.items() if saved.get(k) != v}
+        _dcp(dcp.load, state, checkpoint_id=self.path(step))
+        changed = _data_changes(train.saved_data, self.data_geometry)
         if changed:
             log.warning(
                 "data geometry changed since the checkpoint; the data will not resume where it stopped",
@@ -222,13 +221,13 @@ class DCPCheckpointer:
             return
         start = time.perf_counter()
         state = self._state(parts, optimizer, scheduler, TrainState(step, self.data_geometry))
-        dcp.save(state, checkpoint_id=self.path(step), no_dist=_single())
+        _dcp(dcp.save, state, checkpoint_id=self.path(step))
         log.info("checkpoint saved", path=self.path(step), step=step, seconds=_since(start))
 
     def save_seed(self, parts: list[nn.Module]) -> str:
         """Write ``step-0`` with the freshly initialised weights only."""
         path = self.path(0)
-        dcp.save({"model": ModelState(parts)}, checkpoint_id=path, no_dist=_single())
+        _dcp(dcp.save, {"model": ModelState(parts)}, checkpoint_id=path)
         log.info("seed checkpoint saved", path=path)
         return path
 
@@ -242,13 +241,32 @@ class DCPCheckpointer:
         }
 
 
-def _single() -> bool:
-    """One process without a process group: DCP then reads and writes without collectives."""
-    return not (dist.is_available() and dist.is_initialized())
+def _dcp(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``dcp.save``/``dcp.load``; one process without a process group needs no collectives, and
+    DCP's warning that it assumes exactly that is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        return call(*args, **kwargs)
 
 
 def _since(start: float) -> float:
     return round(time.perf_counter() - start, 3)
+
+
+def _data_changes(saved: dict[str, int], now: dict[str, int]) -> dict[str, str]:
+    """What differs between two data geometries in a way that changes the batches after resume.
+
+    Without shuffling (``shuffle_buffer = 0``) the global batches depend only on the global batch
+    size, so a DP degree traded for a local batch size changes nothing.
+    """
+    keys = ["seq_len", "seed", "shuffle_buffer"]
+    if saved.get("shuffle_buffer") == now["shuffle_buffer"] == 0:
+        saved = {**saved, "global_batch": saved.get("dp_degree", 0) * saved.get("local_batch_size", 0)}
+        now = {**now, "global_batch": now["dp_degree"] * now["local_batch_size"]}
+        keys.append("global_batch")
+    else:
+        keys += ["dp_degree", "local_batch_size"]
+    return {k: f"{saved.get(k)} -> {now[k]}" for k in keys if saved.get(k) != now[k]}
 
 
 def _dp_degree(config: TrainerConfig, world_size: int) -> int:

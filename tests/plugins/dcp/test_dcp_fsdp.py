@@ -3,16 +3,25 @@ and a 2-process FSDP run resumes exactly from its own sharded checkpoint."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.parallel_harness import GLOBAL_BATCH, STEPS, assert_losses_close, run_titan_train, step_losses
+from tests.parallel_harness import (
+    GLOBAL_BATCH,
+    STEPS,
+    assert_losses_close,
+    log_records,
+    run_titan_train,
+    step_losses,
+)
 from titan_core._registry import get_registry
 
 pytestmark = pytest.mark.slow
 
 FSDP2 = {"parallelism.dp_shard": 2, "training.local_batch_size": GLOBAL_BATCH // 2}
+SINGLE = {"parallelism.dp_shard": -1, "training.local_batch_size": GLOBAL_BATCH}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,5 +65,13 @@ def test_seed_checkpoint_loads_into_fsdp_and_fsdp_resumes(tmp_path: Path) -> Non
     first = losses_of(tmp_path / "resume", 2, {**resumable, "debug.max_steps": 4}, count=4)
     shards = sorted(p.name for p in (tmp_path / "resume" / "out" / "checkpoint" / "step-4").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # One process resumes the FSDP checkpoint (weights and optimizer state resharded) the same way.
+    (tmp_path / "one").mkdir()
+    shutil.copytree(tmp_path / "resume" / "out" / "checkpoint", tmp_path / "one" / "checkpoint")
+    one = run_titan_train(
+        tmp_path / "one", 1, {**resumable, **SINGLE, "job.dump_folder": str(tmp_path / "one")}
+    )
+    assert not [r for r in log_records(one.stdout) if "data geometry changed" in r.get("event", "")]
     rest = losses_of(tmp_path / "resume", 2, resumable, count=STEPS - 4)
     assert first + rest == pytest.approx(fsdp, rel=1e-6)
+    assert step_losses(one.stdout) == pytest.approx(rest, rel=1e-5)
