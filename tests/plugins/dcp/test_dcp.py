@@ -92,13 +92,12 @@ def test_seed_checkpoint_holds_the_initial_weights_and_reproduces_them(tmp_path:
     assert keys and all(k.startswith("model.") for k in keys)  # weights only
 
     # The seed-checkpoint workflow: the same dump folder, load_only; and initial_load_path.
-    from_folder = run(config_in(seed_run, **{"checkpoint.load_only": True}))
+    two = {"debug.max_steps": 2}
+    from_folder = run(config_in(seed_run, **{"checkpoint.load_only": True, **two}))
     path = str(seed_run / "checkpoint" / "step-0")
-    from_path = run(
-        tiny_config(**{"job.dump_folder": str(tmp_path / "b"), "checkpoint.initial_load_path": path})
-    )
-    own_init = run(tiny_config(**{"job.dump_folder": str(tmp_path / "c")}))
-    assert list(from_folder) == [1, 2, 3, 4, 5, 6]
+    from_path = run(tiny_config(**{"job.dump_folder": str(tmp_path / "b"), _INITIAL: path, **two}))
+    own_init = run(tiny_config(**{"job.dump_folder": str(tmp_path / "c"), **two}))
+    assert list(from_folder) == [1, 2]
     assert from_folder == from_path
     assert from_folder[1] != own_init[1]
     assert saved_steps(seed_run) == ["step-0"]
