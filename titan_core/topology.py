@@ -42,8 +42,18 @@ class Topology:
 
         return dist.is_available() and dist.is_initialized()
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, completed: bool = False) -> None:
+        """Destroy the process groups; after a completed run, first wait for every real peer.
+
+        Without the barrier a fast rank can tear its gloo pairs down while a peer still finishes
+        its last collective, and the peer aborts at exit. After an error there is no barrier: a
+        failed peer would never arrive.
+        """
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if completed and self.physical_world_size > 1:
+            # Under real_pp_fake_spmd only the pipeline group is real.
+            dist.barrier(group=self.pp_group if self.fake else None)
+        dist.destroy_process_group()

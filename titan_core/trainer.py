@@ -322,8 +322,8 @@ class Trainer:
         value = None if loss is None else float(loss)
         return value, float(grad_norm)
 
-    def close(self) -> None:
-        self.topology.shutdown()
+    def close(self, *, completed: bool = False) -> None:
+        self.topology.shutdown(completed=completed)
 
 
 class _NoProfiler(nullcontext):
@@ -335,10 +335,12 @@ class _NoProfiler(nullcontext):
 
 def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
     trainer = Trainer(config, registry)
+    completed = False
     try:
         history = trainer.train()
+        completed = True
     finally:
-        trainer.close()
+        trainer.close(completed=completed)
     # Under the fake backends received activations and reduced values are garbage by design.
     if history and not trainer.topology.fake and not math.isfinite(history[-1].get("loss", 0.0)):
         raise UsageError("the loss diverged (not finite); lower training.lr or check the data")
