@@ -40,6 +40,7 @@ def steady_peak(report: Path) -> dict[str, float]:
         "steady_fwd_bwd_peak_gib": obs["steady_forward_backward"]["peak_bytes"] / GiB,
         "after_optimizer_gib": obs["after_optimizer_step"].get("allocated_bytes", 0) / GiB,
         "params_gib": data["params_bytes"] / GiB,
+        "backend": f"{data['comm_backend']}/{data['physical_world_size']}proc",
     }
 
 
@@ -57,7 +58,8 @@ def main(out: Path) -> int:
             if pp_rank is not None:
                 env["FAKE_PP_RANK"] = str(pp_rank)
             fake_dir = out / f"{name}_fake{rank}"
-            fake = run_titan_train(fake_dir, 1, {**BASE, **overrides}, extra_args=["--comm-backend", "fake"], env=env)
+            fake_args = ["--comm-backend", "fake"]
+            fake = run_titan_train(fake_dir, 1, {**BASE, **overrides}, extra_args=fake_args, env=env)
             (out / f"{name}_fake{rank}.log").write_text(fake.stdout + fake.stderr)
             try:
                 real = steady_peak(real_dir / "out" / f"memory_report_rank{rank}.json")
@@ -70,11 +72,13 @@ def main(out: Path) -> int:
             diff = abs(faked["steady_fwd_bwd_peak_gib"] / real["steady_fwd_bwd_peak_gib"] - 1)
             ok &= diff < 0.05
             rows.append((name, rank, real, faked, diff))
-    print(f"{'layout':7s} {'rank':>4s} {'real peak GiB':>13s} {'fake peak GiB':>13s} {'diff':>6s} {'params GiB':>10s}")
+    header = ["layout ", "rank", "real peak GiB", "fake peak GiB", "  diff", "params GiB", " real/fake"]
+    print(" ".join(header))
     for name, rank, real, faked, diff in rows:
         print(
-            f"{name:7s} {rank:4d} {real['steady_fwd_bwd_peak_gib']:13.3f} {faked['steady_fwd_bwd_peak_gib']:13.3f} "
-            f"{100 * diff:5.2f}% {real['params_gib']:10.3f}"
+            f"{name:7s} {rank:4d} {real['steady_fwd_bwd_peak_gib']:13.3f} "
+            f"{faked['steady_fwd_bwd_peak_gib']:13.3f} "
+            f"{100 * diff:5.2f}% {real['params_gib']:10.3f}  {real['backend']} / {faked['backend']}"
         )
     print("MEMORY CHECK", "PASSED" if ok else "FAILED")
     return 0 if ok else 1
