@@ -179,8 +179,12 @@ class Checkpoint:
 
 @define
 class ActivationCheckpoint:
-    #: ``none``, ``full`` (every block) or ``selective`` (every other block).
+    #: ``none``, ``full`` (recompute every block) or ``selective`` (see ``selective_ac_option``).
     mode: str = "none"
+    #: Under ``selective``: ``op`` recomputes cheap operators of every block but keeps the outputs
+    #: of attention, every other matmul and reduce-scatters; an integer ``N`` (``"2"``)
+    #: recomputes every N-th block whole.
+    selective_ac_option: str = "op"
     #: Stash and restore the RNG state for recomputation (deterministic against no AC).
     preserve_rng_state: bool = False
     #: Determinism check of recomputation (``default`` or ``none``), as torch.utils.checkpoint.
@@ -372,6 +376,12 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
             problems.append(f"parallelism.dp_shard: expected -1 or a positive integer, got {p.dp_shard}")
         if config.training.lr <= 0:
             problems.append(f"training.lr: expected a positive float, got {config.training.lr}")
+        option = config.activation_checkpoint.selective_ac_option
+        if option != "op" and not (option.isdigit() and int(option) > 0):
+            problems.append(
+                "activation_checkpoint.selective_ac_option: expected 'op' or a positive integer "
+                f"such as '2', got {option!r}"
+            )
         if config.training.warmup_steps < 0:
             problems.append(f"training.warmup_steps: expected >= 0, got {config.training.warmup_steps}")
         if not 0 <= config.training.decay_ratio <= 1:

@@ -33,6 +33,16 @@ def test_default_config_is_valid() -> None:
         ("comm.init_timeout_seconds", -5, "comm.init_timeout_seconds: expected a positive integer"),
         ("checkpoint.folder", None, "checkpoint.folder: expected str, got None"),
         ("activation_checkpoint.mode", "some", "activation_checkpoint.mode: expected one of"),
+        (
+            "activation_checkpoint.selective_ac_option",
+            "0",
+            "activation_checkpoint.selective_ac_option: expected 'op' or a positive integer",
+        ),
+        (
+            "activation_checkpoint.selective_ac_option",
+            2,
+            "activation_checkpoint.selective_ac_option: expected str",
+        ),
         ("debug.seed", "42", "debug.seed: expected int or None, got str '42'"),
     ],
 )

@@ -1,9 +1,12 @@
 """Activation checkpointing: recompute transformer blocks in backward instead of storing them.
 
-``activation_checkpoint.mode``: ``full`` wraps every block of ``model.layers``; ``selective``
-wraps every other block (odd indices), trading half the memory saving for less recomputation.
-The other fields go to ``torch.utils.checkpoint.checkpoint`` (non-reentrant):
-``preserve_rng_state``, ``determinism_check`` and ``debug``.
+``activation_checkpoint.mode``: ``full`` wraps every block of ``model.layers``. ``selective``
+follows ``selective_ac_option``: ``op`` wraps every block with a selective-checkpoint policy that
+keeps the expensive outputs (attention, every other matmul, reduce-scatters and all-to-alls, whose
+recomputation would communicate again) and recomputes the cheap elementwise rest; an integer
+``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...). The other fields go to
+``torch.utils.checkpoint.checkpoint`` (non-reentrant): ``preserve_rng_state``,
+``determinism_check`` and ``debug``.
 
 Blocks are wrapped with ``checkpoint_wrapper`` from ``torch.distributed.algorithms._checkpoint``,
 a private module path, because it is PyTorch's own wrapper for exactly this (torchtitan and FSDP
@@ -15,8 +18,10 @@ block under the same ``ModuleDict`` key.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 if TYPE_CHECKING:
@@ -29,30 +34,79 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     return config.activation_checkpoint.mode != "none"
 
 
-def wrapped_indices(mode: str, n_blocks: int) -> list[int]:
-    """Which blocks (by position in ``model.layers``) are recomputed in backward."""
-    if mode == "full":
+def wrapped_indices(mode: str, n_blocks: int, option: str = "op") -> list[int]:
+    """Which blocks (by position in ``model.layers``) are wrapped for recomputation."""
+    if mode == "full" or (mode == "selective" and option == "op"):
         return list(range(n_blocks))
     if mode == "selective":
-        return list(range(1, n_blocks, 2))
+        every = int(option)
+        return [i for i in range(n_blocks) if (i + 1) % every == 0]
     return []
+
+
+def _ops(*names: str) -> frozenset[Any]:
+    """The default overloads of ``namespace.op`` names this torch build has."""
+    found = []
+    for name in names:
+        namespace, op = name.split(".")
+        packet = getattr(getattr(torch.ops, namespace), op, None)
+        if packet is not None:
+            found.append(packet.default)
+    return frozenset(found)
+
+
+#: Outputs the ``op`` policy always keeps: attention (the costliest op to redo) and collectives.
+_ALWAYS_SAVED = _ops(
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "_c10d_functional.reduce_scatter_tensor",
+    "_c10d_functional.all_to_all_single",
+)
+
+
+def op_policy_contexts() -> tuple[Any, Any]:
+    """Forward and recompute contexts of one checkpointed call under the ``op`` policy.
+
+    ``torch.utils.checkpoint`` calls this once per forward of a wrapped block, so the matmul
+    counters start afresh for each call; the forward and its recomputation count separately and
+    therefore make the same choice for the same matmul (odd ones kept, even ones recomputed).
+    """
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    mm = torch.ops.aten.mm.default
+    counts = {False: 0, True: 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in _ALWAYS_SAVED:
+            return CheckpointPolicy.MUST_SAVE
+        if func == mm:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     ac = ctx.config.activation_checkpoint
+    kwargs: dict[str, Any] = {
+        "preserve_rng_state": ac.preserve_rng_state,
+        "determinism_check": ac.determinism_check,
+        "debug": ac.debug,
+    }
+    if ac.mode == "selective" and ac.selective_ac_option == "op":
+        context_fn: Callable[[], tuple[Any, Any]] = op_policy_contexts
+        kwargs["context_fn"] = context_fn
     for part in parts:
         layers = getattr(part, "layers", None)
         if not isinstance(layers, nn.ModuleDict):
             continue
         keys = list(layers.keys())
-        for i in wrapped_indices(ac.mode, len(keys)):
-            block = layers[keys[i]]
-            layers[keys[i]] = checkpoint_wrapper(
-                block,
-                preserve_rng_state=ac.preserve_rng_state,
-                determinism_check=ac.determinism_check,
-                debug=ac.debug,
-            )
+        for i in wrapped_indices(ac.mode, len(keys), ac.selective_ac_option):
+            layers[keys[i]] = checkpoint_wrapper(layers[keys[i]], **kwargs)
     return parts

@@ -7,16 +7,63 @@ from typing import Any
 
 import pytest
 
-from tests.parallel_harness import tiny_config
+from tests.parallel_harness import TINY_MODEL, tiny_config
 from titan_core._registry import get_registry
 from titan_core.trainer import Trainer
 from titan_plugins_parallel.activation_checkpoint import wrapped_indices
 
 
-def test_full_wraps_every_block_selective_every_other() -> None:
+def test_full_and_op_wrap_every_block_an_integer_option_every_nth() -> None:
     assert wrapped_indices("full", 4) == [0, 1, 2, 3]
-    assert wrapped_indices("selective", 5) == [1, 3]
+    assert wrapped_indices("selective", 4, "op") == [0, 1, 2, 3]
+    assert wrapped_indices("selective", 5, "2") == [1, 3]
+    assert wrapped_indices("selective", 7, "3") == [2, 5]
     assert wrapped_indices("none", 4) == []
+
+
+def backward_matmuls(mode: str, option: str = "op") -> int:
+    """``aten.mm`` calls during the backward of one tiny Llama 3 block, under ``mode``."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titan_plugins_parallel.activation_checkpoint import apply
+
+    class CountMatmuls(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func == torch.ops.aten.mm.default:
+                CountMatmuls.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    config = tiny_config(
+        **{"activation_checkpoint.mode": mode, "activation_checkpoint.selective_ac_option": option}
+    )
+    spec = get_registry().get("models", "llama3", what="model")
+    torch.manual_seed(0)
+    model = spec.build(spec.flavor(config.model.flavor, config.model.overrides))
+    model.init_weights(buffer_device=torch.device("cpu"))
+
+    class Ctx:
+        pass
+
+    ctx = Ctx()
+    ctx.config = config  # type: ignore[attr-defined]
+    if mode != "none":
+        apply([model], ctx)  # type: ignore[arg-type]
+    loss = model(torch.randint(0, 100, (2, 16))).float().mean()
+    with CountMatmuls():
+        loss.backward()
+    return CountMatmuls.calls
+
+
+def test_op_policy_recomputes_every_second_matmul_of_each_block() -> None:
+    plain, op, full = backward_matmuls("none"), backward_matmuls("selective", "op"), backward_matmuls("full")
+    blocks = TINY_MODEL["n_layers"]
+    # Full recomputation redoes each block's forward matmuls; "op" keeps the 1st, 3rd, ... of them.
+    per_block = (full - plain) // blocks
+    assert per_block >= 2 and full - plain == per_block * blocks
+    assert op - plain == blocks * (per_block // 2)
 
 
 def train_tiny(tmp_path: Path, seed: Path, **overrides: Any) -> tuple[Trainer, list[float]]:
@@ -44,9 +91,14 @@ def plain(tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path) -> tu
         ("full", {"activation_checkpoint.preserve_rng_state": True}, {"0", "1", "2", "3"}),
         (
             "selective",
-            {"activation_checkpoint.determinism_check": "none", "activation_checkpoint.debug": True},
+            {
+                "activation_checkpoint.selective_ac_option": "2",
+                "activation_checkpoint.determinism_check": "none",
+                "activation_checkpoint.debug": True,
+            },
             {"1", "3"},
         ),
+        ("selective", {}, {"0", "1", "2", "3"}),
     ],
 )
 def test_checkpointed_blocks_give_the_losses_of_no_checkpointing(
