@@ -58,12 +58,13 @@ def report_path(dump_folder: str, logical_rank: int) -> str:
     return os.path.join(dump_folder, f"memory_report_rank{logical_rank}.json")
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``t``: the local shard of a DTensor, else ``t`` itself."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    t = _local(t)
+    t = local_shard(t)
     return t.numel() * t.element_size()
 
 
@@ -71,7 +72,7 @@ def tensor_account(parts: list[nn.Module], optimizer: torch.optim.Optimizer) -> 
     """Bytes of this rank's parameters, buffers, gradients and optimizer state (local shards)."""
     params = [p for part in parts for p in part.parameters()]
     account = {
-        "params_numel": sum(_local(p).numel() for p in params),
+        "params_numel": sum(local_shard(p).numel() for p in params),
         "params_bytes": sum(_nbytes(p) for p in params),
         "buffers_bytes": sum(_nbytes(b) for part in parts for b in part.buffers()),
         "grads_bytes": sum(_nbytes(p.grad) for p in params if p.grad is not None),

@@ -23,7 +23,7 @@ from titan_core.config import TrainerConfig
 from titan_core.data.loader import PackedBatches, load_tokenizer
 from titan_core.errors import PluginError, TitanError, UsageError
 from titan_core.log import get_logger, setup_logging
-from titan_core.memory_report import MemoryReport
+from titan_core.memory_report import MemoryReport, local_shard
 from titan_core.metrics import MetricsLogger
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import (
@@ -200,7 +200,7 @@ class Trainer:
             os.makedirs(config.job.dump_folder, exist_ok=True)
             with open(os.path.join(config.job.dump_folder, "config.toml"), "w") as f:
                 f.write(render(config))
-        n_params = sum(p.numel() for part in self.parts for p in part.parameters())
+        n_params = sum(local_shard(p).numel() for part in self.parts for p in part.parameters())
         log.info(
             "built",
             recipe=config.recipe,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, step_rows, titan_env
+from tests.parallel_harness import log_records
 from titan_core.memory_report import POINTS
 from titan_plugins_llama3.flavors import FLAVORS, Llama3Args
 from titan_plugins_parallel.pipeline import split_layers
@@ -146,6 +147,8 @@ def test_pure_fake_example_is_logical_rank_2_and_reports_memory(recipes: Path) -
     share = local_param_share(FLAVORS["debugmodel"], pp=2, pp_rank=1, tp=1, fsdp=2)
     assert report["params_numel"] == share
     assert report["params_bytes"] == 4 * share  # float32
+    built = next(r for r in log_records(result.stdout) if r.get("event") == "built")
+    assert built["params_local"] == share  # the log line counts this rank's shards too
     by_point = {o["point"]: o for o in report["observations"]}
     assert by_point["after_init"]["grads_bytes"] == 0
     assert by_point["after_init"]["optimizer_state_bytes"] == 0
