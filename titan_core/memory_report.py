@@ -193,11 +193,11 @@ class MemoryReport:
     @classmethod
     def maybe(
         cls, config: TrainerConfig, topology: Topology, parallel_dims: ParallelDims
-    ) -> MemoryReport | None:
+    ) -> MemoryReport | NoMemoryReport:
         """A report when this run wants one (fake backends, or ``debug.memory_report``)."""
         if topology.fake or config.debug.memory_report:
             return cls(config, topology, parallel_dims)
-        return None
+        return NoMemoryReport()
 
     # -- the trainer's calls ----------------------------------------------------------------------
 
@@ -314,6 +314,22 @@ class MemoryReport:
         print(format_table(data), flush=True)
         log.info("memory report written", path=path, peak_mib=round((data["peak_bytes"] or 0) / MiB, 1))
         return data
+
+
+class NoMemoryReport:
+    """Stands in for the report when none is wanted, so the training loop has no branch for it."""
+
+    def start(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer, steps: int) -> None:
+        pass
+
+    def before_forward_backward(self, step: int) -> None:
+        pass
+
+    def after_forward_backward(self, step: int) -> None:
+        pass
+
+    def after_optimizer_step(self, step: int) -> None:
+        pass
 
 
 def _backend_name(group: Any) -> str | None:

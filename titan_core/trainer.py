@@ -84,7 +84,7 @@ class Trainer:
         self.topology: Topology = backend.init(config)
         setup_logging(rank=self.topology.rank)
         self.parallel_dims = ParallelDims.from_config(config.parallelism, self.topology.world_size)
-        # On under the fake backends or debug.memory_report; None keeps the loop free of it.
+        # On under the fake backends or debug.memory_report; else a stand-in that does nothing.
         self.memory_report = MemoryReport.maybe(config, self.topology, self.parallel_dims)
         self.device = self.topology.device
         self.seed = config.debug.seed if config.debug.seed is not None else 0
@@ -233,10 +233,12 @@ class Trainer:
         return self.parallel_dims.coordinates(self.topology.rank)[dim]
 
     def _is_logging_rank(self) -> bool:
-        """The rank whose loss is meaningful: the first DP/TP/CP coordinate of the last stage."""
+        """The rank whose loss is meaningful: the first DP/TP/CP coordinate of the last stage.
+
+        The last stage is where the schedule put it (the last PP rank, or rank 0 of a V schedule).
+        """
         coords = self.parallel_dims.coordinates(self.topology.rank)
-        pp_last = self._coordinate("pp") == self.parallel_dims.pp - 1
-        return pp_last and all(v == 0 for k, v in coords.items() if k != "pp")
+        return self.ctx.has_last_stage and all(v == 0 for k, v in coords.items() if k != "pp")
 
     def _loss_context(self) -> Any:
         if self.ctx.loss_parallel:
@@ -287,21 +289,17 @@ class Trainer:
     def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], steps: int) -> None:
         first = self.step + 1
         report = self.memory_report
-        if report is not None:
-            report.start(self.parts, self.optimizer, steps)
+        report.start(self.parts, self.optimizer, steps)
         for self.step in range(first, steps + 1):
             inputs, labels = next(batches)
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             self.optimizer.zero_grad(set_to_none=True)
-            if report is not None:
-                report.before_forward_backward(self.step)
+            report.before_forward_backward(self.step)
             loss = self.forward_backward(inputs, labels)
-            if report is not None:
-                report.after_forward_backward(self.step)
+            report.after_forward_backward(self.step)
             grad_norm = self.clip_gradients()
             self.optimizer.step()
-            if report is not None:
-                report.after_optimizer_step(self.step)
+            report.after_optimizer_step(self.step)
             self.scheduler.step()
             self.metrics.step_done(self.step, *self._reduce_for_log(loss, grad_norm))
             if self.checkpointer is not None:
