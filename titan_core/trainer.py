@@ -106,6 +106,9 @@ class Trainer:
                 "provides; install titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
             )
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
+        # A wrong data.path should fail now, not once the model is built: read one document.
+        if next(iter(dataset.documents(config.data)), None) is None:
+            raise UsageError(f"data.dataset = {config.data.dataset!r} yields no documents; check data.path")
         p, c = config.profiler, config.checkpoint
         self.profiler: Any = _NoProfiler()
         if p.enable_profiling or p.enable_memory_snapshot:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
+from titan_core import hookimpl
 from titan_core._registry import Registry, get_registry
 from titan_core.config import TrainerConfig
 from titan_core.errors import PluginError, UsageError
@@ -95,4 +97,39 @@ def test_missing_strategy_plugin_is_named(tmp_path: Path) -> None:
     config.activation_checkpoint.mode = "full"
     registry = Registry(disabled={"parallel"}).load_entry_points()
     with pytest.raises(PluginError, match="needs the strategies activation_checkpoint"):
+        Trainer(config, registry)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (None, r"data\.path: .* does not exist"),
+        ({}, r"data\.path: no \.jsonl or \.txt files"),
+        ({"empty.jsonl": ""}, r"data\.dataset = 'text' yields no documents"),
+    ],
+)
+def test_bad_data_path_fails_before_the_model_is_built(
+    tmp_path: Path, files: dict[str, str] | None, expected: str
+) -> None:
+    config = tiny(tmp_path)
+    config.data.dataset = "text"
+    config.data.path = str(tmp_path / "corpus")
+    if files is not None:
+        (tmp_path / "corpus").mkdir()
+        for name, text in files.items():
+            (tmp_path / "corpus" / name).write_text(text)
+    registry = Registry().load_entry_points()
+    llama3 = registry.get("models", "llama3")
+
+    def never(args: object) -> None:
+        raise AssertionError("the model was built before the data was checked")
+
+    class Unbuildable:
+        @hookimpl
+        def titan_models(self) -> list:
+            return [attrs.evolve(llama3, name="unbuildable", build=never)]
+
+    registry.register(Unbuildable(), "unbuildable")
+    config.model.name = "unbuildable"
+    with pytest.raises(UsageError, match=expected):
         Trainer(config, registry)
