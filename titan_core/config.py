@@ -182,8 +182,8 @@ class ActivationCheckpoint:
     #: ``none``, ``full`` (recompute every block) or ``selective`` (see ``selective_ac_option``).
     mode: str = "none"
     #: Under ``selective``: ``op`` recomputes cheap operators of every block but keeps the outputs
-    #: of attention, every other matmul and reduce-scatters; an integer ``N`` (``"2"``)
-    #: recomputes every N-th block whole.
+    #: of attention, every other matmul and collectives (reduce-scatter, all-to-all); an integer
+    #: ``N`` (``"2"``) recomputes every N-th block whole.
     selective_ac_option: str = "op"
     #: Stash and restore the RNG state for recomputation (deterministic against no AC).
     preserve_rng_state: bool = False
