@@ -90,21 +90,41 @@ class ParallelDims:
             rank //= size
         return {d: coords[d] for d in MESH_DIMS}
 
-    def build_mesh(self, device_type: str) -> Any:
-        """The world DeviceMesh with the flattened views strategies use.
-
-        Flattened views (``dp``, ``dp_shard_cp``, ``dp_cp``) go through ``DeviceMesh._flatten``,
-        the private API torchtitan relies on too; there is no public equivalent in torch 2.11-2.14.
-        """
+    def build_mesh(self, device_type: str) -> Meshes:
+        """The world DeviceMesh and the flattened views strategies use."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(
+        world = init_device_mesh(
             device_type, tuple(getattr(self, d) for d in MESH_DIMS), mesh_dim_names=MESH_DIMS
         )
-        mesh[("dp_replicate", "dp_shard")]._flatten("dp")
-        mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
-        mesh[("dp_replicate", "dp_shard", "cp")]._flatten("dp_cp")
-        return mesh
+        return Meshes(world, {name: world[dims]._flatten(name) for name, dims in FLATTENED.items()})
+
+
+#: Flattened views of the world mesh: FSDP shards over ``dp_shard_cp``, losses are averaged over
+#: ``dp_cp``, the data loader's rank runs over ``dp``.
+FLATTENED = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+}
+
+
+@attrs.frozen
+class Meshes:
+    """The world mesh and its flattened views, indexed like a DeviceMesh: ``meshes["tp"]``.
+
+    The views are kept as ``DeviceMesh._flatten`` returned them (the private API torchtitan relies
+    on too; torch 2.11-2.14 has no public one): since torch 2.11, slicing a flattened dimension
+    back out of the world mesh is deprecated, and torch asks callers to keep the views instead.
+    """
+
+    world: Any
+    flattened: dict[str, Any]
+
+    def __getitem__(self, dims: str | tuple[str, ...]) -> Any:
+        if isinstance(dims, str) and dims in self.flattened:
+            return self.flattened[dims]
+        return self.world[dims]
 
 
 def degree_error(parallelism: Any, world_size: int, problem: str, fix: str) -> UsageError:

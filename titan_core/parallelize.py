@@ -43,7 +43,8 @@ class ParallelContext:
 
     config: TrainerConfig
     parallel_dims: ParallelDims
-    #: The world DeviceMesh (``None`` on a single process).
+    #: The world DeviceMesh and its flattened views (``parallel_dims.Meshes``; index it like a
+    #: DeviceMesh: ``mesh["tp"]``, ``mesh["dp_shard_cp"]``); ``None`` on a single process.
     mesh: Any
     spec: ModelSpec
     model_args: Any

@@ -62,3 +62,32 @@ def test_ep_error_says_which_axes_it_borrows() -> None:
     message = error_of(8, dp_shard=2, cp=2, tp=2, ep=3)
     assert "data-sharding and context axes" in message
     assert "pick an ep that divides 4" in message
+
+
+def test_mesh_views_without_slicing_flattened_dims() -> None:
+    """Every view has its size, and none is sliced out of the world mesh (deprecated in torch 2.11)."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    d = dims(16, pp=2, dp_replicate=2, dp_shard=2, cp=2)
+    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=16)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            meshes = d.build_mesh("cpu")
+            sizes = {name: meshes[name].size() for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp")}
+            sizes.update({name: meshes[name].size() for name in ("dp", "dp_shard_cp", "dp_cp")})
+    finally:
+        dist.destroy_process_group()
+    assert sizes == {
+        "pp": 2,
+        "dp_replicate": 2,
+        "dp_shard": 2,
+        "cp": 2,
+        "tp": 1,
+        "dp": 4,
+        "dp_shard_cp": 4,
+        "dp_cp": 8,
+    }

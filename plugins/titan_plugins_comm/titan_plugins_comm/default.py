@@ -10,7 +10,6 @@ then ``comm.train_timeout_seconds``.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -110,13 +109,8 @@ def shorten_timeouts(config: TrainerConfig, device: torch.device, mesh: Any) -> 
         return
     groups: dict[int, Any] = {}
     if mesh is not None:
-        for name in (*MESH_DIMS, "dp", "dp_shard_cp", "dp_cp"):
-            try:
-                with warnings.catch_warnings():  # torch >= 2.11 warns on slicing flattened dims
-                    warnings.simplefilter("ignore", UserWarning)
-                    group = mesh[name].get_group()
-            except (KeyError, RuntimeError, ValueError):
-                continue  # a flattened view this mesh does not have
+        for name in (*MESH_DIMS, *mesh.flattened):
+            group = mesh[name].get_group()
             groups[id(group)] = group
     # Every rank has finished step 1 before any collective runs under the shorter timeout.
     dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)

@@ -29,9 +29,12 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
 
 def dp_mesh(ctx: ParallelContext) -> Any:
     """``dp_shard_cp`` for FSDP, ``(dp_replicate, dp_shard_cp)`` for HSDP."""
-    if ctx.parallel_dims.dp_replicate > 1:
-        return ctx.mesh["dp_replicate", "dp_shard_cp"]
-    return ctx.mesh["dp_shard_cp"]
+    if ctx.parallel_dims.dp_replicate == 1:
+        return ctx.mesh["dp_shard_cp"]
+    if ctx.parallel_dims.cp == 1:  # dp_shard_cp is dp_shard: slice the world mesh's own dims
+        return ctx.mesh["dp_replicate", "dp_shard"]
+    # HSDP with CP needs the flattened dim beside a world one (torch >= 2.11 warns it is deprecated).
+    return ctx.mesh.world["dp_replicate", "dp_shard_cp"]
 
 
 def mixed_precision(ctx: ParallelContext) -> Any:
