@@ -18,7 +18,6 @@ block under the same ``ModuleDict`` key.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -100,8 +99,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
         "debug": ac.debug,
     }
     if ac.mode == "selective" and ac.selective_ac_option == "op":
-        context_fn: Callable[[], tuple[Any, Any]] = op_policy_contexts
-        kwargs["context_fn"] = context_fn
+        kwargs["context_fn"] = op_policy_contexts
     for part in parts:
         layers = getattr(part, "layers", None)
         if not isinstance(layers, nn.ModuleDict):
