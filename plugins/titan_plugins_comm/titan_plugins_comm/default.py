@@ -76,7 +76,9 @@ def init(config: TrainerConfig) -> Topology:
         device=device,
         backend="default",
         physical_world_size=world_size,
-        after_first_step=(lambda mesh: shorten_timeouts(config, device, mesh)) if world_size > 1 else None,
+        after_first_step=(lambda mesh: shorten_timeouts(config, device, mesh_groups(mesh)))
+        if world_size > 1
+        else None,
     )
 
 
@@ -94,8 +96,18 @@ def flight_recorder_env(config: TrainerConfig, environ: Mapping[str, str]) -> di
     return {names[0]: value for names, value in wanted.items() if not any(n in environ for n in names)}
 
 
-def shorten_timeouts(config: TrainerConfig, device: torch.device, mesh: Any) -> None:
-    """Give every process group of the run ``comm.train_timeout_seconds`` (after step 1).
+def mesh_groups(mesh: Any) -> list[Any]:
+    """The default group (``None``) and every distinct process group of the mesh and its views."""
+    groups: dict[int, Any] = {}
+    if mesh is not None:
+        for name in (*MESH_DIMS, *mesh.flattened):
+            group = mesh[name].get_group()
+            groups[id(group)] = group
+    return [None, *groups.values()]
+
+
+def shorten_timeouts(config: TrainerConfig, device: torch.device, groups: list[Any]) -> None:
+    """Give ``groups`` (``None``: the default group) ``comm.train_timeout_seconds`` after step 1.
 
     The first step may be slow (compilation, lazy initialisation, checkpoint loading) and runs
     under ``comm.init_timeout_seconds``; a hang later should surface, with a flight-recorder dump,
@@ -107,14 +119,9 @@ def shorten_timeouts(config: TrainerConfig, device: torch.device, mesh: Any) -> 
     if set_timeout is None:
         log.warning("this torch cannot change process-group timeouts; comm.train_timeout_seconds unused")
         return
-    groups: dict[int, Any] = {}
-    if mesh is not None:
-        for name in (*MESH_DIMS, *mesh.flattened):
-            group = mesh[name].get_group()
-            groups[id(group)] = group
     # Every rank has finished step 1 before any collective runs under the shorter timeout.
-    dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
+    dist.barrier(group=groups[0], device_ids=[device.index] if device.type == "cuda" else None)
     timeout = timedelta(seconds=config.comm.train_timeout_seconds)
-    for group in [None, *groups.values()]:  # None: the default (world) group
+    for group in groups:
         set_timeout(timeout, group)
-    log.info("collective timeout set", seconds=config.comm.train_timeout_seconds, groups=len(groups) + 1)
+    log.info("collective timeout set", seconds=config.comm.train_timeout_seconds, groups=len(groups))

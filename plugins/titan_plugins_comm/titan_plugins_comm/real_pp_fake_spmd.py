@@ -35,7 +35,7 @@ from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_core.topology import Topology
 from titan_plugins_comm.contract import DOC, hybrid_launch
-from titan_plugins_comm.default import _env_int, select_device
+from titan_plugins_comm.default import _env_int, select_device, shorten_timeouts
 
 
 def init(config: TrainerConfig) -> Topology:
@@ -83,4 +83,6 @@ def init(config: TrainerConfig) -> Topology:
         pp_rank=launch.pp_rank,
         pp_group=pp_group,
         physical_world_size=launch.pp,
+        # Only the pipeline group is real: it alone gets the training timeout after step 1.
+        after_first_step=lambda mesh: shorten_timeouts(config, device, [pp_group]),
     )

@@ -220,6 +220,9 @@ def test_hybrid_example_runs_real_pp_over_gloo(recipes: Path) -> None:
     # Only the last stage computes the loss; the first stage logs it because it crossed the real
     # PP group (the step broadcasts it from the last stage).
     assert losses[0] == losses[2] and sorted(losses[0]) == [1, 2]
+    # After step 1 the real PP group (the only real one) gets comm.train_timeout_seconds.
+    timeouts = [r for r in log_records(result.stdout) if r.get("event") == "collective timeout set"]
+    assert sorted(r["rank"] for r in timeouts) == [0, 2] and all(r["groups"] == 1 for r in timeouts)
     for logical, pp_rank in ((0, 0), (2, 1)):
         report = json.loads((recipes / "out" / f"memory_report_rank{logical}.json").read_text())
         assert report["comm_backend"] == "real_pp_fake_spmd"

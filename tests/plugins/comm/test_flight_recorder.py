@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from titan_core.config import TrainerConfig
 from titan_core.parallel_dims import ParallelDims
-from titan_plugins_comm.default import flight_recorder_env, shorten_timeouts
+from titan_plugins_comm.default import flight_recorder_env, mesh_groups, shorten_timeouts
 
 
 def test_flight_recorder_dumps_into_comm_traces(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_train_timeout_reaches_every_group_of_the_mesh(tmp_path: Path) -> None:
         mesh = ParallelDims.from_config(config.parallelism, 1).build_mesh("cpu")
         groups = [None, mesh["dp_shard"].get_group(), mesh["dp"].get_group(), mesh["tp"].get_group()]
         assert _timeout(dist.distributed_c10d._get_default_group()) != timedelta(seconds=42)
-        shorten_timeouts(config, torch.device("cpu"), mesh)
+        shorten_timeouts(config, torch.device("cpu"), mesh_groups(mesh))
         for group in groups:
             group = group or dist.distributed_c10d._get_default_group()
             assert _timeout(group) == timedelta(seconds=42)
