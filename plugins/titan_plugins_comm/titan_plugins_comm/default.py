@@ -59,9 +59,7 @@ def init(config: TrainerConfig) -> Topology:
     local_rank = _env_int("LOCAL_RANK", 0)
     device = select_device(config, local_rank)
     if world_size > 1 and not dist.is_initialized():
-        if config.comm.trace_buf_size > 0 and device.type == "cuda":
-            os.environ.update(flight_recorder_env(config, os.environ))
-            os.makedirs(os.path.join(config.job.dump_folder, "comm_traces"), exist_ok=True)
+        enable_flight_recorder(config, device)
         dist.init_process_group(
             backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
             rank=rank,
@@ -80,6 +78,13 @@ def init(config: TrainerConfig) -> Topology:
         if world_size > 1
         else None,
     )
+
+
+def enable_flight_recorder(config: TrainerConfig, device: torch.device) -> None:
+    """On CUDA with ``comm.trace_buf_size > 0``: NCCL groups created from now on record and dump."""
+    if config.comm.trace_buf_size > 0 and device.type == "cuda":
+        os.environ.update(flight_recorder_env(config, os.environ))
+        os.makedirs(os.path.join(config.job.dump_folder, "comm_traces"), exist_ok=True)
 
 
 def flight_recorder_env(config: TrainerConfig, environ: Mapping[str, str]) -> dict[str, str]:

@@ -35,7 +35,7 @@ from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_core.topology import Topology
 from titan_plugins_comm.contract import DOC, hybrid_launch
-from titan_plugins_comm.default import _env_int, select_device, shorten_timeouts
+from titan_plugins_comm.default import _env_int, enable_flight_recorder, select_device, shorten_timeouts
 
 
 def init(config: TrainerConfig) -> Topology:
@@ -66,6 +66,7 @@ def init(config: TrainerConfig) -> Topology:
     dist.init_process_group(
         "fake", store=store, rank=launch.logical_rank, world_size=launch.ngpu, timeout=timeout
     )
+    enable_flight_recorder(config, device)  # the real PP group's NCCL communicator dumps on a hang
     pp_group = dist.new_group(
         ranks=launch.pp_line,
         backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",

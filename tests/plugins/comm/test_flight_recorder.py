@@ -12,7 +12,12 @@ import torch.distributed as dist
 
 from titan_core.config import TrainerConfig
 from titan_core.parallel_dims import ParallelDims
-from titan_plugins_comm.default import flight_recorder_env, mesh_groups, shorten_timeouts
+from titan_plugins_comm.default import (
+    enable_flight_recorder,
+    flight_recorder_env,
+    mesh_groups,
+    shorten_timeouts,
+)
 
 
 def test_flight_recorder_dumps_into_comm_traces(tmp_path: Path) -> None:
@@ -26,6 +31,25 @@ def test_flight_recorder_dumps_into_comm_traces(tmp_path: Path) -> None:
         # torch appends the rank: comm_traces/rank_0, rank_1, ...
         "TORCH_FR_DUMP_TEMP_FILE": os.path.join(str(tmp_path / "run"), "comm_traces", "rank_"),
     }
+
+
+@pytest.mark.parametrize(
+    ("device", "size", "enabled"), [("cuda", 1234, True), ("cuda", 0, False), ("cpu", 1234, False)]
+)
+def test_flight_recorder_is_enabled_on_cuda_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, size: int, enabled: bool
+) -> None:
+    """Both the default backend and real_pp_fake_spmd call this before their NCCL groups exist."""
+    names = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
+    for name in (*names, "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.setenv(name, "")  # recorded, so what the call sets is undone after the test
+        monkeypatch.delenv(name)
+    config = TrainerConfig()
+    config.job.dump_folder = str(tmp_path / "run")
+    config.comm.trace_buf_size = size
+    enable_flight_recorder(config, torch.device(device, 0) if device == "cuda" else torch.device(device))
+    assert (os.environ.get("TORCH_FR_BUFFER_SIZE") == "1234") is enabled
+    assert (tmp_path / "run" / "comm_traces").is_dir() is enabled
 
 
 def test_flight_recorder_keeps_what_the_user_set_under_either_name() -> None:
