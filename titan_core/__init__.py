@@ -8,12 +8,17 @@ from titan_core.config import TrainerConfig
 from titan_core.errors import TitanError
 from titan_core.hookspecs import hookimpl, hookspec
 from titan_core.records import (
+    Callback,
     Checkpointer,
+    Command,
     CommBackend,
+    ConfigSection,
     Dataset,
     ModelSpec,
     Profiler,
     Recipe,
+    RunOption,
+    StateDictAdapter,
     Strategy,
 )
 
@@ -27,12 +32,17 @@ def main() -> int:
 
 
 __all__ = [
+    "Callback",
     "Checkpointer",
+    "Command",
     "CommBackend",
+    "ConfigSection",
     "Dataset",
     "ModelSpec",
     "Profiler",
     "Recipe",
+    "RunOption",
+    "StateDictAdapter",
     "Strategy",
     "TitanError",
     "TrainerConfig",

@@ -24,12 +24,16 @@ import pluggy
 
 if TYPE_CHECKING:
     from titan_core.records import (
+        Callback,
         Checkpointer,
+        Command,
         CommBackend,
+        ConfigSection,
         Dataset,
         ModelSpec,
         Profiler,
         Recipe,
+        RunOption,
         Strategy,
     )
 
@@ -104,14 +108,102 @@ def titan_checkpointers() -> list[Checkpointer]:
     """
 
 
+@hookspec
+def titan_callbacks() -> list[Callback]:
+    """Return callbacks run at fixed points of the training loop.
+
+    Called once per run, after everything is built (model, optimizer, data, checkpoint loaded);
+    each record's ``build(trainer)`` returns the object whose methods the loop calls, or ``None``
+    when the callback is not wanted in this run (see :class:`~titan_core.records.Callback` for
+    the methods). Example: print the loss every logging step::
+
+        from titan_core import Callback, hookimpl
+
+        class PrintLoss:
+            def on_step_end(self, step, metrics, last):
+                if "loss" in metrics:
+                    print(step, metrics["loss"])
+
+        @hookimpl
+        def titan_callbacks():
+            return [Callback("print_loss", lambda trainer: PrintLoss())]
+    """
+
+
+@hookspec
+def titan_commands() -> list[Command]:
+    """Return ``titan`` subcommands.
+
+    Called when ``titan`` builds its argument parser (``titan --help`` lists every command), so
+    ``configure`` must not import torch; ``run`` is called only for the chosen command.
+    Example: ``titan hello NAME``::
+
+        from titan_core import Command, hookimpl
+
+        def configure(parser):
+            parser.add_argument("name")
+
+        def run(args):
+            print(f"hello {args.name}")
+            return 0
+
+        @hookimpl
+        def titan_commands():
+            return [Command("hello", "say hello", configure, run)]
+    """
+
+
+@hookspec
+def titan_run_options() -> list[RunOption]:
+    """Return flags of ``titan run`` that run something else with the resolved config.
+
+    Called when ``titan run`` builds its parser. When the flag is given, the recipe is resolved
+    and validated as for training, then ``run(config, registry, args)`` is called instead.
+    Example: ``titan run --recipe R --count-steps``::
+
+        from titan_core import RunOption, hookimpl
+
+        @hookimpl
+        def titan_run_options():
+            return [RunOption("count_steps", "--count-steps", "print training.steps",
+                              lambda config, registry, args: print(config.training.steps) or 0)]
+    """
+
+
+@hookspec
+def titan_config_sections() -> list[ConfigSection]:
+    """Return config sections this plugin adds to titan's config.
+
+    Called when a config is first built or printed. A section is an attrs class made with
+    :func:`titan_core.config.section`; recipes read and set it as ``config.<name>.<field>``,
+    ``--print-config`` shows it, and every field is validated when it is set. Example::
+
+        from titan_core import ConfigSection, hookimpl
+        from titan_core.config import field, positive, section
+
+        @section
+        class ZLoss:
+            #: Weight of the z-loss term; 0 turns it off.
+            weight: float = field(default=0.0, validator=positive)
+
+        @hookimpl
+        def titan_config_sections():
+            return [ConfigSection("z_loss", ZLoss, "z-loss on the logits")]
+    """
+
+
 __all__ = [
     "hookimpl",
     "hookspec",
+    "titan_callbacks",
     "titan_checkpointers",
+    "titan_commands",
     "titan_comm_backends",
+    "titan_config_sections",
     "titan_datasets",
     "titan_models",
     "titan_profilers",
     "titan_recipes",
+    "titan_run_options",
     "titan_strategies",
 ]

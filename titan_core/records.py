@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
+    import argparse
+
     from torch import nn
 
     from titan_core.config import TrainerConfig
@@ -48,6 +50,20 @@ class ModelSpec:
     #: place; ``None`` when the model does not support tensor parallelism.
     tp_plan: Callable[..., None] | None = None
     description: str = ""
+    #: ``validate(args, parallel_dims) -> None`` raises :class:`~titan_core.errors.UsageError`
+    #: when this model cannot run under the layout (e.g. a TP degree that does not divide the
+    #: vocabulary); called after the config is checked and before anything is built.
+    validate: Callable[[Any, ParallelDims], None] | None = None
+    #: ``param_groups(model, optimizer_config) -> list[dict]``: optimizer parameter groups (torch's
+    #: ``[{"params": [...], "weight_decay": 0.0}, ...]``) for this rank's model part; ``None``: one
+    #: group with ``training.weight_decay`` for every parameter.
+    param_groups: Callable[[nn.Module, Any], list[dict[str, Any]]] | None = None
+    #: ``num_active_params(args) -> int``: parameters one token uses (mixture-of-experts models);
+    #: ``None``: every parameter is active.
+    num_active_params: Callable[[Any], int] | None = None
+    #: Converts state dicts to and from Hugging Face ``transformers`` names (import/export);
+    #: ``None`` when the model has no Hugging Face counterpart.
+    state_dict_adapter: StateDictAdapter | None = None
 
     def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""
@@ -85,6 +101,25 @@ class ModelSpec:
         if attrs.has(type(args)):
             return attrs.evolve(args, **overrides)
         return dataclasses.replace(args, **overrides)
+
+
+@attrs.frozen
+class StateDictAdapter:
+    """How a model's state dict maps onto its Hugging Face ``transformers`` counterpart.
+
+    The four callables work on plain ``{name: tensor}`` dicts of full (unsharded) tensors;
+    ``titan export --to hf`` and ``checkpoint.initial_load_path`` pointing at a Hugging Face
+    folder use them.
+    """
+
+    #: ``to_hf(state_dict, args) -> state_dict`` with Hugging Face names (and q/k permutation).
+    to_hf: Callable[[dict[str, Any], Any], dict[str, Any]]
+    #: ``from_hf(state_dict, args) -> state_dict`` with titan names.
+    from_hf: Callable[[dict[str, Any], Any], dict[str, Any]]
+    #: ``hf_config(args) -> dict``: the ``config.json`` of the exported model.
+    hf_config: Callable[[Any], dict[str, Any]]
+    #: ``args_from_hf(config_json) -> args``: model arguments equal to a Hugging Face config.
+    args_from_hf: Callable[[dict[str, Any]], Any] | None = None
 
 
 @attrs.frozen
@@ -167,6 +202,80 @@ class Checkpointer:
     description: str = ""
 
 
+@attrs.frozen
+class Callback:
+    """Code run at fixed points of the training loop: ``build(trainer) -> object | None``.
+
+    ``build`` is called once, after the model, optimizer and data are built and a checkpoint is
+    loaded; it returns ``None`` when the callback has nothing to do in this run (then the loop
+    never sees it). The object implements any of these methods (all optional); the trainer binds
+    them once, so the loop pays nothing for a method a callback lacks:
+
+    - ``on_train_start(step)``: before the first step (``step``: the last finished one);
+    - ``before_forward_backward(step)`` / ``after_forward_backward(step)``;
+    - ``after_optimizer_step(step)``;
+    - ``metrics(step) -> Mapping[str, float]``: on logging steps only, extra values for the log
+      line and the metric writers (read device values here, never on other steps);
+    - ``on_step_end(step, metrics, last)``: after every step; ``metrics`` is the logged row on
+      logging steps and empty otherwise; ``last`` is true on the final step;
+    - ``on_train_end(step)``: after the last step of a completed run;
+    - ``on_failure(step, exc)``: an exception left the loop (it is re-raised afterwards).
+
+    Callbacks run in ascending ``order`` (ties by name).
+    """
+
+    name: str
+    build: Callable[[Any], Any]
+    order: int = 50
+    description: str = ""
+
+
+@attrs.frozen
+class Command:
+    """A ``titan`` subcommand: ``titan NAME ...``.
+
+    ``configure(parser)`` adds the command's arguments (or its own subcommands) to an
+    ``argparse`` parser and must not import torch (``titan --help`` builds every command's
+    parser); ``run(args) -> int`` does the work and returns the exit status; it may raise
+    :class:`~titan_core.errors.TitanError` for a clean one-line error.
+    """
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str = ""
+
+
+@attrs.frozen
+class RunOption:
+    """A flag of ``titan run`` that runs something else with the resolved config.
+
+    ``flag`` (``"--all-pp-ranks"``) is a boolean option; when given, ``run(config, registry,
+    args) -> int`` is called instead of training.
+    """
+
+    name: str
+    flag: str
+    help: str
+    run: Callable[[TrainerConfig, Any, argparse.Namespace], int]
+    description: str = ""
+
+
+@attrs.frozen
+class ConfigSection:
+    """A config section a plugin adds: ``config.<name>.<field>`` in recipes and TOML.
+
+    ``cls`` is an attrs class made with :func:`titan_core.config.section` (defaults for every
+    field, ``#:`` docs beside the fields, validators on them); the section appears in
+    ``--print-config`` and ``docs/config.md``.
+    """
+
+    name: str
+    cls: type
+    description: str = ""
+
+
 #: Every record type, keyed by the registry key used in ``titan plugins list``.
 RECORD_TYPES: dict[str, type] = {
     "models": ModelSpec,
@@ -176,15 +285,24 @@ RECORD_TYPES: dict[str, type] = {
     "datasets": Dataset,
     "profilers": Profiler,
     "checkpointers": Checkpointer,
+    "callbacks": Callback,
+    "commands": Command,
+    "run_options": RunOption,
+    "config_sections": ConfigSection,
 }
 
 __all__ = [
     "RECORD_TYPES",
+    "Callback",
     "Checkpointer",
+    "Command",
     "CommBackend",
+    "ConfigSection",
     "Dataset",
     "ModelSpec",
     "Profiler",
     "Recipe",
+    "RunOption",
+    "StateDictAdapter",
     "Strategy",
 ]
