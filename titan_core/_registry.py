@@ -5,14 +5,23 @@ is disabled (``TITAN_DISABLE_PLUGINS=a,b`` or ``titan --disable-plugin NAME``), 
 it is never imported. A plugin whose import or hook raises is recorded as failed and skipped;
 a run that then asks for a name nobody provides fails with that plugin's error.
 
-Hook records are gathered once per kind, on first use, keyed by lower-cased name; a name
-provided twice is a :class:`~titan_core.errors.PluginError` naming both distributions.
+Hook records are gathered once per kind, on first use, keyed by lower-cased name. A name
+provided by two plugins is a conflict: ``titan plugins list`` shows it, and only a run that asks
+for that name fails, with a :class:`~titan_core.errors.PluginError` naming both distributions
+(disabling either plugin resolves it).
+
+Hook results are checked strictly: a hook must return a list of its record type; a bare record,
+``None`` or a ``titan_*`` function without ``@hookimpl`` fails the plugin with a message naming it.
+Each plugin's import time is measured, and a plugin that imports torch at module level is flagged
+(it makes ``titan --help`` and ``titan plugins list`` slow).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
+import time
 from importlib import metadata
 from typing import Any
 
@@ -43,6 +52,12 @@ class PluginInfo:
     error: str | None = None
     hooks: list[str] = attrs.field(factory=list)
     provides: dict[str, list[str]] = attrs.field(factory=dict)
+    #: Seconds spent importing the plugin module (entry points only).
+    import_seconds: float = 0.0
+    #: Whether importing the module imported torch (it should not: see docs/plugins.md).
+    imported_torch: bool = False
+    #: Names this plugin provides that another plugin provides too.
+    conflicts: list[str] = attrs.field(factory=list)
 
     @property
     def origin(self) -> str:
@@ -53,6 +68,8 @@ class PluginInfo:
 class _Provided:
     record: Any
     plugin: PluginInfo
+    #: Other plugins providing the same name (a conflict: using the name fails).
+    rivals: tuple[PluginInfo, ...] = ()
 
 
 def disabled_from_env() -> set[str]:
@@ -86,6 +103,8 @@ class Registry:
                 info.status = "disabled"
                 self._add_info(info)
                 continue
+            had_torch = "torch" in sys.modules
+            start = time.perf_counter()
             try:
                 plugin = ep.load()
             except BaseException as exc:
@@ -94,6 +113,9 @@ class Registry:
                 info.status, info.error = "failed", describe(exc)
                 self._add_info(info)
                 continue
+            finally:
+                info.import_seconds = time.perf_counter() - start
+                info.imported_torch = not had_torch and "torch" in sys.modules
             self._register(plugin, info)
         return self
 
@@ -129,18 +151,37 @@ class Registry:
             return
         info.hooks = sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or [])
         unknown = [h for h in info.hooks if not hasattr(hookspecs, h)]
+        undecorated = [
+            name
+            for name in dir(plugin)
+            if name.startswith("titan_")
+            and callable(getattr(plugin, name, None))
+            and name not in info.hooks
+            and getattr(plugin, name).__module__ == getattr(plugin, "__name__", None)
+        ]
         if unknown:  # a misspelt hook would otherwise be silently ignored
             self.pm.unregister(plugin)
             info.status = "failed"
             info.error = f"implements unknown hooks {', '.join(unknown)}; titan's hooks are " + ", ".join(
                 f"titan_{k}" for k in RECORD_TYPES
             )
+        elif undecorated:  # without @hookimpl pluggy never calls it
+            self.pm.unregister(plugin)
+            info.status = "failed"
+            info.error = (
+                f"{', '.join(undecorated)} {'is' if len(undecorated) == 1 else 'are'} not decorated "
+                "with @titan_core.hookimpl, so titan would never call "
+                f"{'it' if len(undecorated) == 1 else 'them'}; add the decorator"
+            )
 
     # -- records ---------------------------------------------------------------------------------
 
     def records(self, kind: str) -> dict[str, Any]:
-        """All records of one kind (``models``, ``recipes``, ...) keyed by lower-cased name."""
-        return {name: p.record for name, p in self._gather(kind).items()}
+        """All records of one kind (``models``, ``recipes``, ...) keyed by lower-cased name.
+
+        Conflicting names (two providers) are left out: using them fails in :meth:`get`.
+        """
+        return {name: p.record for name, p in self._gather(kind).items() if not p.rivals}
 
     def provider(self, kind: str, name: str) -> PluginInfo:
         return self._gather(kind)[name.lower()].plugin
@@ -148,11 +189,16 @@ class Registry:
     def get(self, kind: str, name: str, *, what: str | None = None) -> Any:
         """The record ``name`` of ``kind``; unknown names list the known ones and failed plugins."""
         found = self._gather(kind).get(name.lower())
+        what = what or kind.rstrip("s").replace("_", " ")
+        if found is not None and found.rivals:
+            raise PluginError(_conflict_message(what, found))
         if found is not None:
             return found.record
-        what = what or kind.rstrip("s").replace("_", " ")
         known = ", ".join(sorted(p.record.name for p in self._gather(kind).values())) or "(none)"
         message = f"unknown {what} {name!r}; known: {known}"
+        hint = INSTALL_HINTS.get((kind, name.lower()))
+        if hint:
+            message += f"\n{name!r} comes from {hint}"
         failed = [p for p in self.plugins.values() if p.status == "failed"]
         if failed:
             message += "\n" + "\n".join(
@@ -169,6 +215,22 @@ class Registry:
         for kind in RECORD_TYPES:
             self._gather(kind)
 
+    def config_sections(self) -> dict[str, type]:
+        """Plugin config sections by name (a conflict is an error: a config cannot hold both)."""
+        from titan_core.config import register_section_name
+
+        sections = {}
+        for name, provided in self._gather("config_sections").items():
+            if provided.rivals:
+                raise PluginError(_conflict_message("config section", provided))
+            register_section_name(provided.record.name, provided.record.cls)
+            sections[provided.record.name] = provided.record.cls
+        return sections
+
+    def config_checks(self) -> list[Any]:
+        """The cross-field checks of plugin config sections."""
+        return [s.check for s in self.records("config_sections").values() if s.check is not None]
+
     def _gather(self, kind: str) -> dict[str, _Provided]:
         if kind in self._records:
             return self._records[kind]
@@ -180,26 +242,64 @@ class Registry:
             if info is None or info.status != "loaded":
                 continue
             try:
-                result = list(impl.function() or [])
-                for record in result:
-                    _check_record(record, record_type, _HOOKS[kind])
+                result = _check_result(impl.function(), record_type, _HOOKS[kind])
             except Exception as exc:  # a hook that raises fails its plugin, not the run
                 info.status, info.error = "failed", describe(exc)
                 continue
             for record in result:
                 key = record.name.lower()
-                if key in gathered:
-                    first = gathered[key].plugin
-                    raise PluginError(
-                        f"{record_type.__name__} {record.name!r} is provided twice: by plugin "
-                        f"{first.name!r} ({first.origin}) and by plugin {info.name!r} "
-                        f"({info.origin}); uninstall or disable one of them "
-                        f"({DISABLE_ENV}={info.name})"
-                    )
-                gathered[key] = _Provided(record, info)
                 info.provides.setdefault(kind, []).append(record.name)
+                if key in gathered:  # a conflict: recorded, fatal only for runs using the name
+                    first = gathered[key]
+                    gathered[key] = attrs.evolve(first, rivals=(*first.rivals, info))
+                    for p in (first.plugin, info):
+                        p.conflicts.append(f"{kind}: {record.name}")
+                    continue
+                gathered[key] = _Provided(record, info)
         self._records[kind] = gathered
         return gathered
+
+
+#: Where titan's own optional records come from, for the "unknown name" message:
+#: (kind, name) -> distribution and install command. The one table of install hints.
+INSTALL_HINTS: dict[tuple[str, str], str] = {
+    ("comm_backends", "fake"): "titan-plugins-comm (pip install -e plugins/titan_plugins_comm)",
+    ("comm_backends", "real_pp_fake_spmd"): "titan-plugins-comm (pip install -e plugins/titan_plugins_comm)",
+    ("checkpointers", "dcp"): "titan-plugins-dcp (pip install -e plugins/titan_plugins_dcp)",
+    ("models", "moe"): "titan-plugins-moe (pip install -e titan_plugins_moe)",
+    ("models", "llama3"): "titan-plugins-llama3 (pip install -e titan_plugins_llama3)",
+    ("config_sections", "profiler"): "titan-plugins-profiler (pip install -e plugins/titan_plugins_profiler)",
+    ("config_sections", "activation_checkpoint"): (
+        "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
+    ),
+    ("config_sections", "compile"): "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)",
+    ("strategies", "parallel"): "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)",
+}
+
+
+def _conflict_message(what: str, provided: _Provided) -> str:
+    owners = [provided.plugin, *provided.rivals]
+    listed = " and ".join(f"plugin {p.name!r} ({p.origin})" for p in owners)
+    return (
+        f"{what} {provided.record.name!r} is provided twice: by {listed}; uninstall or disable one "
+        f"of them ({DISABLE_ENV}={owners[-1].name} or --disable-plugin {owners[-1].name})"
+    )
+
+
+def _check_result(result: Any, record_type: type, hook: str) -> list[Any]:
+    if result is None:
+        raise TypeError(f"{hook}() returned None; return a list of {record_type.__name__} records")
+    if isinstance(result, record_type):
+        raise TypeError(
+            f"{hook}() returned one {record_type.__name__}, not a list; return [{record_type.__name__}(...)]"
+        )
+    if not isinstance(result, (list, tuple)):
+        raise TypeError(
+            f"{hook}() returned {type(result).__name__}; return a list of {record_type.__name__} records"
+        )
+    for record in result:
+        _check_record(record, record_type, hook)
+    return list(result)
 
 
 def _check_record(record: Any, record_type: type, hook: str) -> None:

@@ -1,150 +1,141 @@
 """The ``titan`` command: argument parsing only; the work happens in the modules it calls.
 
-``titan --help``, ``titan plugins list`` and ``titan recipes list`` never import torch.
+Every subcommand is a :class:`~titan_core.records.Command` record: the core's own (``run``,
+``plugins``, ``models``, ``recipes``) come from titan's built-in plugin, others from plugins
+through ``titan_commands``, so ``titan --help`` lists them all. ``titan --help``, ``titan plugins
+list`` and ``titan recipes list`` never import torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from titan_core.errors import TitanError
 
-RUN_DESCRIPTION = """\
-Train with a recipe. Training behaviour (model, steps, batch, parallel degrees, ...) is set in
-the recipe, a Python function returning titan's config; these options only select and launch it.
-Environment: TITAN_DISABLE_PLUGINS=a,b keeps plugins from being imported; under torchrun,
-RANK/WORLD_SIZE/LOCAL_RANK come from the launcher; the fake comm backend reads NGPU and
-FAKE_PP_RANK (see docs/debugging.md)."""
+DISABLE_HELP = "do not import plugin NAME (repeatable; also TITAN_DISABLE_PLUGINS=a,b)"
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, *, standalone: bool = True) -> None:
-    """The operational options of ``titan run`` (also ``python -m titan_core.train``).
-
-    ``standalone=False`` when the parser is ``titan``'s subcommand: then ``--disable-plugin``
-    given before ``run`` is kept rather than reset.
-    """
-    parser.add_argument(
-        "--recipe",
-        "--config",
-        dest="recipe",
-        metavar="NAME",
-        required=True,
-        help="recipe to run (titan recipes list); --config is an alias",
-    )
-    parser.add_argument(
-        "--module",
-        metavar="MOD",
-        help="import MOD (e.g. my_project.recipes) and look the recipe up among its functions",
-    )
-    parser.add_argument(
-        "--print-config",
-        nargs="?",
-        const="toml",
-        choices=("toml", "json"),
-        metavar="{toml,json}",
-        help="print the resolved config (TOML by default) and exit without building anything",
-    )
-    parser.add_argument(
-        "--comm-backend",
-        metavar="BACKEND",
-        help="override comm.backend: default, fake or real_pp_fake_spmd (titan plugins list)",
-    )
-    parser.add_argument(
-        "--all-pp-ranks",
-        action="store_true",
-        help="with --comm-backend fake: run every pipeline coordinate in turn and compare memory",
-    )
-    parser.add_argument(
-        "--dump-folder",
-        metavar="DIR",
-        help="override job.dump_folder (where logs, metrics and reports go)",
-    )
-    parser.add_argument(
-        "--disable-plugin",
-        action="append",
-        default=[] if standalone else argparse.SUPPRESS,
-        metavar="NAME",
-        help="do not import plugin NAME (repeatable; also TITAN_DISABLE_PLUGINS=a,b)",
-    )
+def _early_disabled(argv: Sequence[str]) -> set[str]:
+    """``--disable-plugin`` values, read before the registry (which builds the parser) loads."""
+    found: set[str] = set()
+    for i, arg in enumerate(argv):
+        if arg == "--disable-plugin" and i + 1 < len(argv):
+            found.add(argv[i + 1])
+        elif arg.startswith("--disable-plugin="):
+            found.add(arg.split("=", 1)[1])
+    return found
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(registry: Any) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="titan",
         description="titan: pre-train language models with plugins for models and parallelism.",
     )
     parser.add_argument("--version", action="store_true", help="print titan's version and exit")
-    parser.add_argument(
-        "--disable-plugin",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="do not import plugin NAME (repeatable; also TITAN_DISABLE_PLUGINS=a,b)",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="{run,plugins,models,recipes}")
+    parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME", help=DISABLE_HELP)
+    commands = registry.records("commands")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
+    for name, command in commands.items():
+        child = sub.add_parser(name, help=command.help, description=command.description or command.help)
+        child.add_argument("--disable-plugin", action="append", default=argparse.SUPPRESS, metavar="NAME", help=DISABLE_HELP)
+        try:
+            command.configure(child)
+        except Exception as exc:  # a broken plugin command must not take the whole CLI down
+            from titan_core.errors import describe
 
-    run = sub.add_parser("run", help="train with a recipe", description=RUN_DESCRIPTION)
-    add_run_arguments(run, standalone=False)
-
-    plugins = sub.add_parser("plugins", help="inspect installed plugins")
-    plugins_sub = plugins.add_subparsers(dest="plugins_command", metavar="{list}")
-    plugins_list = plugins_sub.add_parser("list", help="list plugins, their hooks and status")
-    plugins_list.add_argument("--json", action="store_true", help="machine-readable output")
-
-    models = sub.add_parser("models", help="inspect model families and flavors")
-    models_sub = models.add_subparsers(dest="models_command", metavar="{list}")
-    models_list = models_sub.add_parser("list", help="models, flavors and parameter counts")
-    models_list.add_argument("--json", action="store_true", help="machine-readable output")
-
-    recipes = sub.add_parser("recipes", help="inspect recipes")
-    recipes_sub = recipes.add_subparsers(dest="recipes_command", metavar="{list}")
-    recipes_list = recipes_sub.add_parser("list", help="list recipes from plugins (or --module)")
-    recipes_list.add_argument("--module", metavar="MOD", help="list the recipes of module MOD")
-    recipes_list.add_argument("--json", action="store_true", help="machine-readable output")
+            provider = registry.provider("commands", name)
+            print(f"titan: warning: command {name!r} of plugin {provider.name!r} failed: {describe(exc)}", file=sys.stderr)
+        child.set_defaults(_command=command, _parser=child)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `titan ... | head`: the reader went away; end quietly (no traceback at exit either).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("titan: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
+    from titan_core._registry import get_registry
+
+    try:
+        registry = get_registry(_early_disabled(argv))
+        parser = build_parser(registry)
+    except TitanError as exc:
+        return report_error(exc)
     args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import version
 
         print(f"titan-core {version('titan-core')}")
         return 0
+    command = getattr(args, "_command", None)
+    if command is None:
+        parser.print_help()
+        return 2
     try:
-        if args.command == "run":
-            from titan_core.train import run_from_args
-
-            return run_from_args(args)
-        if args.command == "plugins" and args.plugins_command == "list":
-            return _plugins_list(args)
-        if args.command == "recipes" and args.recipes_command == "list":
-            return _recipes_list(args)
-        if args.command == "models" and args.models_command == "list":
-            return _models_list(args)
+        return command.run(args)
     except TitanError as exc:
         return report_error(exc)
-    parser.print_help()
-    return 2 if args.command is None else 0
 
 
 def report_error(exc: TitanError) -> int:
-    print(f"titan: error: {exc}", file=sys.stderr)
+    message = f"titan: error: {exc}"
+    if os.environ.get("TITAN_LOG_FORMAT", "").lower() == "json":
+        record: dict[str, Any] = {"event": "error", "level": "error", "message": message}
+        for var in ("RANK", "LOCAL_RANK"):
+            if os.environ.get(var, "").isdigit():
+                record[var.lower()] = int(os.environ[var])
+        message = json.dumps(record)
+    print(message, file=sys.stderr)
     return exc.exit_code
 
 
-def _registry(args: argparse.Namespace):
+# -- the core's own commands ------------------------------------------------------------------------
+
+
+def configure_run(parser: argparse.ArgumentParser) -> None:
+    from titan_core._registry import get_registry
+    from titan_core.run import DESCRIPTION, configure
+
+    parser.description = DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    configure(parser, list(get_registry().records("run_options").values()))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from titan_core._registry import get_registry
+    from titan_core.run import run
+
+    return run(args, get_registry())
+
+
+def configure_plugins(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="plugins_command", metavar="{list}")
+    listing = sub.add_parser("list", help="list plugins, their hooks, import time and status")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def plugins_command(args: argparse.Namespace) -> int:
+    if args.plugins_command != "list":
+        args._parser.print_help()
+        return 0
     from titan_core._registry import get_registry
 
-    return get_registry(set(args.disable_plugin))
-
-
-def _plugins_list(args: argparse.Namespace) -> int:
-    registry = _registry(args)
+    registry = get_registry()
     registry.gather_all()
     plugins = sorted(registry.plugins.values(), key=lambda p: p.name)
     if args.json:
@@ -152,78 +143,104 @@ def _plugins_list(args: argparse.Namespace) -> int:
 
         print(json.dumps([attrs.asdict(p) for p in plugins], indent=2))
         return 0
-    rows = [("NAME", "VERSION", "DISTRIBUTION", "STATUS", "HOOKS", "PROVIDES")]
+    rows = [("NAME", "VERSION", "DISTRIBUTION", "STATUS", "IMPORT", "HOOKS", "PROVIDES")]
     for p in plugins:
         provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(p.provides.items()))
         hooks = ", ".join(h.removeprefix("titan_") for h in p.hooks)
-        rows.append((p.name, p.version, p.distribution, p.status, hooks or "-", provides or "-"))
-    _print_table(rows)
+        took = f"{p.import_seconds * 1000:.0f}ms" + (" torch!" if p.imported_torch else "")
+        rows.append((p.name, p.version, p.distribution, p.status, took, hooks or "-", provides or "-"))
+    print_table(rows)
     for p in plugins:
         if p.error:
             print(f"\n{p.name}: {p.status}: {p.error}")
+        if p.imported_torch:
+            print(
+                f"\n{p.name}: imported torch at module level ({p.import_seconds:.2f}s); import it "
+                "inside hook bodies so `titan --help` stays fast (docs/plugins.md)"
+            )
+        for conflict in p.conflicts:
+            print(f"\n{p.name}: conflict: {conflict} is provided by another plugin too; runs using it fail")
     return 0
 
 
-def _recipes_list(args: argparse.Namespace) -> int:
+def configure_recipes(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="recipes_command", metavar="{list}")
+    listing = sub.add_parser("list", help="list recipes from plugins (or --module)")
+    listing.add_argument("--module", metavar="MOD", help="list the recipes of module MOD")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def recipes_command(args: argparse.Namespace) -> int:
+    if args.recipes_command != "list":
+        args._parser.print_help()
+        return 0
     if args.module:
         from titan_core.recipes import import_module, module_recipes
 
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `titan run --module` does
         recipes = {r.name: (r, args.module) for r in module_recipes(import_module(args.module)).values()}
     else:
-        registry = _registry(args)
+        from titan_core._registry import get_registry
+
+        registry = get_registry()
         recipes = {
             r.name: (r, registry.provider("recipes", r.name).name)
             for r in registry.records("recipes").values()
         }
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {"name": n, "source": s, "description": r.description}
-                    for n, (r, s) in sorted(recipes.items())
-                ],
-                indent=2,
-            )
-        )
+        rows = [{"name": n, "source": s, "description": r.description} for n, (r, s) in sorted(recipes.items())]
+        print(json.dumps(rows, indent=2))
         return 0
-    rows = [("RECIPE", "FROM", "DESCRIPTION")]
-    rows += [(n, s, r.description) for n, (r, s) in sorted(recipes.items())]
-    _print_table(rows)
+    table = [("RECIPE", "FROM", "DESCRIPTION")]
+    table += [(n, s, r.description) for n, (r, s) in sorted(recipes.items())]
+    print_table(table)
     return 0
 
 
-def _models_list(args: argparse.Namespace) -> int:
+def configure_models(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="models_command", metavar="{list}")
+    listing = sub.add_parser("list", help="models, flavors and parameter counts (total and active)")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def models_command(args: argparse.Namespace) -> int:
     """Every flavor with its analytic parameter count (no model is built, torch is not imported)."""
-    registry = _registry(args)
+    if args.models_command != "list":
+        args._parser.print_help()
+        return 0
+    from titan_core._registry import get_registry
+
+    registry = get_registry()
     rows = []
     for spec in sorted(registry.records("models").values(), key=lambda s: s.name):
         provider = registry.provider("models", spec.name)
         for flavor, flavor_args in spec.flavors.items():
+            total = spec.num_params(flavor_args, True)
+            active = spec.num_active_params(flavor_args) if spec.num_active_params else total
             rows.append(
-                {
-                    "model": spec.name,
-                    "flavor": flavor,
-                    "params": spec.num_params(flavor_args, True),
-                    "plugin": provider.name,
-                }
+                {"model": spec.name, "flavor": flavor, "params": total, "active_params": active, "plugin": provider.name}
             )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = [("MODEL", "FLAVOR", "PARAMS", "PLUGIN")]
-    table += [(r["model"], r["flavor"], _human(r["params"]), r["plugin"]) for r in rows]
-    _print_table(table)
+    table = [("MODEL", "FLAVOR", "PARAMS", "ACTIVE", "PLUGIN")]
+    table += [
+        (r["model"], r["flavor"], human(r["params"]), human(r["active_params"]), r["plugin"]) for r in rows
+    ]
+    print_table(table)
     return 0
 
 
-def _human(count: int) -> str:
+def human(count: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if count >= size:
             return f"{count / size:.2f}{unit}"
     return str(count)
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell; the last column is left ragged."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]

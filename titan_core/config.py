@@ -1,29 +1,231 @@
-"""titan's configuration: attrs classes, one per section, with each field's doc beside it.
+"""titan's configuration: attrs classes, one per section, with each field's doc and checks beside it.
 
 A recipe is a plain function returning a :class:`TrainerConfig`. The field paths below
-(``training.steps``, ``parallelism.dp_shard`` ...) are part of titan's interface.
-:func:`validate` checks a config that a recipe built and returns every problem with its dotted
-path; :func:`to_dict` / :func:`from_dict` convert to and from plain data through cattrs.
+(``training.steps``, ``parallelism.dp_shard`` ...) are part of titan's interface. Plugins add
+their own sections through the ``titan_config_sections`` hook (``config.profiler``,
+``config.activation_checkpoint`` ...): a section is a class made with :func:`section`.
+
+Validation happens where a value is set: every field is checked against its annotation
+(``int``, ``float``, ``bool``, ``str``, ``None`` unions, ``typing.Literal`` choices, ``dict[str,
+...]`` tables) and its validators when the section is built and whenever a recipe assigns it, so a
+bad value fails on the recipe's own line with the field's dotted path. :func:`validate` then runs
+the checks that span several fields, once, after the recipe returns. :func:`to_dict` /
+:func:`from_dict` convert to and from plain data through cattrs.
+
+This module does not use ``from __future__ import annotations``: :func:`section` reads the real
+annotation objects.
 """
 
-from __future__ import annotations
-
+import inspect
 import json
-from collections.abc import Iterator
+import math
+import re
+import types
+import typing
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
-from attrs import define, field
+from attrs import field
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
 
 # ---------------------------------------------------------------------------------------------
-# Sections. Field docs are the ``#:`` comment above each field; ``titan run --help`` and
-# docs/config.md point here.
+# Errors and validators
 # ---------------------------------------------------------------------------------------------
 
 
-@define
+class ConfigError(UsageError):
+    """A config failed validation; ``problems`` holds one ``path: message`` line per problem."""
+
+    def __init__(self, problems: list[str], source: str = "") -> None:
+        self.problems = problems
+        self.source = source
+        head = f"invalid config from recipe {source!r}" if source else "invalid config"
+        if len(problems) == 1:
+            super().__init__(f"{head}: {problems[0]}")
+        else:
+            super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in problems))
+
+    def with_source(self, source: str) -> "ConfigError":
+        return self if self.source else ConfigError(self.problems, source)
+
+
+def positive(_inst: Any, _attr: Any, value: Any) -> None:
+    """Validator: a positive number (``None`` passes when the annotation allows it)."""
+    if value is not None and not value > 0:
+        raise ValueError(f"expected a positive {_kind(value)}, got {value!r}")
+
+
+def non_negative(_inst: Any, _attr: Any, value: Any) -> None:
+    """Validator: zero or more."""
+    if value is not None and not value >= 0:
+        raise ValueError(f"expected a {_kind(value)} >= 0, got {value!r}")
+
+
+def finite(_inst: Any, _attr: Any, value: Any) -> None:
+    """Validator: not NaN or infinite."""
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+
+
+def in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable:
+    """Validator: ``lo <= value <= hi`` (``lo_open``/``hi_open`` exclude the ends)."""
+    text = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+    def check(_inst: Any, _attr: Any, value: Any) -> None:
+        if value is None:
+            return
+        low_ok = value > lo if lo_open else value >= lo
+        high_ok = value < hi if hi_open else value <= hi
+        if not (low_ok and high_ok):
+            raise ValueError(f"expected a value in {text}, got {value!r}")
+
+    return check
+
+
+def _kind(value: Any) -> str:
+    return "integer" if isinstance(value, int) else "number"
+
+
+#: Section class -> its name in TrainerConfig (core sections and plugin sections).
+_SECTION_NAMES: dict[type, str] = {}
+
+
+def _path(inst: Any, name: str) -> str:
+    section_name = _SECTION_NAMES.get(type(inst), type(inst).__name__.lower())
+    return f"{section_name}.{name}" if section_name else name
+
+
+def _type_error(value: Any, annotation: Any) -> str | None:
+    """'expected X, got Y' when ``value`` does not match ``annotation``, else ``None``."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return None
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value in choices and type(value) in {type(c) for c in choices}:
+            return None
+        return f"expected one of {', '.join(map(str, choices))}, got {value!r}"
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = [_type_error(value, o) for o in options if o is not type(None)]
+        if any(e is None for e in errors):
+            return None
+        literals = [o for o in options if typing.get_origin(o) is Literal]
+        if literals and len(errors) == 1:
+            return errors[0] + (" or None" if type(None) in options else "")
+        names = " or ".join(_type_name(o) for o in options)
+        return f"expected {names}, got {_describe(value)}"
+    if origin is dict:
+        key_type, value_type = typing.get_args(annotation)
+        if not isinstance(value, dict):
+            return f"expected a table (dict), got {type(value).__name__}"
+        for k, v in value.items():
+            if (err := _type_error(k, key_type)) is not None:
+                return f"key {k!r}: {err}"
+            if (err := _type_error(v, value_type)) is not None:
+                return f"[{k!r}]: {err}"
+        return None
+    if annotation is type(None):
+        return None if value is None else f"expected None, got {_describe(value)}"
+    if annotation is bool:
+        return None if isinstance(value, bool) else f"expected bool, got {_describe(value)}"
+    if annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"expected int, got {_describe(value)}"
+    if annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else f"expected float, got {_describe(value)}"
+    if isinstance(annotation, type):
+        if isinstance(value, annotation):
+            return None
+        what = f"a {annotation.__name__} section" if attrs.has(annotation) else annotation.__name__
+        return f"expected {what}, got {_describe(value)}"
+    return None
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is type(None):
+        return "None"
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(annotation)))
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _describe(value: Any) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r}"
+
+
+@attrs.frozen
+class _Checked:
+    """The validator :func:`section` puts on every field: the annotation, then the field's own.
+
+    Errors become :class:`ConfigError` with the field's dotted path (``training.lr: ...``).
+    """
+
+    annotation: Any
+    validators: tuple[Callable, ...]
+
+    def __call__(self, inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+        err = _type_error(value, self.annotation)
+        if err is None:
+            try:
+                for validator in self.validators:
+                    validator(inst, attribute, value)
+            except (ValueError, TypeError) as exc:
+                err = str(exc)
+        if err is not None:
+            raise ConfigError([f"{_path(inst, attribute.name)}: {err}"])
+
+
+def _add_checks(cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribute]:
+    checked = []
+    for a in fields:
+        own = a.validator
+        validators = () if own is None else (own,)
+        checked.append(a.evolve(validator=_Checked(a.type, validators)))
+    return checked
+
+
+def section(cls: type) -> type:
+    """Make ``cls`` a config section: an attrs class whose fields are checked when set.
+
+    Every field needs a default; annotate it with real types (``int``, ``float | None``,
+    ``Literal["a", "b"]``) and add validators beside it (:func:`positive`, :func:`in_range`...).
+    A ``#:`` comment above a field is its documentation (``--print-config`` and docs/config.md).
+    """
+    return attrs.define(cls, field_transformer=_add_checks)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The ``#:`` comments above each field of a section class, by field name."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in source.split("\n")[1:]:
+        text = line.strip()
+        if text.startswith("#:"):
+            pending.append(text[2:].strip())
+        elif re.match(r"^[a-z_0-9]+\s*:", text):
+            docs[text.split(":")[0].strip()] = " ".join(pending)
+            pending = []
+        elif text.startswith(("def ", "@")):
+            break
+    return docs
+
+
+# ---------------------------------------------------------------------------------------------
+# Core sections. Field docs are the ``#:`` comment above each field; docs/config.md shows them.
+# ---------------------------------------------------------------------------------------------
+
+
+@section
 class Job:
     #: Folder for everything a run writes: logs, TensorBoard, memory reports, checkpoints.
     dump_folder: str = "./outputs"
@@ -31,7 +233,7 @@ class Job:
     description: str = ""
 
 
-@define
+@section
 class Model:
     #: Model family, as registered by a model plugin (``titan plugins list``).
     name: str = "llama3"
@@ -41,7 +243,7 @@ class Model:
     overrides: dict[str, int | float | bool | str] = field(factory=dict)
 
 
-@define
+@section
 class Data:
     #: Dataset name as registered by a plugin: ``bundled`` (generated offline text),
     #: ``text`` (local ``.txt``/``.jsonl`` files given by ``data.path``).
@@ -52,112 +254,100 @@ class Data:
     #: Hugging Face ``tokenizer.json``; ``None`` uses the tokenizer shipped with titan.
     tokenizer_path: str | None = None
     #: Number of documents of the bundled corpus (ignored by other datasets).
-    bundled_documents: int = 4000
+    bundled_documents: int = field(default=4000, validator=positive)
     #: Sequences each data-parallel rank shuffles among; 0 keeps the packing order, so runs
     #: with different DP degrees see the same global batches (for loss comparisons).
-    shuffle_buffer: int = 256
+    shuffle_buffer: int = field(default=256, validator=non_negative)
 
 
-@define
+@section
 class Training:
     #: Number of optimizer steps.
-    steps: int = 10
+    steps: int = field(default=10, validator=positive)
     #: Sequences per step on each data-parallel rank.
-    local_batch_size: int = 8
+    local_batch_size: int = field(default=8, validator=positive)
     #: Tokens per sequence.
-    seq_len: int = 2048
+    seq_len: int = field(default=2048, validator=positive)
     #: Peak learning rate of AdamW.
-    lr: float = 8e-4
+    lr: float = field(default=8e-4, validator=[finite, positive])
     #: Linear warm-up steps before the peak learning rate.
-    warmup_steps: int = 2
+    warmup_steps: int = field(default=2, validator=non_negative)
     #: Fraction of steps (after warm-up) spent decaying linearly towards ``min_lr_factor * lr``.
-    decay_ratio: float = 0.8
-    #: Learning rate at the end of decay, as a fraction of ``lr``.
-    min_lr_factor: float = 0.1
+    decay_ratio: float = field(default=0.8, validator=in_range(0, 1))
+    #: Learning rate at the end of decay, as a fraction of ``lr``; the schedule stays there
+    #: after ``steps`` (a resumed run with more steps never goes below it).
+    min_lr_factor: float = field(default=0.1, validator=in_range(0, 1))
     #: AdamW weight decay.
-    weight_decay: float = 0.1
-    #: AdamW beta1.
-    beta1: float = 0.9
-    #: AdamW beta2.
-    beta2: float = 0.95
+    weight_decay: float = field(default=0.1, validator=[finite, non_negative])
+    #: AdamW beta1, in [0, 1).
+    beta1: float = field(default=0.9, validator=in_range(0, 1, hi_open=True))
+    #: AdamW beta2, in [0, 1).
+    beta2: float = field(default=0.95, validator=in_range(0, 1, hi_open=True))
     #: AdamW epsilon.
-    eps: float = 1e-8
+    eps: float = field(default=1e-8, validator=[finite, positive])
     #: Gradient clipping max norm (total 2-norm over all parameters); <= 0 disables clipping.
-    max_norm: float = 1.0
+    max_norm: float = field(default=1.0, validator=finite)
     #: Compute dtype: ``float32``, or ``bfloat16`` (autocast on one device, FSDP mixed
     #: precision otherwise; parameters and optimizer state stay float32).
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     #: Device type: ``auto`` (CUDA when available), ``cuda`` or ``cpu``.
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
-@define
+def _dp_shard(_inst: Any, _attr: Any, value: int) -> None:
+    if value == 0 or value < -1:
+        raise ValueError(f"expected -1 or a positive integer, got {value}")
+
+
+@section
 class Parallelism:
     #: Replicated data-parallel degree (HSDP's replicate dimension).
-    dp_replicate: int = 1
+    dp_replicate: int = field(default=1, validator=positive)
     #: Sharded data-parallel (FSDP) degree; -1 takes whatever the other degrees leave.
-    dp_shard: int = -1
+    dp_shard: int = field(default=-1, validator=_dp_shard)
     #: Tensor-parallel degree (with sequence parallel).
-    tp: int = 1
+    tp: int = field(default=1, validator=positive)
     #: Context-parallel degree.
-    cp: int = 1
+    cp: int = field(default=1, validator=positive)
     #: Pipeline-parallel degree.
-    pp: int = 1
+    pp: int = field(default=1, validator=positive)
     #: Expert-parallel degree (borrowed from the dp_shard x cp ranks).
-    ep: int = 1
+    ep: int = field(default=1, validator=positive)
     #: Pipeline schedule: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``ZBVZeroBubble``...
     pp_schedule: str = "1F1B"
     #: Microbatches per step for pipeline parallel; ``None`` uses the number of stages.
-    pp_microbatches: int | None = None
+    pp_microbatches: int | None = field(default=None, validator=positive)
     #: Pipeline stages per PP rank for interleaved/looped schedules; ``None`` picks by schedule.
-    pp_stages_per_rank: int | None = None
+    pp_stages_per_rank: int | None = field(default=None, validator=positive)
     #: Keep the loss sharded over the vocabulary under TP (loss parallel).
     loss_parallel: bool = True
 
 
-@define
+@section
 class Comm:
     #: Communication backend plugin: ``default``, ``fake`` or ``real_pp_fake_spmd``.
     backend: str = "default"
     #: Timeout of process-group initialisation and the first step, in seconds.
-    init_timeout_seconds: int = 300
+    init_timeout_seconds: int = field(default=300, validator=positive)
     #: Timeout of collectives after the first step, in seconds.
-    train_timeout_seconds: int = 100
+    train_timeout_seconds: int = field(default=100, validator=positive)
     #: Flight-recorder entries kept per rank (``TORCH_NCCL_TRACE_BUFFER_SIZE``); 0 disables it.
-    trace_buf_size: int = 20000
+    trace_buf_size: int = field(default=20000, validator=non_negative)
 
 
-@define
-class Profiler:
-    #: Profiler plugin used when profiling or memory snapshots are enabled.
-    backend: str = "torch"
-    #: Record torch.profiler traces every ``profile_freq`` steps.
-    enable_profiling: bool = False
-    #: Folder (under ``job.dump_folder``) for profiler traces.
-    save_traces_folder: str = "profile_traces"
-    #: Steps between profiler traces.
-    profile_freq: int = 10
-    #: Record CUDA memory snapshots.
-    enable_memory_snapshot: bool = False
-    #: Folder (under ``job.dump_folder``) for memory snapshots.
-    save_memory_snapshot_folder: str = "memory_snapshot"
-    #: Steps between memory snapshots; ``None`` uses ``profile_freq``.
-    memory_snapshot_freq: int | None = None
-
-
-@define
+@section
 class Metrics:
     #: Log a line (and TensorBoard scalars) every ``log_freq`` steps.
-    log_freq: int = 10
+    log_freq: int = field(default=10, validator=positive)
     #: Write TensorBoard scalars under ``job.dump_folder/save_tb_folder``.
     enable_tensorboard: bool = False
     #: Folder (under ``job.dump_folder``) for TensorBoard event files.
     save_tb_folder: str = "tb"
     #: Peak dense bf16 TFLOP/s of one device for MFU; ``None`` looks the device up.
-    peak_tflops: float | None = None
+    peak_tflops: float | None = field(default=None, validator=[finite, positive])
 
 
-@define
+@section
 class Checkpoint:
     #: Save (and resume from) checkpoints.
     enable: bool = False
@@ -166,7 +356,7 @@ class Checkpoint:
     #: Folder (under ``job.dump_folder``) for checkpoints.
     folder: str = "checkpoint"
     #: Steps between checkpoints (the last step is always saved).
-    interval: int = 500
+    interval: int = field(default=500, validator=positive)
     #: Load checkpoints but never save one (for debugging with a seed checkpoint).
     load_only: bool = False
     #: Write a seed checkpoint of the freshly initialised model and exit (needs all degrees 1).
@@ -177,49 +367,66 @@ class Checkpoint:
     initial_load_path: str | None = None
 
 
-@define
-class ActivationCheckpoint:
-    #: ``none``, ``full`` (recompute every block) or ``selective`` (see ``selective_ac_option``).
-    mode: str = "none"
-    #: Under ``selective``: ``op`` recomputes cheap operators of every block but keeps the outputs
-    #: of attention, every other matmul and collectives (reduce-scatter, all-to-all); an integer
-    #: ``N`` (``"2"``) recomputes every N-th block whole.
-    selective_ac_option: str = "op"
-    #: Stash and restore the RNG state for recomputation (deterministic against no AC).
-    preserve_rng_state: bool = False
-    #: Determinism check of recomputation (``default`` or ``none``), as torch.utils.checkpoint.
-    determinism_check: str = "default"
-    #: Capture debug information about recomputation (slower).
-    debug: bool = False
-
-
-@define
-class Compile:
-    #: ``torch.compile`` each transformer block.
-    enable: bool = False
-
-
-@define
+@section
 class Debug:
     #: Seed of model initialisation and data order; ``None`` picks 0.
     seed: int | None = None
     #: Use deterministic algorithms (slower; bit-for-bit reproducible on one configuration).
     deterministic: bool = False
-    #: Warn instead of failing on non-deterministic ops (exploration only, not validation).
+    #: With ``deterministic``: warn instead of failing on non-deterministic ops (exploration only;
+    #: such a run is unfit for numerical validation and ``titan compare`` refuses it).
     deterministic_warn_only: bool = False
     #: Stop after this many steps regardless of ``training.steps`` (``run_train.sh`` sets 1 in
     #: pure fake mode); ``None`` runs all steps.
-    max_steps: int | None = None
+    max_steps: int | None = field(default=None, validator=positive)
     #: Record memory after init, after the first optimizer step, during steady-state
     #: forward/backward and after the optimizer step, and write
     #: ``memory_report_rank{rank}.json`` under ``job.dump_folder``; always on with the fake
-    #: comm backends (docs/debugging.md).
+    #: comm backends (docs/debugging.md; needs titan-plugins-memory).
     memory_report: bool = False
 
 
-@define
+#: The core's sections, in the order they print.
+CORE_SECTIONS: dict[str, type] = {
+    "job": Job,
+    "model": Model,
+    "data": Data,
+    "training": Training,
+    "parallelism": Parallelism,
+    "comm": Comm,
+    "metrics": Metrics,
+    "checkpoint": Checkpoint,
+    "debug": Debug,
+}
+_SECTION_NAMES.update({cls: name for name, cls in CORE_SECTIONS.items()})
+
+
+def plugin_sections() -> dict[str, type]:
+    """Sections added by plugins (``titan_config_sections``), by name, from the loaded registry."""
+    from titan_core._registry import get_registry
+
+    return get_registry().config_sections()
+
+
+def register_section_name(name: str, cls: type) -> None:
+    """Called by the registry so that errors in a plugin section carry its dotted path."""
+    if name in CORE_SECTIONS:
+        raise PluginError(f"config section {name!r} is titan's own; a plugin cannot replace it")
+    if not attrs.has(cls):
+        raise PluginError(f"config section {name!r}: {cls!r} is not a class made with titan_core.config.section")
+    _SECTION_NAMES[cls] = name
+
+
+_CORE_FIELDS = (*CORE_SECTIONS, "recipe")
+
+
+@attrs.define(slots=False, on_setattr=attrs.setters.NO_OP)
 class TrainerConfig:
-    """The whole configuration of a run; what every recipe returns."""
+    """The whole configuration of a run; what every recipe returns.
+
+    Plugin sections are attributes too (``config.profiler.profile_freq``): they are created with
+    their defaults on first access and printed with the core's.
+    """
 
     job: Job = field(factory=Job)
     model: Model = field(factory=Model)
@@ -227,167 +434,72 @@ class TrainerConfig:
     training: Training = field(factory=Training)
     parallelism: Parallelism = field(factory=Parallelism)
     comm: Comm = field(factory=Comm)
-    profiler: Profiler = field(factory=Profiler)
     metrics: Metrics = field(factory=Metrics)
     checkpoint: Checkpoint = field(factory=Checkpoint)
-    activation_checkpoint: ActivationCheckpoint = field(factory=ActivationCheckpoint)
-    compile: Compile = field(factory=Compile)
     debug: Debug = field(factory=Debug)
     #: Name of the recipe that produced this config (filled in by the CLI).
     recipe: str = ""
 
+    def __getattr__(self, name: str) -> Any:  # only for names that are not core fields
+        if name.startswith("_"):
+            raise AttributeError(name)
+        extra = self.__dict__.setdefault("_sections", {})
+        if name not in extra:
+            cls = plugin_sections().get(name)
+            if cls is None:
+                raise AttributeError(_unknown_section(name), name=name, obj=self)
+            extra[name] = cls()
+        return extra[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _CORE_FIELDS:
+            annotation = str if name == "recipe" else CORE_SECTIONS[name]
+            if (err := _type_error(value, annotation)) is not None:
+                raise ConfigError([f"{name}: {err}"])
+            object.__setattr__(self, name, value)
+            return
+        cls = plugin_sections().get(name)
+        if cls is None:
+            raise AttributeError(_unknown_section(name), name=name, obj=self)
+        if (err := _type_error(value, cls)) is not None:
+            raise ConfigError([f"{name}: {err}"])
+        self.__dict__.setdefault("_sections", {})[name] = value
+
+    def sections(self) -> dict[str, Any]:
+        """Every section, core then plugin, by name (plugin sections created with defaults)."""
+        found = {name: getattr(self, name) for name in CORE_SECTIONS}
+        found.update({name: getattr(self, name) for name in sorted(plugin_sections())})
+        return found
+
+
+def _unknown_section(name: str) -> str:
+    known = ", ".join([*CORE_SECTIONS, *sorted(plugin_sections())])
+    return f"{name}: no config section of that name; sections: {known} (is the plugin that adds it installed?)"
+
 
 # ---------------------------------------------------------------------------------------------
-# Validation
+# Checks across fields, run once after the recipe
 # ---------------------------------------------------------------------------------------------
-
-
-class ConfigError(UsageError):
-    """A config failed validation; ``problems`` holds one ``path: message`` line per problem."""
-
-    def __init__(self, problems: list[str], source: str = "") -> None:
-        self.problems = problems
-        head = f"invalid config from recipe {source!r}" if source else "invalid config"
-        super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in problems))
-
-
-_TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
-
-
-def _check_type(value: Any, annotation: Any) -> str | None:
-    """Return 'expected X' when ``value`` does not match a field annotation, else None."""
-    allowed: list[type] = []
-    optional = False
-    for part in str(annotation).replace(" ", "").split("|"):
-        if part == "None":
-            optional = True
-        elif part in ("int", "float", "str", "bool"):
-            allowed.append({"int": int, "float": float, "str": str, "bool": bool}[part])
-    if value is None:
-        return None if optional else f"expected {_names(allowed)}, got None"
-    for t in allowed:
-        if t is bool and isinstance(value, bool):
-            return None
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return None
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return None
-        if t is str and isinstance(value, str):
-            return None
-    expected = _names(allowed) + (" or None" if optional else "")
-    return f"expected {expected}, got {type(value).__name__} {value!r}"
-
-
-def _check_table(path: str, value: Any, annotation: str) -> list[str]:
-    """Problems of a ``dict[str, <scalars>]`` field, one per bad key or value."""
-    if not isinstance(value, dict):
-        return [f"{path}: expected a table (dict), got {type(value).__name__}"]
-    value_annotation = annotation[len("dict[str,") : -1]
-    problems = []
-    for key, item in value.items():
-        if not isinstance(key, str):
-            problems.append(f"{path}: expected str keys, got {key!r}")
-        elif (err := _check_type(item, value_annotation)) is not None:
-            problems.append(f"{path}.{key}: {err}")
-    return problems
-
-
-def _names(types: list[type]) -> str:
-    return " or ".join(_TYPE_NAMES[t] for t in types)
-
-
-def _walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, str, Any]]:
-    """Yield ``(dotted path, annotation, value)`` for every leaf field of a config section."""
-    for a in attrs.fields(type(obj)):
-        value = getattr(obj, a.name)
-        path = f"{prefix}{a.name}"
-        annotation = _annotation(a.type)
-        if annotation in _SECTIONS:
-            if type(value).__name__ == annotation and attrs.has(type(value)):
-                yield from _walk(value, path + ".")
-            else:
-                yield path, annotation, value
-        else:
-            yield path, annotation, value
-
-
-def _annotation(annotation: Any) -> str:
-    """A field's annotation as source text ("int | None", "Training"), resolved or not."""
-    if isinstance(annotation, str):
-        return annotation
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation)  # e.g. types.UnionType renders as "int | None"
-
-
-_SECTIONS = {_annotation(a.type) for a in attrs.fields(TrainerConfig) if a.name != "recipe"}
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "training.dtype": ("float32", "bfloat16"),
-    "training.device": ("auto", "cpu", "cuda"),
-    "activation_checkpoint.mode": ("none", "full", "selective"),
-    "activation_checkpoint.determinism_check": ("default", "none"),
-}
-
-_POSITIVE = (
-    "training.steps",
-    "training.local_batch_size",
-    "training.seq_len",
-    "parallelism.dp_replicate",
-    "parallelism.tp",
-    "parallelism.cp",
-    "parallelism.pp",
-    "parallelism.ep",
-    "parallelism.pp_microbatches",
-    "parallelism.pp_stages_per_rank",
-    "metrics.log_freq",
-    "profiler.profile_freq",
-    "profiler.memory_snapshot_freq",
-    "checkpoint.interval",
-    "comm.init_timeout_seconds",
-    "comm.train_timeout_seconds",
-    "debug.max_steps",
-    "data.bundled_documents",
-)
 
 
 def validate(config: Any, source: str = "") -> TrainerConfig:
-    """Check a recipe's result; raise :class:`ConfigError` listing every problem by path."""
+    """Check what spans several fields; raise :class:`ConfigError` listing every problem by path.
+
+    Single fields were checked when they were set.
+    """
     if not isinstance(config, TrainerConfig):
         raise ConfigError([f"<recipe>: expected a TrainerConfig, got {type(config).__name__}"], source)
     problems: list[str] = []
-    for path, annotation, value in _walk(config):
-        if annotation in _SECTIONS:
-            problems.append(f"{path}: expected a {annotation} section, got {type(value).__name__}")
-            continue
-        if annotation.startswith("dict["):
-            problems += _check_table(path, value, annotation)
-            continue
-        if (err := _check_type(value, annotation)) is not None:
-            problems.append(f"{path}: {err}")
-            continue
-        if path in _CHOICES and value not in _CHOICES[path]:
-            problems.append(f"{path}: expected one of {', '.join(_CHOICES[path])}, got {value!r}")
-        if path in _POSITIVE and value is not None and value < 1:
-            problems.append(f"{path}: expected a positive integer, got {value!r}")
-    if not problems:
-        p = config.parallelism
-        if p.dp_shard == 0 or p.dp_shard < -1:
-            problems.append(f"parallelism.dp_shard: expected -1 or a positive integer, got {p.dp_shard}")
-        if config.training.lr <= 0:
-            problems.append(f"training.lr: expected a positive float, got {config.training.lr}")
-        option = config.activation_checkpoint.selective_ac_option
-        if option != "op" and not (option.isdigit() and int(option) > 0):
-            problems.append(
-                "activation_checkpoint.selective_ac_option: expected 'op' or a positive integer "
-                f"such as '2', got {option!r}"
-            )
-        if config.training.warmup_steps < 0:
-            problems.append(f"training.warmup_steps: expected >= 0, got {config.training.warmup_steps}")
-        if not 0 <= config.training.decay_ratio <= 1:
-            problems.append(
-                f"training.decay_ratio: expected a value in [0, 1], got {config.training.decay_ratio}"
-            )
+    d = config.debug
+    if d.deterministic_warn_only and not d.deterministic:
+        problems.append(
+            "debug.deterministic_warn_only: has no effect without debug.deterministic = True; "
+            "set both, or neither"
+        )
+    from titan_core._registry import get_registry
+
+    for check in get_registry().config_checks():
+        problems += check(config)
     if problems:
         raise ConfigError(problems, source)
     return config
@@ -413,25 +525,42 @@ def _converter() -> Any:
 
 
 def to_dict(config: TrainerConfig) -> dict[str, Any]:
-    return _converter().unstructure(config)
+    converter = _converter()
+    data: dict[str, Any] = {name: converter.unstructure(s) for name, s in config.sections().items()}
+    data["recipe"] = config.recipe
+    return data
 
 
 def from_dict(data: dict[str, Any]) -> TrainerConfig:
     """Structure plain data into a config; errors are rendered as ``path: message`` lines."""
     import cattrs
 
+    extra = plugin_sections()
+    unknown = sorted(set(data) - {*_CORE_FIELDS, *extra})
+    if unknown:
+        raise ConfigError([_unknown_section(name) for name in unknown])
+    converter = _converter()
+    config = TrainerConfig()
     try:
-        config = _converter().structure(data, TrainerConfig)
-    except cattrs.BaseValidationError as exc:
-        problems = [_render_cattrs(m) for m in cattrs.transform_error(exc, path="")]
-        raise ConfigError(problems) from None
+        for name, value in data.items():
+            if name == "recipe":
+                config.recipe = value
+                continue
+            cls = CORE_SECTIONS.get(name) or extra[name]
+            try:
+                setattr(config, name, converter.structure(value, cls))
+            except cattrs.BaseValidationError as exc:
+                problems = [_render_cattrs(name, m) for m in cattrs.transform_error(exc, path="")]
+                raise ConfigError(problems) from None
+    except ConfigError:
+        raise
     return validate(config)
 
 
-def _render_cattrs(message: str) -> str:
-    # cattrs renders "invalid value for type, expected int @ .training.steps".
+def _render_cattrs(section_name: str, message: str) -> str:
+    # cattrs renders "invalid value for type, expected int @ .steps".
     text, _, path = message.rpartition(" @ ")
-    return f"{path.lstrip('.$') or '<root>'}: {text}"
+    return f"{section_name}{path.replace('$', '')}: {text}"
 
 
 def render(config: TrainerConfig, fmt: Literal["toml", "json"] = "toml") -> str:
@@ -444,10 +573,10 @@ def render(config: TrainerConfig, fmt: Literal["toml", "json"] = "toml") -> str:
 def _to_toml(data: dict[str, Any]) -> str:
     top = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     lines = [*top, ""] if top else []
-    for section, values in data.items():
+    for section_name, values in data.items():
         if not isinstance(values, dict):
             continue
-        lines.append(f"[{section}]")
+        lines.append(f"[{section_name}]")
         for key, value in values.items():
             if value is None:
                 lines.append(f"# {key} = (unset)")
@@ -463,6 +592,26 @@ def _toml_value(value: Any) -> str:
         return "{ " + items + " }" if items else "{}"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, (int, float)):
         return repr(value)
     return json.dumps(str(value))
+
+
+__all__ = [
+    "CORE_SECTIONS",
+    "ConfigError",
+    "TrainerConfig",
+    "field",
+    "field_docs",
+    "finite",
+    "from_dict",
+    "in_range",
+    "non_negative",
+    "positive",
+    "render",
+    "section",
+    "to_dict",
+    "validate",
+]

@@ -49,11 +49,10 @@ def total_grad_norm(parts: list[nn.Module], ctx: ParallelContext) -> torch.Tenso
 
 
 def pp_process_group(ctx: ParallelContext) -> Any:
-    if ctx.topology.pp_group is not None:
-        return ctx.topology.pp_group
-    if ctx.mesh is not None and ctx.parallel_dims.pp > 1:
-        return ctx.mesh["pp"].get_group()
-    return None
+    """The group pipeline stages add their squared norms over (``None`` without PP)."""
+    if ctx.parallel_dims.pp == 1:
+        return None
+    return ctx.topology.group("pp", ctx.mesh)
 
 
 def clip_grad_norm(parts: list[nn.Module], max_norm: float, ctx: ParallelContext) -> torch.Tensor:
@@ -70,9 +69,7 @@ def mean_over_dp(loss: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
     """Average a per-rank loss over the data-parallel (and context-parallel) ranks."""
     if isinstance(loss, DTensor):
         loss = loss.full_tensor()
-    if ctx.mesh is None or ctx.topology.fake:
-        return loss
-    if ctx.parallel_dims.dp * ctx.parallel_dims.cp == 1:
+    if ctx.mesh is None or ctx.parallel_dims.dp * ctx.parallel_dims.cp == 1:
         return loss
     loss = loss.detach().clone()
     dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=ctx.mesh["dp_cp"].get_group())

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
         ConfigSection,
         Dataset,
         ModelSpec,
-        Profiler,
         Recipe,
         RunOption,
         Strategy,
@@ -88,22 +87,12 @@ def titan_datasets() -> list[Dataset]:
 
 
 @hookspec
-def titan_profilers() -> list[Profiler]:
-    """Return the profilers this plugin provides.
-
-    The trainer builds the one named by ``config.profiler.backend`` when profiling or memory
-    snapshots are enabled, enters its session around the training loop and calls its ``step()``
-    once per training step (see :class:`~titan_core.records.Profiler`).
-    """
-
-
-@hookspec
 def titan_checkpointers() -> list[Checkpointer]:
     """Return the checkpointers this plugin provides.
 
     The trainer builds the one named by ``config.checkpoint.backend`` when
     ``checkpoint.enable`` or ``checkpoint.create_seed_checkpoint`` is set, before the model; it
-    loads before step 1 and offers a save after every step (see
+    loads before step 1 and saves the steps ``should_save`` names (see
     :class:`~titan_core.records.Checkpointer`).
     """
 
@@ -202,7 +191,6 @@ __all__ = [
     "titan_config_sections",
     "titan_datasets",
     "titan_models",
-    "titan_profilers",
     "titan_recipes",
     "titan_run_options",
     "titan_strategies",

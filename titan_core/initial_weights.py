@@ -1,54 +1,118 @@
-"""Load one full (unsharded) state dict into this rank's model parts, whatever their layout.
+"""``checkpoint.initial_load_path``: load initial weights into this rank's model parts, whatever their
+layout, from one of three sources.
 
-This is how runs with different parallel layouts start from the same weights: a one-process
-run saves ``model.state_dict()`` with ``torch.save``; every rank of another run loads the file and
-``set_model_state_dict`` shards each tensor to the parameter's FSDP/TP placement. Pipeline
-stages load only the keys they own.
+- A ``.pt`` file holding one full (unsharded) state dict (``torch.save(model.state_dict())`` of a
+  one-process run): every rank loads the file and ``set_model_state_dict`` shards each tensor to
+  the parameter's FSDP/TP placement. Pipeline stages load only the keys they own.
+- A DCP checkpoint folder (one with a ``.metadata`` file, e.g. a seed checkpoint
+  ``.../checkpoint/step-0`` written by the dcp plugin): its ``model`` entry is loaded with
+  ``torch.distributed.checkpoint.load``, which reshards it to this run's layout.
+- A Hugging Face model folder (``config.json`` and ``*.safetensors``, sharded or not, as
+  ``save_pretrained`` writes it), through the model's :class:`~titan_core.records.StateDictAdapter`.
+  The folder's config must describe the run's model (``model.name``/``flavor``/``overrides``), and
+  its tensors must be exactly the model's: both are checked before anything is loaded, with one
+  error naming what differs. The tensors are read lazily (``safetensors.safe_open``), a few at a
+  time: each rank reads only the tensors of its own parts, converts them to titan's names and
+  layout, and hands them to ``set_model_state_dict`` in batches of about :data:`_BATCH_BYTES`, so
+  no rank ever holds the whole model in host memory.
 
-The path may also be a DCP checkpoint folder (one with a ``.metadata`` file, e.g. a seed
-checkpoint ``.../checkpoint/step-0`` written by the dcp plugin): its ``model`` entry is loaded with
-``torch.distributed.checkpoint.load``, which reshards it to this run's layout.
+Why not DCP's ``HuggingFaceStorageReader``: it reads into tensors named and shaped as on disk,
+so the adapter would have to run on this rank's sharded DTensors (the q/k row permutation across
+heads, stacking a mixture-of-experts model's per-expert tensors); reading full tensors and letting
+``set_model_state_dict`` shard them works for every adapter and layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+import attrs
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
+from titan_core.records import ModelSpec, StateDictAdapter
+
+_FIELD = "checkpoint.initial_load_path"
+#: Converted tensors handed to ``set_model_state_dict`` at once; each call also copies every
+#: parameter of the part onto itself, so batches should not be tiny.
+_BATCH_BYTES = 2 << 30
+#: Hugging Face config keys that do not change the weights or the function the model computes
+#: (``max_position_embeddings`` bounds positions only; titan's is ``max_seq_len``).
+_NOT_ARCHITECTURE = frozenset(
+    {
+        "architectures",
+        "max_position_embeddings",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "use_cache",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "attention_dropout",
+    }
+)
+_FULL = StateDictOptions(full_state_dict=True, strict=False)
+
+
+def load_initial_weights(parts: list[nn.Module], path: str, spec: ModelSpec, model_args: Any) -> None:
+    """Load ``path`` (a Hugging Face folder, a DCP folder or a ``.pt`` file) into ``parts``."""
+    if is_hf_folder(path):
+        load_hf_folder(parts, path, spec, model_args)
+    else:
+        load_full_state_dict(parts, path)
+
+
+def is_hf_folder(path: str) -> bool:
+    """A folder with a ``config.json`` and no DCP ``.metadata``."""
+    folder = Path(path)
+    return folder.is_dir() and (folder / "config.json").is_file() and not (folder / ".metadata").exists()
 
 
 def load_full_state_dict(parts: list[nn.Module], path: str) -> None:
+    """Load a ``.pt`` full state dict, or a DCP folder (:func:`load_dcp_model`), into ``parts``."""
     if Path(path).is_dir():
         load_dcp_model(parts, path)
         return
     if not Path(path).is_file():
-        raise UsageError(f"checkpoint.initial_load_path: no file at {path!r}")
+        raise UsageError(
+            f"{_FIELD}: no file or folder at {path!r}; give a .pt state dict, a DCP checkpoint folder "
+            "or a Hugging Face model folder"
+        )
     full = torch.load(path, map_location="cpu", weights_only=True)
     for part in parts:
         own = {k: v for k, v in full.items() if k in part.state_dict()}
         missing = set(part.state_dict()) - set(own)
         if missing:
             raise UsageError(
-                f"checkpoint.initial_load_path: {path!r} lacks {len(missing)} tensors of the model, "
+                f"{_FIELD}: {path!r} lacks {len(missing)} tensors of the model, "
                 f"e.g. {sorted(missing)[:3]}; was it saved from the same model and flavor?"
             )
-        set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(part, own, options=_FULL)
 
 
 def load_dcp_model(parts: list[nn.Module], path: str) -> None:
     """Load the ``model`` entry of a DCP checkpoint folder into this rank's parts (resharding)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     if not (Path(path) / ".metadata").is_file():
         raise UsageError(
-            f"checkpoint.initial_load_path: {path!r} is a folder without .metadata, so not a DCP "
-            "checkpoint; give a checkpoint folder such as <dump_folder>/checkpoint/step-0, or a .pt file"
+            f"{_FIELD}: {path!r} is a folder without .metadata or config.json, so neither a DCP "
+            "checkpoint nor a Hugging Face model; give a checkpoint folder such as "
+            "<dump_folder>/checkpoint/step-0, a Hugging Face model folder, or a .pt file"
         )
     own = [get_model_state_dict(part) for part in parts]
     merged = {k: v for state in own for k, v in state.items()}
@@ -58,8 +122,302 @@ def load_dcp_model(parts: list[nn.Module], path: str) -> None:
             dcp.load({"model": merged}, checkpoint_id=path)
     except dcp.CheckpointException as exc:
         raise UsageError(
-            f"checkpoint.initial_load_path: cannot load the model from {path!r}; was it saved from "
+            f"{_FIELD}: cannot load the model from {path!r}; was it saved from "
             f"the same model and flavor? ({str(exc).strip().splitlines()[-1][:300]})"
         ) from None
     for part, state in zip(parts, own, strict=True):
         set_model_state_dict(part, {k: merged[k] for k in state})
+
+
+# -- Hugging Face folders ---------------------------------------------------------------------------
+
+
+def load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_args: Any) -> None:
+    """Load a Hugging Face model folder into this rank's parts (see the module docstring)."""
+    adapter = spec.state_dict_adapter
+    if adapter is None:
+        raise UsageError(
+            f"{_FIELD}: {path!r} is a Hugging Face model folder, but model {spec.name!r} has no "
+            "Hugging Face adapter (ModelSpec.state_dict_adapter); start from a DCP checkpoint or a "
+            ".pt state dict instead"
+        )
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise UsageError(
+            f"{_FIELD}: loading a Hugging Face folder needs the safetensors package; pip install safetensors"
+        ) from None
+    folder = Path(path)
+    check_hf_config(_read_config(folder), spec, adapter, model_args, path)
+    files = _safetensors_files(folder)
+    with ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(str(f), framework="pt", device="cpu")) for f in files}
+        where = _tensor_locations(handles, folder)
+        shapes = {name: tuple(handles[f].get_slice(name).get_shape()) for name, f in where.items()}
+        groups = _hf_groups(spec, adapter, model_args)
+        _check_tensors(groups, shapes, adapter, model_args, path)
+
+        # This rank's tensors (tied names read once), in file order, converted in batches.
+        own = [set(get_model_state_dict(part)) for part in parts]
+        aliases = _aliases(spec, model_args)
+        to_read = sorted(
+            {aliases.get(k, k) for keys in own for k in keys},
+            key=lambda k: (min((str(where[h]) for h in groups[k]), default=""), k),
+        )
+        for batch in _converted_batches(to_read, groups, handles, where, adapter, model_args, spec.name):
+            for part, keys in zip(parts, own, strict=True):
+                subset = {k: batch[aliases.get(k, k)] for k in keys if aliases.get(k, k) in batch}
+                if subset:
+                    set_model_state_dict(part, subset, options=_FULL)
+
+
+def _converted_batches(
+    keys: list[str],
+    groups: dict[str, dict[str, Any]],
+    handles: dict[Path, Any],
+    where: dict[str, Path],
+    adapter: StateDictAdapter,
+    model_args: Any,
+    model: str,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """titan tensors ``keys`` read and converted group by group, about ``_BATCH_BYTES`` at a time."""
+    batch: dict[str, torch.Tensor] = {}
+    done: set[str] = set()
+    size = 0
+    for key in keys:
+        if key in done:
+            continue
+        hf = {name: handles[where[name]].get_tensor(name) for name in groups[key]}
+        converted = adapter.from_hf(hf, model_args)
+        if key not in converted:
+            raise PluginError(
+                f"model {model!r}: the state-dict adapter's from_hf turned {sorted(hf)[:3]} into "
+                f"{sorted(converted)[:3]}, not {key!r}"
+            )
+        for name, tensor in converted.items():
+            if name not in done:
+                done.add(name)
+                batch[name] = tensor
+                size += tensor.numel() * tensor.element_size()
+        if size >= _BATCH_BYTES:
+            yield batch
+            batch, size = {}, 0
+    if batch:
+        yield batch
+
+
+def check_hf_config(
+    config: dict[str, Any], spec: ModelSpec, adapter: StateDictAdapter, model_args: Any, path: str
+) -> None:
+    """One error naming every architecture field where ``config`` differs from ``model_args``.
+
+    Both sides go through the adapter's ``hf_config`` so that equal models compare equal however
+    their configs are spelled (e.g. a SwiGLU width from ``multiple_of`` or given directly). Fields
+    are named as titan's model arguments when changing those arguments alone reconciles the two,
+    with the ``model.overrides`` that would; otherwise by their Hugging Face names.
+    """
+    run = _architecture(adapter.hf_config(model_args))
+    if adapter.args_from_hf is not None:
+        try:
+            hf_args = adapter.args_from_hf(config)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(
+                f"{_FIELD}: {path}/config.json does not describe a {spec.name} model: {exc}"
+            ) from None
+        theirs = _architecture(adapter.hf_config(hf_args))
+    else:
+        hf_args = None
+        theirs = {k: config.get(k) for k in run}
+    if theirs == run:
+        return
+    where = f"{_FIELD}: the Hugging Face model in {path!r} is not the run's {spec.name} model"
+    titan_names = _differing_args(adapter, model_args, hf_args, run, theirs) if hf_args is not None else None
+    if titan_names:
+        diffs = ", ".join(f"{k} {v!r} vs {_arg(model_args, k)!r}" for k, v in titan_names.items())
+        raise UsageError(
+            f"{where}: {diffs} (config.json vs the run); set model.flavor / model.overrides to match, "
+            f"e.g. model.overrides entries {titan_names}"
+        )
+    diffs = ", ".join(
+        f"{k} {theirs.get(k)!r} vs {run.get(k)!r}"
+        for k in sorted(set(run) | set(theirs))
+        if run.get(k) != theirs.get(k)
+    )
+    raise UsageError(
+        f"{where}: {diffs} (config.json vs the run); set model.flavor / model.overrides to match"
+    )
+
+
+def _architecture(hf_config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in hf_config.items() if k not in _NOT_ARCHITECTURE}
+
+
+def _differing_args(
+    adapter: StateDictAdapter, run_args: Any, hf_args: Any, run: dict[str, Any], theirs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """titan arguments whose values in ``hf_args`` turn the run's config into the folder's, or None."""
+    run_fields, hf_fields = _fields(run_args), _fields(hf_args)
+    if run_fields is None or hf_fields is None:
+        return None
+    changes: dict[str, Any] = {}
+    for name, value in hf_fields.items():
+        if name not in run_fields or run_fields[name] == value:
+            continue
+        try:
+            changed = _architecture(adapter.hf_config(_replace(run_args, {name: value})))
+        except Exception:  # an argument combination the model rejects: cannot tell
+            return None
+        if changed != run:  # this argument matters for the architecture
+            changes[name] = value
+    try:
+        fixed = _architecture(adapter.hf_config(_replace(run_args, changes)))
+    except Exception:
+        return None
+    return changes if changes and fixed == theirs and None not in changes.values() else None
+
+
+def _fields(args: Any) -> dict[str, Any] | None:
+    if isinstance(args, dict):
+        return dict(args)
+    if attrs.has(type(args)):
+        return {a.name: getattr(args, a.name) for a in attrs.fields(type(args))}
+    if dataclasses.is_dataclass(args):
+        return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    return None
+
+
+def _replace(args: Any, changes: dict[str, Any]) -> Any:
+    if isinstance(args, dict):
+        return {**args, **changes}
+    if attrs.has(type(args)):
+        return attrs.evolve(args, **changes)
+    return dataclasses.replace(args, **changes)
+
+
+def _arg(args: Any, name: str) -> Any:
+    return args[name] if isinstance(args, dict) else getattr(args, name)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{_FIELD}: cannot read {folder / 'config.json'}: {exc}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{_FIELD}: {folder / 'config.json'} is not a JSON object")
+    return config
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{_FIELD}: cannot read the weight map of {index}: {exc!r}") from None
+        files = sorted({folder / name for name in weight_map.values()})
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise UsageError(
+                f"{_FIELD}: {index.name} in {str(folder)!r} names shards that are not there: "
+                f"{', '.join(absent[:3])}; copy the whole model folder"
+            )
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        other = sorted(p.name for p in folder.glob("*.bin"))
+        hint = (
+            f" (it has {', '.join(other[:2])}: save it again with save_pretrained(..., "
+            "safe_serialization=True))"
+            if other
+            else ""
+        )
+        raise UsageError(
+            f"{_FIELD}: the Hugging Face folder {str(folder)!r} has no *.safetensors files{hint}"
+        )
+    return files
+
+
+def _tensor_locations(handles: dict[Path, Any], folder: Path) -> dict[str, Path]:
+    where: dict[str, Path] = {}
+    for file, handle in handles.items():
+        for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            if name in where:
+                raise UsageError(
+                    f"{_FIELD}: tensor {name!r} is in both {where[name].name} and {file.name} of "
+                    f"{str(folder)!r}; remove the stale file"
+                )
+            where[name] = file
+    return where
+
+
+def _meta_state(spec: ModelSpec, model_args: Any) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on the meta device: names and global shapes, no memory."""
+    with torch.device("meta"):
+        model = spec.build(model_args)
+    return model.state_dict()
+
+
+def _aliases(spec: ModelSpec, model_args: Any) -> dict[str, str]:
+    """Names of tied tensors -> the first name of the same tensor (``output.weight`` ->
+    ``tok_embeddings.weight`` when the embeddings are tied)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, tensor in _meta_state(spec, model_args).items():
+        canonical = first.setdefault(id(tensor), name)
+        if canonical != name:
+            aliases[name] = canonical
+    return aliases
+
+
+def _hf_groups(spec: ModelSpec, adapter: StateDictAdapter, model_args: Any) -> dict[str, dict[str, Any]]:
+    """Each titan tensor -> the Hugging Face tensors (meta, with their shapes) it is made from.
+
+    Found by converting one meta tensor at a time with ``to_hf``; an adapter that needs several
+    titan tensors at once gets them all in one group (the whole model then loads at once).
+    """
+    state = _meta_state(spec, model_args)
+    try:
+        return {name: adapter.to_hf({name: tensor}, model_args) for name, tensor in state.items()}
+    except Exception:
+        try:
+            whole = adapter.to_hf(dict(state), model_args)
+        except Exception as exc:
+            raise PluginError(
+                f"model {spec.name!r}: the state-dict adapter's to_hf failed: {exc!r}"
+            ) from None
+        return dict.fromkeys(state, whole)
+
+
+def _check_tensors(
+    groups: dict[str, dict[str, Any]],
+    shapes: dict[str, tuple[int, ...]],
+    adapter: StateDictAdapter,
+    model_args: Any,
+    path: str,
+) -> None:
+    """One error for missing, unexpected and mis-shaped tensors (the first few of each)."""
+    expected = {name: tuple(t.shape) for group in groups.values() for name, t in group.items()}
+    missing = sorted(n for n in expected if n not in shapes)
+    wrong = sorted(n for n in expected if n in shapes and shapes[n] != expected[n])
+    unexpected = []
+    for name in sorted(set(shapes) - set(expected)):
+        try:  # tensors the adapter drops (e.g. a tied lm_head.weight) are fine
+            dropped = not adapter.from_hf({name: torch.empty(shapes[name], device="meta")}, model_args)
+        except Exception:
+            dropped = False
+        if not dropped:
+            unexpected.append(name)
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing ({', '.join(missing[:3])})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected ({', '.join(unexpected[:3])})")
+    if wrong:
+        shown = ", ".join(f"{n} {list(shapes[n])} in the files vs {list(expected[n])}" for n in wrong[:3])
+        problems.append(f"{len(wrong)} with another shape ({shown})")
+    if problems:
+        raise UsageError(
+            f"{_FIELD}: the safetensors of {path!r} are not this model's tensors: "
+            f"{'; '.join(problems)}; was the folder saved from a model with this config.json?"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
@@ -52,7 +53,11 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 
 class MetricsLogger:
-    """Times steps and logs one line every ``log_freq`` steps (and TensorBoard scalars)."""
+    """Times steps and computes one row of metrics every ``log_freq`` steps (and on step 1).
+
+    The row goes to the log line (:meth:`emit`) and, through the loop's ``on_step_end``, to the
+    metric writers (TensorBoard, ``metrics.jsonl``): those are callbacks, not part of this class.
+    """
 
     def __init__(
         self,
@@ -60,55 +65,129 @@ class MetricsLogger:
         device: torch.device,
         flops_per_token: float,
         tokens_per_step: int,
-        write: bool,
+        total_steps: int,
     ) -> None:
         self.log_freq = config.metrics.log_freq
         self.device = device
         self.flops_per_token = flops_per_token
         self.tokens_per_step = tokens_per_step
+        self.total_steps = total_steps
         self.peak = peak_tflops(device, config.metrics.peak_tflops)
         self.logger = get_logger("titan.metrics")
-        self.writer = None
-        if write and config.metrics.enable_tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            folder = os.path.join(config.job.dump_folder, config.metrics.save_tb_folder)
-            self.writer = SummaryWriter(folder)
         self._t0 = time.perf_counter()
         self._steps = 0
         self.history: list[dict[str, float]] = []
 
-    def step_done(self, step: int, loss: float | None, grad_norm: float | None) -> None:
+    def logs(self, step: int) -> bool:
+        """Whether ``step`` logs (the first, every ``log_freq``-th and the last)."""
+        return step == 1 or step % self.log_freq == 0 or step == self.total_steps
+
+    def step_done(
+        self, step: int, loss: float | None, grad_norm: float | None, lr: float | None = None
+    ) -> dict[str, float]:
+        """Count the step; on logging steps return its row (empty otherwise)."""
         self._steps += 1
-        if step % self.log_freq and step != 1:
-            return
+        if not self.logs(step):
+            return {}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
-        tps = self.tokens_per_step * self._steps / elapsed
+        step_time = elapsed / self._steps
+        tps = self.tokens_per_step / step_time
         tflops = self.flops_per_token * tps / 1e12
         row: dict[str, float] = {"step": step}
         if loss is not None:
             row["loss"] = round(loss, 5)
         if grad_norm is not None:
             row["grad_norm"] = round(grad_norm, 4)
+        if lr is not None:
+            row["lr"] = float(f"{lr:.4g}")
         row["tps"] = round(tps, 1)
         row["tflops"] = round(tflops, 3)
         if self.peak:
             row["mfu_pct"] = round(100 * tflops / self.peak, 2)
         row.update({k: round(v, 3) for k, v in memory_stats(self.device).items()})
+        row["step_time_s"] = round(step_time, 4)
         self.history.append(row)
-        self.logger.info("step", **row)
-        if self.writer is not None:
-            for key, value in row.items():
-                if key != "step":
-                    self.writer.add_scalar(f"train/{key}", value, step)
-            self.writer.flush()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._t0 = time.perf_counter()
         self._steps = 0
+        return row
+
+    def emit(self, row: dict[str, float]) -> None:
+        """The log line of a logging step: ``step N/total`` and ETA beside the row."""
+        remaining = (self.total_steps - int(row["step"])) * row.get("step_time_s", 0.0)
+        self.logger.info("step", **row, of=self.total_steps, eta=_duration(remaining))
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        pass
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _tag(key: str) -> str:
+    return key if "/" in key else f"train/{key}"
+
+
+class TensorBoardWriter:
+    """Writes every logged row as scalars (``metrics.enable_tensorboard``, logging rank only)."""
+
+    def __init__(self, folder: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(folder)
+
+    @classmethod
+    def build(cls, trainer: Any) -> TensorBoardWriter | None:
+        m = trainer.config.metrics
+        if not (m.enable_tensorboard and trainer.is_logging_rank):
+            return None
+        return cls(os.path.join(trainer.config.job.dump_folder, m.save_tb_folder))
+
+    def on_step_end(self, step: int, metrics: dict[str, float], last: bool) -> None:
+        if not metrics:
+            return
+        for key, value in metrics.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.writer.add_scalar(_tag(key), value, step)
+        self.writer.flush()
+
+    def on_train_end(self, step: int) -> None:
+        self.writer.close()
+
+    def on_failure(self, step: int, exc: BaseException) -> None:
+        self.writer.close()
+
+
+class MetricsFileWriter:
+    """Appends every logged row to ``<dump_folder>/metrics.jsonl`` (logging rank only).
+
+    One JSON object per logged step; ``titan compare`` reads it. A run that starts from step 0
+    truncates the file; a resumed run appends.
+    """
+
+    def __init__(self, path: str, append: bool) -> None:
+        self.file = open(path, "a" if append else "w")  # noqa: SIM115 - closed at the end of the run
+
+    @classmethod
+    def build(cls, trainer: Any) -> MetricsFileWriter | None:
+        if not trainer.is_logging_rank:
+            return None
+        return cls(os.path.join(trainer.config.job.dump_folder, "metrics.jsonl"), append=trainer.step > 0)
+
+    def on_step_end(self, step: int, metrics: dict[str, float], last: bool) -> None:
+        if metrics:
+            self.file.write(json.dumps(metrics) + "\n")
+            self.file.flush()
+
+    def on_train_end(self, step: int) -> None:
+        self.file.close()
+
+    def on_failure(self, step: int, exc: BaseException) -> None:
+        self.file.close()

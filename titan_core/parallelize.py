@@ -1,4 +1,4 @@
-"""Applying strategies to the model: the one place that defines their order.
+"""Applying strategies to the model, and what strategies may contribute to the training step.
 
 The model is built on the meta device as one part. Strategies then run in ascending
 ``Strategy.order``; each takes the list of model parts and returns it (pipeline parallelism turns
@@ -8,16 +8,35 @@ one part into this rank's stages; the others transform each part in place):
     -> torch.compile (50) -> FSDP/HSDP (60)
 
 Only then are the parts materialised on the device and initialised by ``init_weights``.
+
+Besides transforming the parts, a strategy changes the training step only through the
+contributions of :class:`ParallelContext` — the same for titan's strategies and a third party's:
+
+- ``loss_fn``: the loss of logits and labels; a strategy may wrap it (a z-loss, an auxiliary loss);
+- ``batch_transforms``: ``(inputs, labels, kwargs) -> (inputs, labels, kwargs)`` before the
+  forward (context parallelism cuts each sequence and passes positions to the model);
+- ``step_contexts``: context-manager factories entered around forward, loss and backward (loss
+  parallelism);
+- ``replace_forward_backward``: a step function that replaces the trainer's forward/backward
+  (pipeline schedules); at most one strategy may;
+- ``mixed_precision_applied``: the strategy casts parameters to the compute dtype itself, so the
+  trainer does not autocast;
+- ``computes_loss``: false on ranks whose loss is not meaningful (pipeline ranks without the last
+  stage): the log line comes from a rank that computes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from titan_core.errors import UsageError
+
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from titan_core.config import TrainerConfig
@@ -36,10 +55,20 @@ ORDER = {
     "fsdp": 60,
 }
 
+#: ``step(inputs, labels, kwargs) -> loss | None``: one forward/backward over a batch.
+StepFn = Callable[["torch.Tensor", "torch.Tensor", dict[str, Any]], Any]
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy in float32: the default ``ParallelContext.loss_fn``."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
 
 @attrs.define
 class ParallelContext:
-    """What strategies see and what they leave for the trainer."""
+    """What strategies see, and what they contribute to the training step."""
 
     config: TrainerConfig
     parallel_dims: ParallelDims
@@ -49,21 +78,41 @@ class ParallelContext:
     spec: ModelSpec
     model_args: Any
     topology: Topology
-    #: Set by the PP strategy: ``build_schedule(parts, loss_fn) -> schedule`` with ``step()``.
-    build_pipeline: Callable[..., Any] | None = None
-    #: This rank's pipeline stage indices (``[0]`` without PP).
-    stage_ids: list[int] = attrs.field(factory=lambda: [0])
-    #: Whether this rank holds the first / last pipeline stage.
-    has_first_stage: bool = True
-    has_last_stage: bool = True
-    #: Set by the FSDP strategy when parameters are cast by mixed precision (no autocast needed).
+    #: ``loss_fn(logits, labels) -> scalar loss``; strategies may wrap it.
+    loss_fn: Callable[[Any, Any], Any] = cross_entropy_loss
+    #: Applied in order before the forward: ``(inputs, labels, kwargs) -> (inputs, labels, kwargs)``.
+    batch_transforms: list[Callable[..., tuple[Any, Any, dict[str, Any]]]] = attrs.field(factory=list)
+    #: Factories of context managers entered around forward, loss and backward.
+    step_contexts: list[Callable[[], AbstractContextManager[Any]]] = attrs.field(factory=list)
+    #: Set by a strategy's parameter casting (e.g. FSDP mixed precision): no autocast needed.
     mixed_precision_applied: bool = False
-    #: Set by TP when the loss must be computed under ``loss_parallel()``.
-    loss_parallel: bool = False
-    #: Set by CP: ``shard_batch(inputs, labels) -> (inputs, labels, forward kwargs)``.
-    shard_batch: Callable[..., Any] | None = None
+    #: Whether this rank's loss is meaningful (false on pipeline ranks without the last stage).
+    computes_loss: bool = True
+    #: State a strategy keeps for itself or for later strategies, by strategy name.
+    state: dict[str, Any] = attrs.field(factory=dict)
     #: Names of the strategies applied, in order (logged once).
     applied: list[str] = attrs.field(factory=list)
+    _step_builder: tuple[str, Callable[..., StepFn]] | None = None
+
+    def replace_forward_backward(self, owner: str, build: Callable[[list[nn.Module], Callable], StepFn]) -> None:
+        """Replace the trainer's forward/backward: ``build(parts, loss_fn) -> step``.
+
+        ``build`` is called once the parts are materialised; ``step(inputs, labels, kwargs)``
+        runs forward and backward over the whole batch and returns the loss (``None`` when this
+        rank does not compute it). Two strategies replacing it is a usage error.
+        """
+        if self._step_builder is not None and self._step_builder[0] != owner:
+            raise UsageError(
+                f"strategies {self._step_builder[0]!r} and {owner!r} both replace the training "
+                "step's forward/backward; disable one of them"
+            )
+        self._step_builder = (owner, build)
+
+    def build_step(self, parts: list[nn.Module], default: StepFn) -> StepFn:
+        """The step function: a strategy's replacement, else ``default``."""
+        if self._step_builder is None:
+            return default
+        return self._step_builder[1](parts, self.loss_fn)
 
 
 def select_strategies(
@@ -73,21 +122,26 @@ def select_strategies(
     return sorted(chosen, key=lambda s: (s.order, s.name))
 
 
-def apply_strategies(model: nn.Module, strategies: list[Strategy], ctx: ParallelContext) -> list[nn.Module]:
+def apply_strategies(
+    model: nn.Module,
+    strategies: list[Strategy],
+    ctx: ParallelContext,
+    after_each: Callable[[list[nn.Module]], None] = lambda parts: None,
+) -> list[nn.Module]:
     parts = [model]
     for strategy in strategies:
         parts = strategy.apply(parts, ctx)
+        after_each(parts)
         ctx.applied.append(strategy.name)
     return parts
 
 
-def required_strategies(config: TrainerConfig, parallel_dims: ParallelDims) -> list[str]:
-    """Strategy names this run cannot do without (checked before anything is built)."""
-    needs = [d for d in ("pp", "tp", "ep", "cp") if getattr(parallel_dims, d) > 1]
-    if parallel_dims.dp > 1 or parallel_dims.cp > 1:
-        needs.append("fsdp")
-    if config.activation_checkpoint.mode != "none":
-        needs.append("activation_checkpoint")
-    if config.compile.enable:
-        needs.append("compile")
-    return needs
+def unhandled_dims(parallel_dims: ParallelDims, chosen: list[Strategy]) -> list[str]:
+    """Parallel degrees above 1 that no chosen strategy handles (``Strategy.handles``).
+
+    Asked of the records, not of their names: a run with ``tp = 2`` and no strategy handling
+    ``tp`` would otherwise train as if it had one rank.
+    """
+    needed = [d for d in ("pp", "tp", "ep", "cp", "dp_shard", "dp_replicate") if getattr(parallel_dims, d) > 1]
+    handled = {dim for s in chosen for dim in s.handles}
+    return [d for d in needed if d not in handled]

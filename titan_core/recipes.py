@@ -60,17 +60,66 @@ def find_recipe(registry: Registry, name: str, module: str | None = None) -> Rec
 
 
 def call_recipe(recipe: Recipe) -> TrainerConfig:
-    """Call a recipe and validate its result; errors name the recipe and the failing line."""
-    from titan_core.config import validate
+    """Call a recipe and check its result; errors name the recipe, the field and the line.
+
+    Fields are checked where the recipe sets them (a bad value raises ``ConfigError`` there);
+    the checks across fields run once, by the caller (:func:`titan_core.config.validate`).
+    """
+    from titan_core.config import ConfigError, TrainerConfig
 
     fn: Callable[[], object] = recipe.fn
     try:
         config = fn()
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, recipe.name + _where(exc)) from None
+    except AttributeError as exc:
+        problem = _unknown_attribute(exc)
+        if problem is None:
+            raise UsageError(f"recipe {recipe.name!r} raised {describe(exc)}") from None
+        raise ConfigError([problem], recipe.name + _where(exc)) from None
     except Exception as exc:
         raise UsageError(f"recipe {recipe.name!r} raised {describe(exc)}") from None
-    config = validate(config, source=recipe.name)
+    if not isinstance(config, TrainerConfig):
+        raise ConfigError([f"<recipe>: expected a TrainerConfig, got {type(config).__name__}"], recipe.name)
     config.recipe = recipe.name
     return config
+
+
+def _where(exc: BaseException) -> str:
+    """`` (file.py:12)``: the recipe's own line that raised, not titan's."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/titan_core/" not in f.filename]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _unknown_attribute(exc: AttributeError) -> str | None:
+    """``section.field: no such field ...`` for a typo on a config object, else ``None``."""
+    import attrs
+
+    from titan_core.config import _SECTION_NAMES, TrainerConfig
+
+    obj, name = getattr(exc, "obj", None), getattr(exc, "name", None)
+    if isinstance(obj, TrainerConfig):
+        return str(exc)
+    if obj is None or name is None:
+        # Slotted attrs classes raise on assignment without naming the object: parse the message.
+        import re
+
+        match = re.match(r"'(\w+)' object has no attribute '(\w+)'", str(exc))
+        if not match:
+            return None
+        cls = next((c for c in _SECTION_NAMES if c.__name__ == match.group(1)), None)
+        if cls is None:
+            return None
+        name = match.group(2)
+    else:
+        cls = type(obj)
+        if cls not in _SECTION_NAMES:
+            return None
+    section = _SECTION_NAMES[cls]
+    fields = ", ".join(a.name for a in attrs.fields(cls))
+    return f"{section}.{name}: no such field; {section} has {fields}"
 
 
 def _first_line(doc: str | None) -> str:

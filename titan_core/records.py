@@ -144,9 +144,14 @@ class Strategy:
     #: ``applies(config, parallel_dims) -> bool``: whether this run needs the strategy.
     applies: Callable[[TrainerConfig, ParallelDims], bool]
     #: ``apply(parts, ctx) -> parts``: takes this rank's model parts (a list of ``nn.Module``)
-    #: and a :class:`~titan_core.parallelize.ParallelContext`, returns the parts to train.
+    #: and a :class:`~titan_core.parallelize.ParallelContext`, returns the parts to train; it may
+    #: also contribute to the training step through the context (loss, batch, step contexts).
     apply: Callable[..., Any]
     description: str = ""
+    #: Parallel dimensions this strategy implements when it applies (``"tp"``, ``"dp_shard"``,
+    #: ...): a run whose degree is above 1 in a dimension no applied strategy handles fails
+    #: before anything is built.
+    handles: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -171,30 +176,17 @@ class Dataset:
 
 
 @attrs.frozen
-class Profiler:
-    """A profiler: ``build(config, topology) -> session``.
-
-    The session is a context manager the trainer enters around the training loop (its
-    ``__exit__`` sees an exception leaving the loop, e.g. ``torch.OutOfMemoryError``, and must not
-    swallow it) with ``step()``, called once after every training step. The trainer sets its
-    ``step_num`` attribute to the last finished step (0, or the step a checkpoint resumed from)
-    before entering it.
-    """
-
-    name: str
-    build: Callable[[TrainerConfig, Topology], Any]
-    description: str = ""
-
-
-@attrs.frozen
 class Checkpointer:
-    """A checkpointer: ``build(config, topology) -> checkpointer`` with three methods.
+    """A checkpointer: ``build(config, topology) -> checkpointer`` with four methods.
 
-    ``load(parts, optimizer, scheduler) -> int`` restores the latest checkpoint before step 1
-    and returns the last step it holds (0: start from scratch); ``save(step, parts, optimizer,
-    scheduler, *, last)`` is called after every step and decides whether to write (interval, last
-    step, ``load_only``); ``save_seed(parts)`` writes the initial weights
-    (``checkpoint.create_seed_checkpoint``). ``parts`` is this rank's list of model parts.
+    ``load(parts, optimizer, scheduler) -> (step, meta)`` restores the latest complete checkpoint
+    before step 1 and returns the last step it holds and the ``meta`` saved with it (``(0, {})``:
+    start from scratch); ``should_save(step, last) -> bool`` says whether step ``step`` is saved
+    (interval, last step, ``load_only``); ``save(step, parts, optimizer, scheduler, *, last,
+    meta)`` writes it, ``meta`` being a JSON-able dict the trainer stores with the checkpoint (the
+    LR schedule's parameters, whether the loss was finite); ``save_seed(parts)`` writes the
+    initial weights (``checkpoint.create_seed_checkpoint``). ``parts`` is this rank's list of model
+    parts. The trainer never calls ``save`` with non-finite weights.
     """
 
     name: str
@@ -274,6 +266,9 @@ class ConfigSection:
     name: str
     cls: type
     description: str = ""
+    #: ``check(config) -> list[str]``: problems that span several fields (``"section.field:
+    #: message"`` each), run once after the recipe returns; single fields use validators.
+    check: Callable[[TrainerConfig], list[str]] | None = None
 
 
 #: Every record type, keyed by the registry key used in ``titan plugins list``.
@@ -283,7 +278,6 @@ RECORD_TYPES: dict[str, type] = {
     "strategies": Strategy,
     "comm_backends": CommBackend,
     "datasets": Dataset,
-    "profilers": Profiler,
     "checkpointers": Checkpointer,
     "callbacks": Callback,
     "commands": Command,
@@ -300,7 +294,6 @@ __all__ = [
     "ConfigSection",
     "Dataset",
     "ModelSpec",
-    "Profiler",
     "Recipe",
     "RunOption",
     "StateDictAdapter",

@@ -1,11 +1,13 @@
 """Who this process is in the (possibly logical) job: what a comm backend's ``init`` returns.
 
-``world_size`` and ``rank`` are logical: under the fake backends one process stands for one rank
-of a larger job (``NGPU``), and ``pp_rank`` pins the pipeline coordinate it represents.
+``world_size`` and ``rank`` are logical: a backend may simulate peers (one process standing for
+one rank of a larger job), and says which mesh dimensions it simulates; the trainer and the
+strategies read only these generic fields, never a backend's name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -13,47 +15,40 @@ import attrs
 
 @attrs.define
 class Topology:
-    #: Logical world size (``NGPU`` under the fake backends).
+    #: World size of the job this process is part of (logical when peers are simulated).
     world_size: int
-    #: Logical global rank of this process.
+    #: Global rank of this process in that job.
     rank: int
     #: Device index on this host.
     local_rank: int
     #: ``torch.device`` this process computes on.
     device: Any
-    #: Name of the comm backend that built this topology.
+    #: Name of the comm backend that built this topology (for logs and reports only).
     backend: str = "default"
-    #: True when peers are simulated (no data crosses processes on the SPMD axes).
-    fake: bool = False
-    #: Pipeline coordinate fixed by the backend (fake modes); ``None``: derived from the mesh.
-    pp_rank: int | None = None
-    #: Real process group carrying pipeline traffic in ``real_pp_fake_spmd``; else ``None``.
-    pp_group: Any = None
-    #: Physical processes of this job.
-    physical_world_size: int = 1
+    #: Mesh dimensions (``parallel_dims.MESH_DIMS``) whose peers are simulated: collectives over
+    #: them complete without moving data, so received values, reduced losses and gradient norms
+    #: are garbage by design and the trainer skips its checks of them. Empty for real jobs.
+    simulated: frozenset[str] = frozenset()
+    #: Real process groups that carry a mesh dimension's traffic instead of the mesh's own group
+    #: (a backend simulating the others keeps one dimension real), by dimension name.
+    groups: dict[str, Any] = attrs.field(factory=dict)
     #: ``after_first_step(mesh)``, called once after the first training step of the process, or
     #: ``None``; the default backend shortens collective timeouts to ``comm.train_timeout_seconds``.
-    after_first_step: Any = None
+    after_first_step: Callable[[Any], None] | None = None
+    #: ``on_shutdown(completed)`` ends the backend's process groups (``None``: nothing to end).
+    on_shutdown: Callable[[bool], None] | None = None
 
     @property
-    def distributed(self) -> bool:
-        """Whether torch.distributed is initialised (a real or fake default process group)."""
-        import torch.distributed as dist
+    def simulates_peers(self) -> bool:
+        """Whether any mesh dimension is simulated (then losses and norms are not meaningful)."""
+        return bool(self.simulated)
 
-        return dist.is_available() and dist.is_initialized()
+    def group(self, dim: str, mesh: Any) -> Any:
+        """The process group of mesh dimension ``dim``: the backend's own, else the mesh's."""
+        if dim in self.groups:
+            return self.groups[dim]
+        return None if mesh is None else mesh[dim].get_group()
 
     def shutdown(self, *, completed: bool = False) -> None:
-        """Destroy the process groups; after a completed run, first wait for every real peer.
-
-        Without the barrier a fast rank can tear its gloo pairs down while a peer still finishes
-        its last collective, and the peer aborts at exit. After an error there is no barrier: a
-        failed peer would never arrive.
-        """
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        if completed and self.physical_world_size > 1:
-            # Under real_pp_fake_spmd only the pipeline group is real.
-            dist.barrier(group=self.pp_group if self.fake else None)
-        dist.destroy_process_group()
+        if self.on_shutdown is not None:
+            self.on_shutdown(completed)

@@ -1,21 +1,21 @@
 """The trainer: build everything from the config and plugins, then run the loop.
 
-Build order (docs/architecture.md): comm backend -> parallel dims and mesh -> model on meta ->
-strategies -> materialise and init -> optimizer, schedule, data -> checkpoint load. The loop
-calls no hooks: the profiler and checkpointer plugins are built before it, and it calls only their
-methods.
+Build order (docs/architecture.md): comm backend -> parallel dims -> plugins this run needs and
+the model's own checks -> mesh -> model on meta -> strategies -> materialise and init ->
+optimizer, schedule, data -> checkpoint load -> callbacks. Plugin dispatch happens here, once:
+the loop calls bound methods of the callbacks that implement them and nothing else, and reads
+device values only on the steps that log or save.
 """
 
 from __future__ import annotations
 
-import math
 import os
+import signal
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from titan_core._registry import Registry
@@ -23,45 +23,47 @@ from titan_core.config import TrainerConfig
 from titan_core.data.loader import PackedBatches, load_tokenizer
 from titan_core.errors import PluginError, TitanError, UsageError
 from titan_core.log import get_logger, setup_logging
-from titan_core.memory_report import MemoryReport, local_shard
 from titan_core.metrics import MetricsLogger
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import (
     ParallelContext,
     apply_strategies,
-    required_strategies,
+    cross_entropy_loss,
     select_strategies,
+    unhandled_dims,
 )
+from titan_core.run_folder import RunFolderLock
+from titan_core.schedule import WarmupStableDecay
+from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology
 
 log = get_logger("titan.trainer")
 
-#: Optional plugin kinds the trainer builds, and the package of this repository providing them.
-_PROVIDERS = {"profilers": "titan_plugins_profiler", "checkpointers": "titan_plugins_dcp"}
+__all__ = ["Trainer", "cross_entropy_loss", "train"]
+
+#: The loop points callbacks may implement (see :class:`titan_core.records.Callback`).
+CALLBACK_POINTS = (
+    "on_train_start",
+    "before_forward_backward",
+    "after_forward_backward",
+    "after_optimizer_step",
+    "metrics",
+    "on_step_end",
+    "on_train_end",
+    "on_failure",
+)
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy in float32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+class Diverged(TitanError):
+    """The loss or the gradient norm stopped being finite."""
+
+    exit_code = 1
 
 
-def lr_lambda(config: TrainerConfig) -> Any:
-    """Linear warm-up, constant, then linear decay to ``min_lr_factor`` over ``decay_ratio``."""
-    t = config.training
-    warmup = t.warmup_steps
-    decay_steps = round((t.steps - warmup) * t.decay_ratio)
-    decay_start = t.steps - decay_steps
+class Terminated(TitanError):
+    """SIGTERM (preemption) ended the run after saving what checkpointing allows."""
 
-    def factor(step: int) -> float:  # LambdaLR's step counts from 0
-        step += 1
-        if step <= warmup:
-            return step / (warmup + 1)
-        if step <= decay_start or decay_steps == 0:
-            return 1.0
-        progress = (step - decay_start) / decay_steps
-        return 1.0 - (1.0 - t.min_lr_factor) * progress
-
-    return factor
+    exit_code = 128 + signal.SIGTERM
 
 
 def set_determinism(config: TrainerConfig, seed: int) -> None:
@@ -70,7 +72,21 @@ def set_determinism(config: TrainerConfig, seed: int) -> None:
         torch.use_deterministic_algorithms(True, warn_only=config.debug.deterministic_warn_only)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+        if config.debug.deterministic_warn_only:
+            log.warning(
+                "debug.deterministic_warn_only: non-deterministic operators only warn, so this run "
+                "is unfit for numerical validation (titan compare refuses it)"
+            )
     torch.manual_seed(seed)
+
+
+class Callbacks:
+    """The built callbacks, bound once per loop point (a point nobody implements costs nothing)."""
+
+    def __init__(self, objects: list[Any]) -> None:
+        self.objects = objects
+        for point in CALLBACK_POINTS:
+            setattr(self, point, [getattr(o, point) for o in objects if callable(getattr(o, point, None))])
 
 
 class Trainer:
@@ -84,39 +100,47 @@ class Trainer:
         self.topology: Topology = backend.init(config)
         setup_logging(rank=self.topology.rank)
         self.parallel_dims = ParallelDims.from_config(config.parallelism, self.topology.world_size)
-        # On under the fake backends or debug.memory_report; else a stand-in that does nothing.
-        self.memory_report = MemoryReport.maybe(config, self.topology, self.parallel_dims)
         self.device = self.topology.device
         self.seed = config.debug.seed if config.debug.seed is not None else 0
         set_determinism(config, self.seed)
+        self.steps = config.training.steps
+        if config.debug.max_steps is not None:
+            self.steps = min(self.steps, config.debug.max_steps)
 
-        # 2. Plugins this run needs, resolved before anything heavy is built.
+        # 2. Plugins this run needs and the model's own checks, before anything heavy is built.
         self.spec = registry.get("models", config.model.name, what="model")
         try:
             self.model_args = self.spec.flavor(config.model.flavor, config.model.overrides)
         except LookupError as exc:
             field = "model.overrides" if config.model.flavor in self.spec.flavors else "model.flavor"
             raise UsageError(f"{field}: {exc}") from None
-        strategies = registry.records("strategies")
-        missing = [n for n in required_strategies(config, self.parallel_dims) if n not in strategies]
-        if missing:
+        if self.spec.validate is not None:
+            self.spec.validate(self.model_args, self.parallel_dims)
+        max_seq_len = getattr(self.model_args, "max_seq_len", None)
+        if max_seq_len is not None and config.training.seq_len > max_seq_len:
+            raise UsageError(
+                f"training.seq_len={config.training.seq_len} exceeds the model's max_seq_len="
+                f"{max_seq_len} ({config.model.name}/{config.model.flavor}); lower seq_len or set "
+                'model.overrides = {"max_seq_len": ...}'
+            )
+        strategies = select_strategies(registry.records("strategies"), config, self.parallel_dims)
+        unhandled = unhandled_dims(self.parallel_dims, strategies)
+        if unhandled:
             raise PluginError(
-                f"this run needs the strategies {', '.join(missing)} (from the parallel degrees "
-                f"{self.parallel_dims.degrees()} and the recipe), which no installed plugin "
-                "provides; install titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
+                f"this run needs strategies for {', '.join(unhandled)} (parallel degrees "
+                f"{self.parallel_dims.degrees()}), which no installed plugin provides; install "
+                "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
             )
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.
         if next(iter(dataset.documents(config.data)), None) is None:
             raise UsageError(f"data.dataset = {config.data.dataset!r} yields no documents; check data.path")
-        p, c = config.profiler, config.checkpoint
-        self.profiler: Any = _NoProfiler()
-        if p.enable_profiling or p.enable_memory_snapshot:
-            self.profiler = self._optional_plugin("profilers", "profiler").build(config, self.topology)
+        c = config.checkpoint
         self.checkpointer: Any = None
         if c.enable or c.create_seed_checkpoint:
-            record = self._optional_plugin("checkpointers", "checkpoint")
-            self.checkpointer = record.build(config, self.topology)
+            self.checkpointer = registry.get("checkpointers", c.backend, what="checkpoint.backend").build(
+                config, self.topology
+            )
         self.tokenizer = load_tokenizer(config.data.tokenizer_path)
         vocab = getattr(self.model_args, "vocab_size", None)
         if vocab is not None and self.tokenizer.vocab_size > vocab:
@@ -125,66 +149,71 @@ class Trainer:
                 f"{config.model.name}/{config.model.flavor} has a vocabulary of {vocab}; use a "
                 "flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
             )
+        self.lock = RunFolderLock.take(config, self.topology, is_writer=self.topology.rank == 0)
 
-        # 3. Mesh, model on meta, strategies in their declared order.
+        # 3. Mesh, model on meta, strategies in their declared order; parameter sharing survives.
         self.mesh = self.parallel_dims.build_mesh(self.device.type) if self.topology.world_size > 1 else None
         with torch.device("meta"):
             model = self.spec.build(self.model_args)
+        tied = shared_parameters(model)
         self.ctx = ParallelContext(
             config, self.parallel_dims, self.mesh, self.spec, self.model_args, self.topology
         )
         self.parts: list[nn.Module] = apply_strategies(
-            model, select_strategies(strategies, config, self.parallel_dims), self.ctx
+            model, strategies, self.ctx, after_each=lambda parts: retie(parts, tied)
         )
 
         # 4. Materialise this rank's shards and initialise them (PP stages get their own seed).
-        pp_rank = self._coordinate("pp")
-        torch.manual_seed(self.seed + pp_rank)
+        torch.manual_seed(self.seed + self.parallel_dims.coordinates(self.topology.rank)["pp"])
         for part in self.parts:
             part.to_empty(device=self.device)
+        retie(self.parts, tied)
+        for part in self.parts:
             with torch.no_grad():
                 part.init_weights(buffer_device=self.device)
             part.train()
         torch.manual_seed(self.seed)
-        if config.checkpoint.initial_load_path:
-            from titan_core.initial_weights import load_full_state_dict
+        if c.initial_load_path:
+            from titan_core.initial_weights import load_initial_weights
 
-            load_full_state_dict(self.parts, config.checkpoint.initial_load_path)
+            load_initial_weights(self.parts, c.initial_load_path, self.spec, self.model_args)
 
         # 5. Optimizer, schedule, data.
         t = config.training
-        params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params,
+            self._param_groups(),
             lr=t.lr,
             betas=(t.beta1, t.beta2),
             eps=t.eps,
             weight_decay=t.weight_decay,
-            foreach=True,
+            # One fused kernel per step on CUDA; foreach elsewhere (fused needs CUDA/CPU kernels
+            # for every parameter type, which DTensors on CPU meshes lack).
+            **({"fused": True} if self.device.type == "cuda" else {"foreach": True}),
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
-        dp_rank = self._coordinate("dp_replicate") * self.parallel_dims.dp_shard + self._coordinate(
-            "dp_shard"
-        )
+        self.schedule = WarmupStableDecay.from_config(t)
+        # A function, not the schedule object: LambdaLR saves a callable object's attributes in
+        # its state dict and a resume would silently bring back the old schedule.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: self.schedule(i))
+        coords = self.parallel_dims.coordinates(self.topology.rank)
         self.batches = PackedBatches(
             documents=lambda: dataset.documents(config.data),
             tokenizer=self.tokenizer,
             seq_len=t.seq_len,
             batch_size=t.local_batch_size,
-            dp_rank=dp_rank,
+            dp_rank=coords["dp_replicate"] * self.parallel_dims.dp_shard + coords["dp_shard"],
             dp_degree=self.parallel_dims.dp,
             seed=self.seed,
             shuffle_buffer=config.data.shuffle_buffer,
         )
         if self.checkpointer is not None and not c.create_seed_checkpoint:
-            self.step = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
-            self.profiler.step_num = self.step  # trace folders carry the global step
-        self.pipeline = (
-            self.ctx.build_pipeline(self.parts, cross_entropy_loss)
-            if self.ctx.build_pipeline is not None
-            else None
-        )
-        self.autocast = (
+            self.step, meta = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
+            if self.step:
+                self.schedule.check_resume(meta.get("lr_schedule"), self.step)
+                # The optimizer restored the LR the checkpoint stored; this run's schedule decides.
+                for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+                    group["lr"] = base * self.schedule(self.scheduler.last_epoch)
+        self._step_fn = self.ctx.build_step(self.parts, self._forward_backward)
+        self.autocast: Any = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if t.dtype == "bfloat16" and not self.ctx.mixed_precision_applied
             else nullcontext()
@@ -195,15 +224,19 @@ class Trainer:
             self.device,
             self.spec.flops_per_token(self.model_args, t.seq_len),
             tokens // self.parallel_dims.cp,  # tokens this device processes per step
-            write=self._is_logging_rank(),
+            total_steps=self.steps,
         )
-        if self._is_logging_rank():
+        self.is_logging_rank = self._is_logging_rank()
+        if self.is_logging_rank:
             from titan_core.config import render
 
             os.makedirs(config.job.dump_folder, exist_ok=True)
             with open(os.path.join(config.job.dump_folder, "config.toml"), "w") as f:
                 f.write(render(config))
-        n_params = sum(local_shard(p).numel() for part in self.parts for p in part.parameters())
+
+        # 6. Callbacks, after everything they may look at exists.
+        self.callbacks = Callbacks(self._build_callbacks())
+        n_params = sum(_local(p).numel() for part in self.parts for p in part.parameters())
         log.info(
             "built",
             recipe=config.recipe,
@@ -212,59 +245,52 @@ class Trainer:
             params_local=n_params,
             degrees=self.parallel_dims.degrees(),
             strategies=self.ctx.applied,
+            callbacks=[type(o).__name__ for o in self.callbacks.objects],
             device=str(self.device),
             comm_backend=config.comm.backend,
         )
 
-    # -- helpers -----------------------------------------------------------------------------------
+    # -- build helpers ---------------------------------------------------------------------------
 
-    def _optional_plugin(self, kind: str, section: str) -> Any:
-        """The record named by ``<section>.backend``; if missing, say which distribution has it."""
-        name = getattr(self.config, section).backend
-        try:
-            return self.registry.get(kind, name, what=section)
-        except TitanError as exc:
-            package = _PROVIDERS[kind]
-            raise PluginError(
-                f"{section}.backend = {name!r}: {exc}\ntitan's own {kind} come from "
-                f"{package.replace('_', '-')}; install it with pip install -e plugins/{package}"
-            ) from None
+    def _param_groups(self) -> list[dict[str, Any]]:
+        if self.spec.param_groups is None:
+            return [{"params": [p for part in self.parts for p in part.parameters() if p.requires_grad]}]
+        groups: list[dict[str, Any]] = []
+        for part in self.parts:
+            groups += [g for g in self.spec.param_groups(part, self.config.training) if g["params"]]
+        return groups
 
-    def _coordinate(self, dim: str) -> int:
-        if dim == "pp" and self.topology.pp_rank is not None:
-            return self.topology.pp_rank
-        return self.parallel_dims.coordinates(self.topology.rank)[dim]
+    def _build_callbacks(self) -> list[Any]:
+        records = sorted(self.registry.records("callbacks").values(), key=lambda r: (r.order, r.name))
+        built = [obj for r in records if (obj := r.build(self)) is not None]
+        if self.checkpointer is not None:
+            built.append(_CheckpointSaves(self))
+        return built
 
     def _is_logging_rank(self) -> bool:
-        """The rank whose loss is meaningful: the first DP/TP/CP coordinate of the last stage.
-
-        The last stage is where the schedule put it (the last PP rank, or rank 0 of a V schedule).
-        """
+        """The rank whose loss is meaningful: the first DP/TP/CP coordinate of a loss-computing rank."""
         coords = self.parallel_dims.coordinates(self.topology.rank)
-        return self.ctx.has_last_stage and all(v == 0 for k, v in coords.items() if k != "pp")
+        return self.ctx.computes_loss and all(v == 0 for k, v in coords.items() if k != "pp")
 
-    def _loss_context(self) -> Any:
-        if self.ctx.loss_parallel:
-            from torch.distributed.tensor.parallel import loss_parallel
+    # -- one step ----------------------------------------------------------------------------------
 
-            return loss_parallel()
-        return nullcontext()
-
-    # -- one step ------------------------------------------------------------------------------------
+    def _forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+        """The default step function: forward, loss, backward on one model part."""
+        with self.autocast:
+            logits = self.parts[0](inputs, **kwargs)
+        loss = self.ctx.loss_fn(logits, labels)
+        loss.backward()
+        return loss.detach()
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
-        """Loss of this step (``None`` on pipeline ranks without the last stage)."""
+        """Loss of this step (``None`` on ranks that do not compute it)."""
         kwargs: dict[str, Any] = {}
-        if self.ctx.shard_batch is not None:
-            inputs, labels, kwargs = self.ctx.shard_batch(inputs, labels)
-        if self.pipeline is not None:
-            return self.pipeline.step(inputs, labels, kwargs)
-        with self._loss_context():
-            with self.autocast:
-                logits = self.parts[0](inputs, **kwargs)
-            loss = cross_entropy_loss(logits, labels)
-            loss.backward()
-        return loss.detach()
+        for transform in self.ctx.batch_transforms:
+            inputs, labels, kwargs = transform(inputs, labels, kwargs)
+        with ExitStack() as stack:
+            for context in self.ctx.step_contexts:
+                stack.enter_context(context())
+            return self._step_fn(inputs, labels, kwargs)
 
     def clip_gradients(self) -> torch.Tensor:
         from titan_core.grad_norm import clip_grad_norm
@@ -272,50 +298,94 @@ class Trainer:
         return clip_grad_norm(self.parts, self.config.training.max_norm, self.ctx)
 
     def train(self) -> list[dict[str, float]]:
-        config = self.config
-        steps = config.training.steps
-        if config.debug.max_steps is not None:
-            steps = min(steps, config.debug.max_steps)
-        if config.checkpoint.create_seed_checkpoint:
+        if self.config.checkpoint.create_seed_checkpoint:
             self.checkpointer.save_seed(self.parts)
             return []
         batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.batches)
         for _ in range(self.step):  # resumed: skip the batches the restored steps consumed
             next(batches)
-        log.info("training starts", steps=steps, first_step=self.step + 1, dump_folder=config.job.dump_folder)
-        with self.profiler:
-            self._run_steps(batches, steps)
-        self.metrics.close()
-        log.info("training completed", steps=steps)
+        log.info(
+            "training starts",
+            steps=self.steps,
+            first_step=self.step + 1,
+            dump_folder=self.config.job.dump_folder,
+        )
+        cb = self.callbacks
+        for fn in cb.on_train_start:
+            fn(self.step)
+        try:
+            with _SigtermFlag() as sigterm:
+                self._run_steps(batches, sigterm)
+        except BaseException as exc:
+            for fn in cb.on_failure:
+                fn(self.step, exc)
+            raise
+        for fn in cb.on_train_end:
+            fn(self.step)
+        log.info("training completed", steps=self.steps)
         return self.metrics.history
 
-    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], steps: int) -> None:
+    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], sigterm: _SigtermFlag) -> None:
+        cb = self.callbacks
         first = self.step + 1
-        report = self.memory_report
-        report.start(self.parts, self.optimizer, steps)
-        for self.step in range(first, steps + 1):
+        # Device-side: whether every loss and gradient norm so far was finite (read only when the
+        # step logs or saves, so steps in between never wait for the device).
+        self.finite = torch.ones((), dtype=torch.bool, device=self.device)
+        check_values = not self.topology.simulates_peers
+        for self.step in range(first, self.steps + 1):
+            step = self.step
             inputs, labels = next(batches)
-            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            inputs = inputs.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
             self.optimizer.zero_grad(set_to_none=True)
-            report.before_forward_backward(self.step)
+            for fn in cb.before_forward_backward:
+                fn(step)
             loss = self.forward_backward(inputs, labels)
-            report.after_forward_backward(self.step)
+            for fn in cb.after_forward_backward:
+                fn(step)
             grad_norm = self.clip_gradients()
+            if check_values:
+                ok = grad_norm.isfinite() if loss is None else loss.isfinite() & grad_norm.isfinite()
+                self.finite &= ok
             self.optimizer.step()
-            report.after_optimizer_step(self.step)
+            for fn in cb.after_optimizer_step:
+                fn(step)
+            lr = self.optimizer.param_groups[0]["lr"]  # the LR this step used (a Python float)
             self.scheduler.step()
-            self.metrics.step_done(self.step, *self._reduce_for_log(loss, grad_norm))
-            if self.checkpointer is not None:
-                last = self.step == steps
-                self.checkpointer.save(self.step, self.parts, self.optimizer, self.scheduler, last=last)
-            self.profiler.step()
-            if self.step == first and self.topology.after_first_step is not None:
+            last = step == self.steps
+            logs = self.metrics.logs(step)
+            if check_values and (logs or last or sigterm.raised or self._saves(step, last)):
+                self._check_finite(step)
+            row: dict[str, float] = {}
+            if logs:
+                values = self._reduce_for_log(loss, grad_norm)
+                row = self.metrics.step_done(step, *values, lr=lr)
+                for fn in cb.metrics:
+                    row.update(fn(step))
+                self.metrics.emit(row)
+            else:
+                self.metrics.step_done(step, None, None)
+            for fn in cb.on_step_end:
+                fn(step, row, last or sigterm.raised)
+            if step == first and self.topology.after_first_step is not None:
                 self.topology.after_first_step(self.mesh)
+            if sigterm.raised and not last:
+                saved = " after saving a checkpoint" if self._saves(step, True) else ""
+                raise Terminated(f"stopped by SIGTERM at step {step}{saved}; run the same command to resume")
+
+    def _saves(self, step: int, last: bool) -> bool:
+        return self.checkpointer is not None and self.checkpointer.should_save(step, last)
+
+    def _check_finite(self, step: int) -> None:
+        if not bool(self.finite):  # the one host sync, on logging and saving steps only
+            raise Diverged(
+                f"the loss or gradient norm is not finite by step {step} (NaN or inf); nothing was "
+                "saved from that step on. Lower training.lr, check the data, or resume from the last "
+                "checkpoint"
+            )
 
     def _reduce_for_log(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[Any, Any]:
         """Loss averaged over the data-parallel ranks (only on steps that log)."""
-        if self.step % self.config.metrics.log_freq and self.step != 1:
-            return None, None
         from titan_core.grad_norm import mean_over_dp
 
         if loss is not None:
@@ -324,14 +394,52 @@ class Trainer:
         return value, float(grad_norm)
 
     def close(self, *, completed: bool = False) -> None:
+        self.metrics.close()
+        if self.lock is not None:
+            self.lock.release()
         self.topology.shutdown(completed=completed)
 
 
-class _NoProfiler(nullcontext):
-    """Stands in for the profiler when profiling is off, so the loop has no branch for it."""
+class _CheckpointSaves:
+    """The checkpointer's saves, as a callback: it decides the steps; the trainer checked the values."""
 
-    def step(self) -> None:
-        pass
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
+        t = self.trainer
+        if t.checkpointer.should_save(step, last):
+            meta = {"lr_schedule": t.schedule.describe(), "loss_finite": True, "step": step}
+            t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
+
+
+class _SigtermFlag:
+    """Turn SIGTERM into a flag the loop reads after each step (preemption: save, then stop)."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _SigtermFlag:
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        log.warning("SIGTERM received; stopping after this step")
+        self.raised = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
@@ -342,7 +450,5 @@ def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
         completed = True
     finally:
         trainer.close(completed=completed)
-    # Under the fake backends received activations and reduced values are garbage by design.
-    if history and not trainer.topology.fake and not math.isfinite(history[-1].get("loss", 0.0)):
-        raise UsageError("the loss diverged (not finite); lower training.lr or check the data")
     return history
+

@@ -101,3 +101,30 @@ def test_model_learns_on_repeated_batch() -> None:
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_tied_embeddings_are_one_parameter_initialised_once() -> None:
+    args = attrs.evolve(TINY, tie_embeddings=True)
+    model = Llama3(args)
+    assert model.output.weight is model.tok_embeddings.weight
+    names = [name for name, _ in model.named_parameters()]
+    assert "tok_embeddings.weight" in names and "output.weight" not in names  # deduplicated
+    assert sum(p.numel() for p in model.parameters()) == num_params(args)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    torch.manual_seed(0)
+    model.init_weights()
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all(), name
+    # Initialised as the output projection (std dim**-0.5), not as an embedding (std 1).
+    assert abs(model.tok_embeddings.weight.std().item() - TINY.dim**-0.5) < 0.2 * TINY.dim**-0.5
+    logits = model(torch.randint(0, TINY.vocab_size, (1, 8)))
+    assert logits.std() < 3.0
+
+
+def test_untied_output_keeps_its_own_init() -> None:
+    model = build_tiny()
+    assert model.output.weight is not model.tok_embeddings.weight
+    assert abs(model.tok_embeddings.weight.std().item() - 1.0) < 0.1
+    assert abs(model.output.weight.std().item() - TINY.dim**-0.5) < 0.2 * TINY.dim**-0.5

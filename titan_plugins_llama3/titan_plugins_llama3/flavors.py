@@ -1,11 +1,17 @@
-"""Llama 3 hyper-parameters per flavor, and analytic parameter and FLOP counts.
+"""Llama 3 hyper-parameters per flavor, analytic parameter and FLOP counts, and the checks of a
+flavor against a parallel layout (:func:`validate`, the ``ModelSpec.validate`` of the plugin).
 
-Counts are computed from the arguments alone so that ``--print-config`` and MFU need no model.
+Everything here works from the arguments alone, without torch, so that ``--print-config``, MFU
+and the checks run before (and without) building a model.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+
+from titan_core.errors import UsageError
 
 
 @attrs.frozen
@@ -27,8 +33,13 @@ class Llama3Args:
     rope_high_freq_factor: float = 4.0
     rope_original_max_len: int = 8192
     max_seq_len: int = 131072
-    #: Tie the output projection to the token embedding.
+    #: Tie the output projection to the token embedding (one parameter).
     tie_embeddings: bool = False
+    #: Block-causal attention over packed documents: a token attends only to earlier tokens of
+    #: its own document (a ``bos_id`` token starts one). Flex attention on CUDA.
+    document_mask: bool = False
+    #: The token that starts a document; set by the trainer from the tokenizer's BOS id.
+    bos_id: int | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -82,3 +93,55 @@ def flops_per_token(args: Llama3Args, seq_len: int) -> float:
     return 6 * num_params(args, include_embedding=False) + 12 * args.n_layers * args.n_heads * (
         args.head_dim * seq_len
     )
+
+
+def check_tp(args: Llama3Args, tp: int) -> None:
+    """One error naming every dimension that ``tp`` does not divide (the TP plan splits heads,
+    KV heads and FFN units over the ranks, and the embedding and output over the vocabulary)."""
+    sizes = {
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.kv_heads,
+        "vocab_size": args.vocab_size,
+        "ffn hidden dim": args.ffn_hidden_dim,
+    }
+    bad = [f"{name}={value}" for name, value in sizes.items() if value % tp]
+    if bad:
+        raise UsageError(
+            f"parallelism.tp={tp} must divide the model's {', '.join(bad)} (each TP rank holds an "
+            "equal slice); pick a tp that divides them, or change the model (model.overrides)"
+        )
+
+
+def validate(args: Llama3Args, parallel_dims: Any) -> None:
+    """``ModelSpec.validate``: refuse what this model cannot do under ``parallel_dims``, before
+    anything is built. One :class:`UsageError` per problem, naming what to change."""
+    if args.dim % args.n_heads:
+        raise UsageError(
+            f"model.overrides: dim={args.dim} must be a multiple of n_heads={args.n_heads} "
+            "(head_dim = dim / n_heads); change dim or n_heads"
+        )
+    if args.n_heads % args.kv_heads:
+        raise UsageError(
+            f"model.overrides: n_heads={args.n_heads} must be a multiple of n_kv_heads={args.kv_heads} "
+            "(each K/V head is shared by n_heads / n_kv_heads query heads); change n_kv_heads"
+        )
+    if parallel_dims.tp > 1:
+        check_tp(args, parallel_dims.tp)
+    if args.tie_embeddings and parallel_dims.pp > 1:
+        raise UsageError(
+            f"model.overrides.tie_embeddings: the tied embedding and output live on the first and "
+            f"last pipeline stages, so they cannot be one parameter with parallelism.pp={parallel_dims.pp}; "
+            "set tie_embeddings = False or pp = 1"
+        )
+    if args.document_mask and parallel_dims.cp > 1:
+        raise UsageError(
+            f"model.overrides.document_mask: context parallel (parallelism.cp={parallel_dims.cp}) "
+            "attends over the whole sequence and does not apply the document mask; set "
+            "model.overrides.document_mask = False (plain causal attention) or parallelism.cp = 1"
+        )
+    if args.document_mask and parallel_dims.pp > 1:
+        raise UsageError(
+            f"model.overrides.document_mask: the document mask comes from the input tokens, which "
+            f"pipeline stages after the first (parallelism.pp={parallel_dims.pp}) do not see; set "
+            "model.overrides.document_mask = False (plain causal attention) or parallelism.pp = 1"
+        )

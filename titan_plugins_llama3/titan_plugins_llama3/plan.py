@@ -20,24 +20,9 @@ from typing import Any
 
 from torch import nn
 
-from titan_core.errors import UsageError
-from titan_plugins_llama3.flavors import Llama3Args
+from titan_plugins_llama3.flavors import check_tp
 
-
-def check_tp(args: Llama3Args, tp: int) -> None:
-    """One error naming every dimension that ``tp`` does not divide."""
-    sizes = {
-        "n_heads": args.n_heads,
-        "n_kv_heads": args.kv_heads,
-        "vocab_size": args.vocab_size,
-        "ffn hidden dim": args.ffn_hidden_dim,
-    }
-    bad = [f"{name}={value}" for name, value in sizes.items() if value % tp]
-    if bad:
-        raise UsageError(
-            f"parallelism.tp={tp} must divide the model's {', '.join(bad)} (each TP rank holds an "
-            "equal slice); pick a tp that divides them, or change the model (model.overrides)"
-        )
+__all__ = ["apply_tp", "check_tp"]
 
 
 def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_core import ModelSpec, Recipe, hookimpl
-from titan_plugins_llama3 import flavors, recipes
+from titan_core import ModelSpec, Recipe, StateDictAdapter, hookimpl
+from titan_plugins_llama3 import flavors, hf, recipes
 
 
 def _build(args: flavors.Llama3Args) -> Any:
@@ -31,6 +31,7 @@ def titan_models() -> list[ModelSpec]:
             num_params=flavors.num_params,
             flops_per_token=flavors.flops_per_token,
             tp_plan=_tp_plan,
+            state_dict_adapter=StateDictAdapter(hf.to_hf, hf.from_hf, hf.hf_config, hf.args_from_hf),
             description="Llama 3 / 3.1 decoder (GQA, RoPE with scaling, SwiGLU)",
         )
     ]

@@ -25,7 +25,8 @@ from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_core.topology import Topology
 from titan_plugins_comm.contract import pure_fake_launch
-from titan_plugins_comm.default import _env_int, select_device
+from titan_core.comm import end_process_groups, env_int, select_device
+from titan_core.parallel_dims import MESH_DIMS
 
 
 def fake_store() -> dist.Store:
@@ -53,12 +54,20 @@ def without_detail_debug() -> None:
 
 def init(config: TrainerConfig) -> Topology:
     launch = pure_fake_launch(config.parallelism.pp, os.environ)
+    launched = env_int("WORLD_SIZE", 1)
+    if launched > 1:
+        # Every process would claim the same logical rank and overwrite the same report.
+        raise UsageError(
+            f"comm backend 'fake' runs as ONE process, but WORLD_SIZE={launched} (torchrun?): "
+            "launch it as a plain process (COMM_BACKEND=fake NGPU=... ./run_train.sh), or use "
+            "comm backend 'real_pp_fake_spmd' for one process per pipeline rank"
+        )
     if dist.is_initialized():
         raise UsageError(
             "comm backend 'fake' found torch.distributed already initialised; run it as one plain "
             "process (not under torchrun): COMM_BACKEND=fake ./run_train.sh"
         )
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     device = select_device(config, local_rank)
     without_detail_debug()
     dist.init_process_group("fake", store=fake_store(), rank=launch.logical_rank, world_size=launch.ngpu)
@@ -68,8 +77,6 @@ def init(config: TrainerConfig) -> Topology:
         local_rank=local_rank,
         device=device,
         backend="fake",
-        fake=True,
-        pp_rank=launch.pp_rank,
-        pp_group=None,
-        physical_world_size=1,
+        simulated=frozenset(MESH_DIMS),  # every peer is simulated
+        on_shutdown=lambda completed: end_process_groups(completed, barrier_group=False),
     )

@@ -1,4 +1,6 @@
-"""Hook implementations of the comm plugin; backends are imported only when a run selects one."""
+"""Hook implementations of the comm plugin: the fake backends (the ``default`` one is the core's).
+
+Backends are imported only when a run selects one."""
 
 from __future__ import annotations
 
@@ -9,12 +11,6 @@ from titan_core import CommBackend, hookimpl
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
     from titan_core.topology import Topology
-
-
-def _default(config: TrainerConfig) -> Topology:
-    from titan_plugins_comm.default import init
-
-    return init(config)
 
 
 def _fake(config: TrainerConfig) -> Topology:
@@ -32,11 +28,6 @@ def _real_pp_fake_spmd(config: TrainerConfig) -> Topology:
 @hookimpl
 def titan_comm_backends() -> list[CommBackend]:
     return [
-        CommBackend(
-            "default",
-            _default,
-            "one process, or torchrun's env:// rendezvous (NCCL on CUDA, gloo on CPU)",
-        ),
         CommBackend(
             "fake",
             _fake,

@@ -20,7 +20,7 @@ How the groups are made, with public ``torch.distributed`` calls only:
    own ranks are 0..P-1, i.e. the PP coordinates. Local synchronisation keeps the creation from
    waiting for the ``NGPU - P`` logical ranks that have no process.
 
-The PP strategy takes this group from ``Topology.pp_group`` (``titan_core.grad_norm
+The PP strategy takes this group from ``Topology.groups['pp']`` (``titan_core.grad_norm
 .pp_process_group``); gradient-norm reduction over stages uses it too.
 """
 
@@ -35,7 +35,8 @@ from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_core.topology import Topology
 from titan_plugins_comm.contract import DOC, hybrid_launch
-from titan_plugins_comm.default import _env_int, enable_flight_recorder, select_device, shorten_timeouts
+from titan_core.comm import end_process_groups, env_int, enable_flight_recorder, select_device, shorten_timeouts
+from titan_core.parallel_dims import MESH_DIMS
 
 
 def init(config: TrainerConfig) -> Topology:
@@ -49,7 +50,7 @@ def init(config: TrainerConfig) -> Topology:
         )
     if dist.is_initialized():
         raise UsageError("comm backend 'real_pp_fake_spmd' found torch.distributed already initialised")
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     device = select_device(config, local_rank)
     timeout = timedelta(seconds=config.comm.init_timeout_seconds)
     # A store-based barrier after group creation would wait for all NGPU logical ranks, of
@@ -80,10 +81,9 @@ def init(config: TrainerConfig) -> Topology:
         local_rank=local_rank,
         device=device,
         backend="real_pp_fake_spmd",
-        fake=True,
-        pp_rank=launch.pp_rank,
-        pp_group=pp_group,
-        physical_world_size=launch.pp,
+        simulated=frozenset(MESH_DIMS) - {"pp"},  # only the pipeline peers are real processes
+        groups={"pp": pp_group},
+        on_shutdown=lambda completed: end_process_groups(completed, barrier_group=pp_group),
         # Only the pipeline group is real: it alone gets the training timeout after step 1.
         after_first_step=lambda mesh: shorten_timeouts(config, device, [pp_group]),
     )

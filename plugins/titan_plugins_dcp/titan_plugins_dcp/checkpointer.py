@@ -1,9 +1,13 @@
 """Checkpoints with torch.distributed.checkpoint (DCP): save, resume, seed checkpoints.
 
-Every checkpoint is a DCP folder ``job.dump_folder/checkpoint.folder/step-<N>`` (a ``.metadata``
-file plus one data file per rank). DCP stores each tensor with its global shape and the shard
-each rank holds, so a checkpoint written by one parallel layout loads into another: loading
-reshards it to the placements of the run that reads it.
+Every checkpoint is a folder ``job.dump_folder/checkpoint.folder/step-<N>``: DCP's ``.metadata``
+file, one data file per rank, and titan's ``meta.json`` (the step, the kind, and the ``meta`` dict
+the trainer passed to ``save``: the LR schedule's parameters, whether the loss was finite). DCP
+stores each tensor with its global shape and the shard each rank holds, so a checkpoint written
+by one parallel layout loads into another: loading reshards it to the placements of the run that
+reads it. Saves are atomic (written as ``step-N.tmp`` and renamed, :mod:`._folder`); resume skips
+damaged or partial folders for the newest complete one, and refuses a checkpoint of another model
+shape (:mod:`._fit`) or one saved after a non-finite loss.
 
 What a checkpoint ``step-N`` (N >= 1) holds, under these top-level keys:
 
@@ -29,12 +33,14 @@ initialisation.
 
 The seed checkpoint ``step-0`` holds ``model`` only, written by a one-process run right after
 initialisation; loading it restores the weights and starts at step 1.
+
+Checkpoint folders are trusted input: DCP unpickles ``.metadata``. Only the configured folder is
+searched; any other checkpoint is loaded only when the user names it (``initial_load_path``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -42,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -51,8 +58,21 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from titan_core.errors import UsageError
+from titan_core.errors import TitanError, UsageError, describe
 from titan_core.log import get_logger
+from titan_plugins_dcp._fit import check_fit, saved_shapes
+from titan_plugins_dcp._folder import (
+    DISK_FULL,
+    Usable,
+    commit,
+    inspect,
+    meta_text,
+    os_error,
+    remove,
+    scan,
+    step_name,
+)
+from titan_plugins_dcp._peers import Peers
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -60,7 +80,6 @@ if TYPE_CHECKING:
 
 log = get_logger("titan.checkpoint")
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -159,14 +178,28 @@ def one_module(parts: list[nn.Module]) -> nn.Module:
 
 
 class DCPCheckpointer:
-    """Built once per run: ``load`` before step 1, ``save`` after every step, ``save_seed``."""
+    """Built once per run: ``load`` before step 1; ``should_save``/``save`` after each step;
+    ``save_seed`` for ``checkpoint.create_seed_checkpoint``."""
 
     def __init__(self, config: TrainerConfig, topology: Topology) -> None:
         c = config.checkpoint
+        if topology.fake:
+            raise UsageError(
+                f"checkpoint: the {topology.backend!r} comm backend simulates its peers, so a "
+                "checkpoint would hold one simulated rank's shards and garbage; set "
+                "checkpoint.enable = False and checkpoint.create_seed_checkpoint = False for fake runs "
+                "(a real run writes and reads checkpoints)"
+            )
         self.folder = os.path.join(config.job.dump_folder, c.folder)
+        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise UsageError(
+                f"checkpoint.folder: {self.folder} is a file, not a folder; remove it or set "
+                "checkpoint.folder (or job.dump_folder) to another path"
+            )
         self.interval = c.interval
         self.load_only = c.load_only
         self.rank = topology.rank
+        self.peers = Peers(topology.world_size)
         t = config.training
         self.data_geometry = {
             "dp_degree": _dp_degree(config, topology.world_size),
@@ -179,57 +212,179 @@ class DCPCheckpointer:
             _check_seed_layout(config, topology.world_size)
 
     def path(self, step: int) -> str:
-        return os.path.join(self.folder, f"step-{step}")
+        return os.path.join(self.folder, step_name(step))
 
-    def latest_step(self) -> int | None:
-        """The highest step with a complete checkpoint (DCP writes ``.metadata`` last)."""
-        if not os.path.isdir(self.folder):
-            return None
-        steps = [
-            int(m.group(1))
-            for name in os.listdir(self.folder)
-            if (m := _STEP_DIR.match(name)) and os.path.isfile(os.path.join(self.folder, name, ".metadata"))
-        ]
-        return max(steps, default=None)
+    # -- resume ------------------------------------------------------------------------------------
 
-    def load(self, parts: list[nn.Module], optimizer: Any, scheduler: Any) -> int:
-        """Restore the latest checkpoint, if any; return the step to continue after (0: start)."""
-        step = self.latest_step()
-        if step is None:
+    def load(self, parts: list[nn.Module], optimizer: Any, scheduler: Any) -> tuple[int, dict[str, Any]]:
+        """Restore the newest complete checkpoint; return its step and the meta saved with it.
+
+        ``(0, {})`` when the folder holds no checkpoint; a seed checkpoint gives step 0 too. A
+        damaged or partial newer folder is skipped with a warning naming it and why; refused
+        (:class:`UsageError`): a checkpoint of another model shape, one saved after a non-finite
+        loss, and a folder whose checkpoints are all unusable (starting afresh would overwrite them).
+        """
+        steps, ignored = scan(self.folder)
+        for path, why in ignored:
+            log.warning("ignoring a folder among the checkpoints", path=path, reason=why)
+        names = [step_name(s) for s, _ in steps]
+        if len(set(map(tuple, self.peers.all_gather(names)))) > 1:
+            raise TitanError(
+                f"checkpoint: the ranks see different checkpoints in {self.folder}; it must be one "
+                "folder every rank shares (a shared filesystem), not a local path on each host"
+            )
+        if not steps:
             log.info("no checkpoint to resume from", folder=self.folder)
+            return 0, {}
+        wanted = self._model_shapes(parts)
+        skipped: list[str] = []
+        for step, path in steps:
+            found = inspect(step, path, self.folder)
+            verdicts = self.peers.all_gather(isinstance(found, Usable))
+            if isinstance(found, str) or not all(verdicts):
+                why = found if isinstance(found, str) else "another rank cannot read it"
+                self._skip(path, why, skipped)
+                continue
+            check_fit(path, saved_shapes(found.metadata, "model."), wanted)
+            if found.meta.get("loss_finite") is False:
+                earlier = [n for n in names if n != step_name(step)]
+                raise UsageError(
+                    f"checkpoint {path} was saved after a non-finite loss (its meta.json says "
+                    "loss_finite: false), so its weights cannot be trusted; move that folder out of "
+                    f"{self.folder} to resume from {earlier[0] if earlier else 'scratch'}"
+                )
+            start = time.perf_counter()
+            try:
+                loaded = self._restore(found, parts, optimizer, scheduler)
+            except CheckpointException as exc:
+                self._skip(path, f"reading its data failed ({_first_failure(exc)})", skipped)
+                continue
+            event = "seed checkpoint loaded" if found.kind == "seed" else "checkpoint loaded"
+            log.info(event, path=path, step=loaded, seconds=_since(start), skipped=skipped or None)
+            return loaded, found.meta
+        raise UsageError(
+            f"checkpoint: none of the {len(steps)} checkpoints in {self.folder} can be loaded "
+            f"({'; '.join(skipped)}); starting afresh would overwrite them, so move them out of the "
+            "folder (or restore them from a copy), then run again"
+        )
+
+    def _restore(self, found: Usable, parts: list[nn.Module], optimizer: Any, scheduler: Any) -> int:
+        if found.kind == "seed":  # initial weights only: optimizer and schedule start fresh
+            _dcp(dcp.load, {"model": ModelState(parts)}, checkpoint_id=found.path)
             return 0
-        start = time.perf_counter()
-        if step == 0:  # a seed checkpoint: initial weights only
-            _dcp(dcp.load, {"model": ModelState(parts)}, checkpoint_id=self.path(0))
-            log.info("seed checkpoint loaded", path=self.path(0), seconds=_since(start))
-            return 0
-        train = TrainState(step, self.data_geometry)
-        state = self._state(parts, optimizer, scheduler, train)
-        _dcp(dcp.load, state, checkpoint_id=self.path(step))
+        train = TrainState(found.step, self.data_geometry)
+        _dcp(dcp.load, self._state(parts, optimizer, scheduler, train), checkpoint_id=found.path)
         changed = _data_changes(train.saved_data, self.data_geometry)
         if changed:
             log.warning(
                 "data geometry changed since the checkpoint; the data will not resume where it stopped",
                 changed=changed,
             )
-        log.info("checkpoint loaded", path=self.path(step), step=train.step, seconds=_since(start))
         return train.step
 
-    def save(self, step: int, parts: list[nn.Module], optimizer: Any, scheduler: Any, *, last: bool) -> None:
-        """Save every ``checkpoint.interval`` steps and at the last step (never with load_only)."""
-        if self.load_only or (step % self.interval and not last):
+    def _model_shapes(self, parts: list[nn.Module]) -> dict[str, tuple[int, ...] | None]:
+        """Every rank's model keys under ``model.`` with global shapes (pipeline stages together)."""
+        own = {
+            f"model.{k}": (tuple(v.shape) if isinstance(v, torch.Tensor) else None)
+            for k, v in ModelState(parts).state_dict().items()
+        }
+        merged: dict[str, tuple[int, ...] | None] = {}
+        for shapes in self.peers.all_gather(own):
+            merged.update(shapes)
+        return merged
+
+    @staticmethod
+    def _skip(path: str, why: str, skipped: list[str]) -> None:
+        log.warning("skipping a checkpoint that cannot be loaded", path=path, reason=why)
+        skipped.append(f"{os.path.basename(path)}: {why}")
+
+    # -- save --------------------------------------------------------------------------------------
+
+    def should_save(self, step: int, last: bool) -> bool:
+        """Every ``checkpoint.interval`` steps and at the last step; never with ``load_only``."""
+        return not self.load_only and (last or step % self.interval == 0)
+
+    def save(
+        self,
+        step: int,
+        parts: list[nn.Module],
+        optimizer: Any,
+        scheduler: Any,
+        *,
+        last: bool,
+        meta: dict[str, Any],
+    ) -> None:
+        """Write ``step-N`` with ``meta`` beside it (the trainer asked :meth:`should_save`; a save
+        outside the interval, e.g. on SIGTERM, is written too). Nothing with ``load_only``.
+
+        A failure (a full disk, a permission error) deletes the partial save, leaves every earlier
+        checkpoint as it was, and raises one :class:`TitanError` on every rank.
+        """
+        if self.load_only:
             return
         start = time.perf_counter()
         state = self._state(parts, optimizer, scheduler, TrainState(step, self.data_geometry))
-        _dcp(dcp.save, state, checkpoint_id=self.path(step))
-        log.info("checkpoint saved", path=self.path(step), step=step, seconds=_since(start))
+        self._write(step, state, "train", meta)
+        log.info("checkpoint saved", path=self.path(step), step=step, last=last, seconds=_since(start))
 
     def save_seed(self, parts: list[nn.Module]) -> str:
         """Write ``step-0`` with the freshly initialised weights only."""
-        path = self.path(0)
-        _dcp(dcp.save, {"model": ModelState(parts)}, checkpoint_id=path)
-        log.info("seed checkpoint saved", path=path)
-        return path
+        self._write(0, {"model": ModelState(parts)}, "seed", {})
+        log.info("seed checkpoint saved", path=self.path(0))
+        return self.path(0)
+
+    def _write(self, step: int, state: dict[str, Any], kind: str, meta: dict[str, Any]) -> None:
+        """Every rank writes into ``step-N.tmp``; rank 0 adds meta.json and renames it ``step-N``."""
+        text = meta_text(step, kind, meta)
+        final = self.path(step)
+        tmp = final + ".tmp"
+        problem: str | None = None
+        if self.rank == 0:
+            try:
+                os.makedirs(self.folder, exist_ok=True)
+                remove(tmp)  # the leftover of an interrupted save of this step
+            except OSError as exc:
+                problem = self._save_problem(step, exc, 0)
+        problem = self.peers.broadcast(problem)  # no rank writes before the folder is ready
+        if problem is None:
+            try:
+                _dcp(dcp.save, state, checkpoint_id=tmp)
+            except CheckpointException as exc:  # DCP raises it on every rank
+                rank, cause = _failure(exc)
+                problem = self._save_problem(step, cause, rank)
+            if problem is None and self.rank == 0:
+                try:
+                    if commit(tmp, final, text):
+                        log.warning("replaced a checkpoint folder resume had skipped", path=final)
+                except OSError as exc:
+                    problem = self._save_problem(step, exc, 0)
+            problem = self.peers.broadcast(problem)
+        if problem is not None:
+            if self.rank == 0:
+                remove(tmp)  # frees the space a full disk needs back
+            raise TitanError(problem)
+
+    def _save_problem(self, step: int, exc: BaseException, rank: int | None) -> str:
+        earlier = [s for s, _ in scan(self.folder)[0] if s < step]
+        kept = (
+            f"{step_name(earlier[0])} is intact, so a resume repeats only the steps after it"
+            if earlier
+            else "there is no earlier checkpoint"
+        )
+        where = f"{step_name(step)} into {self.folder}" + (f" (rank {rank})" if rank is not None else "")
+        error = os_error(exc)
+        if error is not None and error.errno in DISK_FULL:
+            return (
+                f"checkpoint: the disk is full ({error.strerror}) saving {where}; the partial save "
+                f"was deleted and {kept}. Free space on that disk, or point job.dump_folder (or an "
+                "absolute checkpoint.folder) at one with room, then run again to resume"
+            )
+        if error is not None:
+            return (
+                f"checkpoint: cannot save {where}: {error}; the partial save was deleted and {kept}. "
+                "Fix the folder (permissions, mount), then run again to resume"
+            )
+        return f"checkpoint: saving {where} failed: {describe(exc)}; {kept}"
 
     @staticmethod
     def _state(parts: list[nn.Module], optimizer: Any, scheduler: Any, train: TrainState) -> dict[str, Any]:
@@ -239,6 +394,20 @@ class DCPCheckpointer:
             "lr_scheduler": SchedulerState(scheduler),
             "train": train,
         }
+
+
+def _failure(exc: CheckpointException) -> tuple[int | None, BaseException]:
+    """The rank and exception of DCP's failure, a full disk first (it explains the others)."""
+    failures = [(rank, pair[0]) for rank, pair in sorted(exc.failures.items())]
+    for rank, error in failures:
+        if (found := os_error(error)) is not None and found.errno in DISK_FULL:
+            return rank, error
+    return failures[0] if failures else (None, exc)
+
+
+def _first_failure(exc: CheckpointException) -> str:
+    rank, error = _failure(exc)
+    return f"rank {rank}: {type(error).__name__}: {str(error).strip()[:300]}"
 
 
 def _dcp(call: Any, *args: Any, **kwargs: Any) -> Any:

@@ -81,14 +81,16 @@ class GatheredKVAttention:
 
 
 class BatchSharder:
-    """``shard_batch(inputs, labels) -> (inputs, labels, {"positions": ...})`` for the trainer."""
+    """A batch transform: this rank's positions of every sequence, and ``positions`` for RoPE."""
 
     def __init__(self, positions: torch.Tensor) -> None:
         self.positions = positions
 
-    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[Any, Any, dict[str, Any]]:
+    def __call__(
+        self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]
+    ) -> tuple[Any, Any, dict[str, Any]]:
         idx = self.positions.to(inputs.device)
-        return inputs[:, idx], labels[:, idx], {"positions": idx}
+        return inputs[:, idx], labels[:, idx], {**kwargs, "positions": idx}
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
@@ -117,5 +119,5 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             f"model {ctx.spec.name!r} has no attention module with an `attention_fn` to replace, "
             "so it cannot run with context parallel; set parallelism.cp = 1"
         )
-    ctx.shard_batch = BatchSharder(local)
+    ctx.batch_transforms.append(BatchSharder(local))
     return parts

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 
 def peers_simulated(ctx: ParallelContext) -> bool:
-    """Whether the pipeline's peers exist only logically (pure fake backend)."""
-    return bool(ctx.topology.fake) and ctx.topology.pp_group is None
+    """Whether the pipeline's peers exist only logically (the backend simulates ``pp``)."""
+    return "pp" in ctx.topology.simulated
 
 
 class SimulatedPeerStage(PipelineStage):
@@ -81,7 +81,7 @@ def hidden_states_meta(ctx: ParallelContext, microbatch: int) -> torch.Tensor:
 
 
 def simulated_peer_stages(
-    parts: list[nn.Module], ctx: ParallelContext, num_stages: int, n_microbatches: int, group: Any
+    parts: list[nn.Module], ctx: ParallelContext, plan: Any, n_microbatches: int, group: Any
 ) -> list[PipelineStage]:
     """This rank's stages with static input/output metadata (see the module docstring)."""
     microbatch = ctx.config.training.local_batch_size // n_microbatches
@@ -95,7 +95,8 @@ def simulated_peer_stages(
     logits_dtype = torch.bfloat16 if ctx.config.training.dtype == "bfloat16" else torch.float32
     logits = torch.empty(microbatch, seq, vocab, dtype=logits_dtype, device="meta", requires_grad=True)
     stages = []
-    for part, sid in zip(parts, ctx.stage_ids, strict=True):
+    num_stages = plan.num_stages
+    for part, sid in zip(parts, plan.ids, strict=True):
         inputs = tokens if sid == 0 else hidden
         outputs = logits if sid == num_stages - 1 else hidden
         stages.append(

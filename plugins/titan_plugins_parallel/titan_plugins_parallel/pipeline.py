@@ -25,6 +25,8 @@ import inspect
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from titan_core.errors import UsageError
 
 if TYPE_CHECKING:
@@ -100,9 +102,23 @@ def split_layers(names: list[str], num_stages: int) -> list[list[str]]:
 
 
 def _pp_rank(ctx: ParallelContext) -> int:
-    if ctx.topology.pp_rank is not None:
-        return ctx.topology.pp_rank
     return ctx.parallel_dims.coordinates(ctx.topology.rank)["pp"]
+
+
+@attrs.frozen
+class StagePlan:
+    """Which stages this PP rank holds (kept in ``ctx.state["pp"]`` for the schedule)."""
+
+    ids: list[int]
+    num_stages: int
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.num_stages - 1 in self.ids
 
 
 def _stage_module(model: nn.Module, keep: list[str], first: bool, last: bool) -> nn.Module:
@@ -132,7 +148,7 @@ def microbatches(config: Any, num_stages: int) -> int:
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
-    """Split the one meta model into this rank's stages; leave ``build_pipeline`` on ``ctx``."""
+    """Split the one meta model into this rank's stages; the schedule replaces forward/backward."""
     (model,) = parts
     p = ctx.config.parallelism
     pp = ctx.parallel_dims.pp
@@ -162,10 +178,12 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     ids = stage_ids_of(_pp_rank(ctx), pp, per_rank, cls.__name__ in _V_SCHEDULES)
     stages = [_stage_module(model, runs[i], i == 0, i == num_stages - 1) for i in ids]
 
-    ctx.stage_ids = ids
-    ctx.has_first_stage = 0 in ids
-    ctx.has_last_stage = num_stages - 1 in ids
-    ctx.build_pipeline = lambda parts, loss_fn: Pipeline(parts, loss_fn, ctx, cls, num_stages, n_micro)
+    plan = StagePlan(ids, num_stages)
+    ctx.state["pp"] = plan
+    ctx.computes_loss = plan.has_last
+    ctx.replace_forward_backward(
+        "pp", lambda parts, loss_fn: Pipeline(parts, loss_fn, ctx, cls, plan, n_micro).step
+    )
     return stages
 
 
@@ -183,27 +201,27 @@ class Pipeline:
         loss_fn: Any,
         ctx: ParallelContext,
         cls: type,
-        num_stages: int,
+        plan: StagePlan,
         n_microbatches: int,
     ) -> None:
         from torch.distributed.pipelining import PipelineStage
 
-        from titan_core.grad_norm import pp_process_group
-
         self.ctx = ctx
-        self.group = pp_process_group(ctx)
+        self.plan = plan
+        num_stages = plan.num_stages
+        self.group = ctx.topology.group("pp", ctx.mesh)
         self.n_microbatches = n_microbatches
         self._step_kwargs: dict[str, Any] = {}
         for part in parts:
             part.register_forward_pre_hook(self._add_step_kwargs, with_kwargs=True)
         from titan_plugins_parallel.fake_pipeline import peers_simulated, simulated_peer_stages
 
-        if peers_simulated(ctx):  # pure fake backend: no peer can tell a stage its shapes
-            self.stages = simulated_peer_stages(parts, ctx, num_stages, n_microbatches, self.group)
+        if peers_simulated(ctx):  # the PP peers are simulated: none can tell a stage its shapes
+            self.stages = simulated_peer_stages(parts, ctx, plan, n_microbatches, self.group)
         else:
             self.stages = [
                 PipelineStage(part, sid, num_stages, ctx.topology.device, group=self.group)
-                for part, sid in zip(parts, ctx.stage_ids, strict=True)
+                for part, sid in zip(parts, plan.ids, strict=True)
             ]
 
         def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -242,8 +260,8 @@ class Pipeline:
         return dist.get_global_rank(self.group, holder)
 
     def _broadcast_skipped(self) -> bool:
-        # Pure fake mode simulates the PP peers: nothing would arrive, keep None off the last stage.
-        return self.ctx.topology.fake and self.ctx.topology.pp_group is None
+        # Simulated PP peers: nothing would arrive, keep None off the last stage.
+        return "pp" in self.ctx.topology.simulated
 
     def step(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> Any:
         import torch
@@ -252,18 +270,14 @@ class Pipeline:
         ctx = self.ctx
         self._step_kwargs = kwargs
         losses: list[torch.Tensor] = []
-        args = (inputs,) if ctx.has_first_stage else ()
-        target = labels if ctx.has_last_stage else None
+        args = (inputs,) if self.plan.has_first else ()
+        target = labels if self.plan.has_last else None
         with ExitStack() as stack:
-            if ctx.loss_parallel:
-                from torch.distributed.tensor.parallel import loss_parallel
-
-                stack.enter_context(loss_parallel())
             if self._autocast:
                 stack.enter_context(torch.autocast(ctx.topology.device.type, dtype=torch.bfloat16))
             self.schedule.step(*args, target=target, losses=losses)
         self._step_kwargs = {}
-        loss = torch.stack([_plain(x) for x in losses]).sum() if ctx.has_last_stage else None
+        loss = torch.stack([_plain(x) for x in losses]).sum() if self.plan.has_last else None
         if self._last_rank is None:
             return loss
         if loss is None:

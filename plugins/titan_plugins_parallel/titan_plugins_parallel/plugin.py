@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from titan_core import Strategy, hookimpl
+from titan_core import ConfigSection, Strategy, hookimpl
 from titan_core.parallelize import ORDER
 
 
@@ -26,22 +26,41 @@ def _lazy(module: str, function: str) -> Callable[..., Any]:
     return call
 
 
-def _strategy(name: str, module: str, description: str) -> Strategy:
-    return Strategy(name, ORDER[name], _lazy(module, "applies"), _lazy(module, "apply"), description)
+def _strategy(name: str, module: str, handles: tuple[str, ...], description: str) -> Strategy:
+    return Strategy(
+        name, ORDER[name], _lazy(module, "applies"), _lazy(module, "apply"), description, handles
+    )
 
 
-#: (strategy name = ORDER slot, module, description). Add a strategy by adding a line.
+#: (strategy name = ORDER slot, module, parallel dims handled, description). Add a line to add one.
 STRATEGIES = [
-    ("tp", "tensor_parallel", "tensor + sequence parallel (+ loss parallel) from the model's TP plan"),
-    ("activation_checkpoint", "activation_checkpoint", "recompute blocks in backward (full/selective)"),
-    ("compile", "compile", "torch.compile each transformer block"),
-    ("fsdp", "fsdp", "FSDP2 fully_shard per block and at the root; HSDP when dp_replicate > 1"),
-    ("pp", "pipeline", "pipeline stages from the model's blocks, torch.distributed.pipelining schedules"),
-    ("ep", "expert_parallel", "experts sharded over ep ranks, tokens moved by all_to_all_single"),
-    ("cp", "context_parallel", "load-balanced sequence shards, K/V all-gathered for attention"),
+    ("tp", "tensor_parallel", ("tp",), "tensor + sequence parallel (+ loss parallel) from the model's TP plan"),
+    ("activation_checkpoint", "activation_checkpoint", (), "recompute blocks in backward (full/selective)"),
+    ("compile", "compile", (), "torch.compile each transformer block"),
+    (
+        "fsdp",
+        "fsdp",
+        ("dp_shard", "dp_replicate"),
+        "FSDP2 fully_shard per block and at the root; HSDP when dp_replicate > 1",
+    ),
+    ("pp", "pipeline", ("pp",), "pipeline stages from the model's blocks, torch.distributed.pipelining schedules"),
+    ("ep", "expert_parallel", ("ep",), "experts sharded over ep ranks, tokens moved by all_to_all_single"),
+    ("cp", "context_parallel", ("cp",), "load-balanced sequence shards, K/V all-gathered for attention"),
 ]
 
 
 @hookimpl
 def titan_strategies() -> list[Strategy]:
-    return [_strategy(name, module, description) for name, module, description in STRATEGIES]
+    return [_strategy(*row) for row in STRATEGIES]
+
+
+@hookimpl
+def titan_config_sections() -> list[ConfigSection]:
+    from titan_plugins_parallel.config import ActivationCheckpoint, Compile, check
+
+    return [
+        ConfigSection(
+            "activation_checkpoint", ActivationCheckpoint, "recompute activations in backward", check
+        ),
+        ConfigSection("compile", Compile, "torch.compile of the transformer blocks"),
+    ]

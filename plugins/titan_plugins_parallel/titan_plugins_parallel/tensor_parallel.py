@@ -5,8 +5,8 @@ linear layers are split by columns or rows and where activations are sharded alo
 sequence. This strategy only checks the run can use it and calls it on each model part.
 
 Loss parallel keeps the logits sharded over the vocabulary and computes the cross-entropy on the
-shards (``torch.distributed.tensor.parallel.loss_parallel``, which the trainer enters when
-``ctx.loss_parallel`` is set). It is used with ``parallelism.loss_parallel`` and no pipeline
+shards (``torch.distributed.tensor.parallel.loss_parallel``, which this strategy adds to the
+step's contexts, ``ctx.step_contexts``). It is used with ``parallelism.loss_parallel`` and no pipeline
 parallelism: pipeline schedules compute the loss inside their step, outside that context.
 """
 
@@ -51,5 +51,8 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     tp_mesh = ctx.mesh["tp"]
     for part in parts:
         ctx.spec.tp_plan(part, tp_mesh, loss_parallel)
-    ctx.loss_parallel = loss_parallel
+    if loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
+
+        ctx.step_contexts.append(loss_parallel_context)
     return parts

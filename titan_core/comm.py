@@ -1,4 +1,9 @@
-"""The default backend: a single process, or one process per rank launched by torchrun.
+"""The ``default`` comm backend, the core's own: one process, or one process per rank from torchrun.
+
+It is registered by titan's built-in plugin (``titan_core._builtin``), as tox and conda register
+their built-ins, so a venv with only ``titan-core`` and a model plugin trains. Other backends
+(the fake ones) reuse :func:`select_device`, :func:`env_int`, :func:`enable_flight_recorder`,
+:func:`shorten_timeouts` and :func:`end_process_groups`.
 
 On CUDA it turns on the NCCL flight recorder (``comm.trace_buf_size`` entries per rank): when a
 collective times out, every rank dumps its recent collectives to
@@ -32,7 +37,7 @@ _FR_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 _FR_DUMP_ON_TIMEOUT = ("TORCH_NCCL_DUMP_ON_TIMEOUT",)
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -54,9 +59,9 @@ def select_device(config: TrainerConfig, local_rank: int) -> torch.device:
 
 
 def init(config: TrainerConfig) -> Topology:
-    world_size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
+    world_size = env_int("WORLD_SIZE", 1)
+    rank = env_int("RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     device = select_device(config, local_rank)
     if world_size > 1 and not dist.is_initialized():
         enable_flight_recorder(config, device)
@@ -73,11 +78,25 @@ def init(config: TrainerConfig) -> Topology:
         local_rank=local_rank,
         device=device,
         backend="default",
-        physical_world_size=world_size,
         after_first_step=(lambda mesh: shorten_timeouts(config, device, mesh_groups(mesh)))
         if world_size > 1
         else None,
+        on_shutdown=lambda completed: end_process_groups(completed, barrier_group=None if world_size > 1 else False),
     )
+
+
+def end_process_groups(completed: bool, barrier_group: Any = None) -> None:
+    """Destroy the process groups; after a completed run, first wait on ``barrier_group``.
+
+    Without the barrier a fast rank can tear its gloo pairs down while a peer still finishes its
+    last collective, and the peer aborts at exit. After an error there is no barrier: a failed
+    peer would never arrive. ``barrier_group=False``: no real peer to wait for.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if completed and barrier_group is not False:
+        dist.barrier(group=barrier_group)
+    dist.destroy_process_group()
 
 
 def enable_flight_recorder(config: TrainerConfig, device: torch.device) -> None:

@@ -1,0 +1,213 @@
+"""The checkpoint folder on disk: step-folder names, completeness checks and atomic commits.
+
+A checkpoint is committed in three moves, so that a crash, a kill or a full disk at any point
+leaves every earlier checkpoint usable and never leaves a half-written ``step-N``:
+
+1. every rank writes its shards, and rank 0 DCP's ``.metadata``, into ``step-N.tmp``;
+2. rank 0 writes ``meta.json`` (the step and the trainer's meta) into it, synced to disk;
+3. rank 0 renames ``step-N.tmp`` to ``step-N`` (atomic on POSIX) and syncs the parent folder.
+
+Resume does not trust the name alone (a disk can fail, a copy can be cut short, someone may
+truncate a file): :func:`inspect` checks a step folder without reading any tensor, and the
+checkpointer falls back to the newest folder that passes. Only names titan writes count:
+``step-<N>`` with ``N`` written without leading zeros (``step-006`` is not step 6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import time
+from typing import Any
+
+import attrs
+
+META_FILE = "meta.json"
+#: Version of the ``meta.json`` layout; readers refuse other versions.
+FORMAT = 1
+#: Errors of a full disk or an exhausted quota.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+_STEP = re.compile(r"^step-(0|[1-9][0-9]*)$")
+_LEFTOVER = re.compile(r"^step-(0|[1-9][0-9]*)\.(tmp|old)$")
+
+
+def step_name(step: int) -> str:
+    return f"step-{step}"
+
+
+@attrs.frozen
+class Usable:
+    """A step folder that passed :func:`inspect`: its meta and DCP metadata."""
+
+    step: int
+    path: str
+    #: ``meta.json``'s ``kind``: ``"train"`` (a resumable checkpoint) or ``"seed"``.
+    kind: str
+    #: The dict the trainer passed to ``save`` (``{}`` for a seed checkpoint).
+    meta: dict[str, Any]
+    #: DCP's ``Metadata`` (``state_dict_metadata``: every key with its global shape).
+    metadata: Any
+
+
+def scan(folder: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
+    """``(step, path)`` of every step folder, newest first, and ``(path, why)`` of the entries
+    that look like checkpoints but are ignored (leftovers of interrupted saves, other names)."""
+    if not os.path.isdir(folder):
+        return [], []
+    steps: list[tuple[int, str]] = []
+    ignored: list[tuple[str, str]] = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if (m := _STEP.match(name)) and os.path.isdir(path):
+            steps.append((int(m.group(1)), path))
+        elif m := _LEFTOVER.match(name):
+            ignored.append((path, f"the leftover of a save of step {m.group(1)} that did not finish"))
+        elif name.startswith("step"):
+            ignored.append(
+                (
+                    path,
+                    "not a name titan writes (step-<N> with N in plain digits, no leading zeros); "
+                    "rename it to load it",
+                )
+            )
+    steps.sort(reverse=True)
+    return steps, ignored
+
+
+def inspect(step: int, path: str, folder: str) -> Usable | str:
+    """The folder as a :class:`Usable` checkpoint, or why it is not one (one phrase).
+
+    Checks, without reading tensors: the folder lies inside ``folder`` (no link out of it),
+    ``meta.json`` is complete and names this step, ``.metadata`` unpickles, and every data file
+    its index points into exists and is at least as long as the index says.
+    """
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    if os.path.commonpath([real, root]) != root:
+        return (
+            f"it links to {real}, outside {folder}: checkpoints are loaded only from the "
+            "checkpoint folder; name another checkpoint with checkpoint.initial_load_path"
+        )
+    meta_path = os.path.join(path, META_FILE)
+    if not os.path.isfile(meta_path):
+        return f"it has no {META_FILE}, which titan writes last: the save did not finish"
+    try:
+        with open(meta_path, encoding="utf-8") as file:
+            record = json.load(file)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"its {META_FILE} cannot be read ({type(exc).__name__}: {exc})"
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        return f"its {META_FILE} is not titan's checkpoint record (format {FORMAT})"
+    if record.get("step") != step or not isinstance(record.get("meta"), dict):
+        return f"its {META_FILE} describes step {record.get('step')!r}, not step {step}"
+    metadata = read_metadata(path)
+    if isinstance(metadata, str):
+        return metadata
+    if (short := _short_file(path, metadata)) is not None:
+        return short
+    return Usable(step, path, str(record.get("kind", "train")), record["meta"], metadata)
+
+
+def read_metadata(path: str) -> Any:
+    """DCP's ``Metadata`` of a checkpoint folder, or why it cannot be read."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    file = os.path.join(path, ".metadata")
+    if not os.path.isfile(file):
+        return "it has no .metadata: DCP did not finish writing it"
+    if os.path.getsize(file) == 0:
+        return "its .metadata is empty (0 bytes)"
+    try:
+        return FileSystemReader(path).read_metadata()
+    except Exception as exc:  # a truncated pickle raises EOFError, UnpicklingError, ValueError, ...
+        return f"its .metadata cannot be read, truncated or damaged ({type(exc).__name__}: {exc})"
+
+
+def _short_file(path: str, metadata: Any) -> str | None:
+    """The first data file that is missing or shorter than the index says, as a phrase."""
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        end = int(info.offset) + int(info.length)
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, end in sorted(needed.items()):
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            return f"its data file {name} is missing"
+        size = os.path.getsize(file)
+        if size < end:
+            return f"its data file {name} is truncated ({size} bytes; its .metadata needs {end})"
+    return None
+
+
+def meta_text(step: int, kind: str, meta: dict[str, Any]) -> str:
+    """``meta.json``'s content; fails now (TypeError) if ``meta`` is not JSON-able."""
+    try:
+        return json.dumps(
+            {"format": FORMAT, "step": step, "kind": kind, "saved_at": time.time(), "meta": meta},
+            indent=1,
+            sort_keys=True,
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"checkpoint meta must be a JSON-able dict: {exc}") from None
+
+
+def commit(tmp: str, final: str, text: str) -> bool:
+    """Write ``meta.json`` into ``tmp``, sync it and rename ``tmp`` to ``final``.
+
+    An existing ``final`` (a folder resume skipped as damaged) is moved aside first and deleted
+    after the rename. Returns whether one was replaced.
+    """
+    meta_path = os.path.join(tmp, META_FILE)
+    with open(meta_path, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    _fsync_dir(tmp)
+    aside = None
+    if os.path.lexists(final):
+        aside = final + ".old"
+        remove(aside)
+        os.rename(final, aside)
+    os.rename(tmp, final)
+    _fsync_dir(os.path.dirname(final))
+    if aside is not None:
+        remove(aside)
+    return aside is not None
+
+
+def remove(path: str) -> None:
+    """Delete a folder (or file, or link) if it exists; errors are ignored (best effort)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems cannot sync a directory; the rename still happened
+        pass
+    finally:
+        os.close(fd)
+
+
+def os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc`` (itself, or in its cause/context chain), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

@@ -1,0 +1,243 @@
+"""``titan compare RUN_DIR... [--rtol R] [--atol A] [--plot OUT.png]``: loss curves side by side.
+
+Every run writes ``<job.dump_folder>/metrics.jsonl`` (one JSON object per logged step:
+``{"step": 1, "loss": ..., "grad_norm": ..., ...}``) and ``config.toml``. This command reads the
+per-step losses and gradient norms of several runs, prints them side by side with each run's
+difference to the first (the reference) and the largest differences, and with ``--rtol`` /
+``--atol`` asserts ``|x - ref| <= atol + rtol * |ref|`` at every step (exit status 1 beyond it, or
+when a run lacks a step the reference has, or a value is not finite). A run made with
+``debug.deterministic_warn_only`` is refused when asserting: that setting is for exploration, not
+for numerical validation. ``--plot`` writes a PNG of the curves (matplotlib when installed, else
+pillow).
+
+This is the last step of "Reproducing loss curves with different parallelism configs"
+(docs/debugging.md): one seed checkpoint, the layouts loading it, then one ``titan compare``.
+Reading JSON and TOML only, this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+from typing import Any
+
+from titan_core.errors import UsageError
+
+METRICS_FILE = "metrics.jsonl"
+DEFAULT_METRICS = ("loss", "grad_norm")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Compare the per-step losses and gradient norms of runs (their job.dump_folder: "
+        "metrics.jsonl and config.toml). The first run is the reference. With --rtol/--atol, exit "
+        "with status 1 when a run differs beyond |x - ref| <= atol + rtol * |ref|."
+    )
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="job.dump_folder of each run")
+    parser.add_argument("--rtol", type=float, metavar="R", help="relative tolerance to assert")
+    parser.add_argument("--atol", type=float, metavar="A", help="absolute tolerance to assert")
+    parser.add_argument(
+        "--metrics",
+        default=",".join(DEFAULT_METRICS),
+        metavar="M[,M]",
+        help="comma-separated metrics to compare (default: loss,grad_norm)",
+    )
+    parser.add_argument("--plot", metavar="OUT.png", help="write a PNG of the curves")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+# -- reading runs -----------------------------------------------------------------------------------
+
+
+def read_metrics(run: str) -> dict[int, dict[str, Any]]:
+    """Step -> logged values of one run (the last row of a step wins, e.g. after a resume)."""
+    path = run if os.path.isfile(run) else os.path.join(run, METRICS_FILE)
+    if not os.path.exists(path):
+        raise UsageError(
+            f"{run}: no {METRICS_FILE}; give the job.dump_folder of a run (it writes {METRICS_FILE} "
+            "with one line per logged step)"
+        )
+    rows: dict[int, dict[str, Any]] = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                step = int(row["step"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                raise UsageError(f"{path}:{number}: not a metrics row (a JSON object with a 'step')") from None
+            rows[step] = row
+    if not rows:
+        raise UsageError(f"{path}: no logged steps; did the run finish a step?")
+    return rows
+
+
+def warn_only(run: str) -> bool:
+    """Whether the run's ``config.toml`` has ``debug.deterministic_warn_only = true``."""
+    path = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "config.toml")
+    if not os.path.exists(path):
+        return False
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        import tomllib
+
+        return bool(tomllib.loads(raw.decode()).get("debug", {}).get("deterministic_warn_only", False))
+    except ImportError:  # Python 3.10: the one line is enough
+        section = re.search(rb"^\[debug\](.*?)(^\[|\Z)", raw, re.S | re.M)
+        return bool(section and re.search(rb"^deterministic_warn_only\s*=\s*true", section.group(1), re.M))
+
+
+def _labels(runs: list[str]) -> list[str]:
+    names = [os.path.basename(os.path.normpath(r)) or r for r in runs]
+    return names if len(set(names)) == len(names) else [os.path.normpath(r) for r in runs]
+
+
+# -- comparing --------------------------------------------------------------------------------------
+
+
+def _close(value: Any, ref: Any, rtol: float, atol: float) -> bool:
+    if not (isinstance(value, (int, float)) and isinstance(ref, (int, float))):
+        return False
+    if not (math.isfinite(value) and math.isfinite(ref)):
+        return False
+    return abs(value - ref) <= atol + rtol * abs(ref)
+
+
+def compare_runs(
+    runs: list[str], metrics: list[str], rtol: float | None = None, atol: float | None = None
+) -> dict[str, Any]:
+    """Side-by-side values and differences as plain data (what ``--json`` prints)."""
+    data = [read_metrics(r) for r in runs]
+    labels = _labels(runs)
+    ref = data[0]
+    steps = sorted(set().union(*data))
+    asserting = rtol is not None or atol is not None
+    rtol_, atol_ = rtol or 0.0, atol or 0.0
+    table = []
+    for step in steps:
+        row: dict[str, Any] = {"step": step}
+        for m in metrics:
+            row[m] = [d.get(step, {}).get(m) for d in data]
+        table.append(row)
+    worst: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for i in range(1, len(runs)):
+        for m in metrics:
+            largest: dict[str, Any] = {"run": labels[i], "metric": m, "abs": 0.0, "rel": 0.0, "step": None}
+            for step in sorted(ref):
+                r = ref[step].get(m)
+                if r is None:
+                    continue
+                v = data[i].get(step, {}).get(m)
+                if v is None:
+                    if asserting:
+                        failures.append(f"{labels[i]}: no {m} at step {step} (the reference has {r:.6g})")
+                    continue
+                if not (math.isfinite(v) and math.isfinite(r)):
+                    diff = math.inf if v != r else 0.0
+                else:
+                    diff = abs(v - r)
+                rel = diff / abs(r) if r else (0.0 if diff == 0 else math.inf)
+                if diff > largest["abs"] or largest["step"] is None:
+                    largest.update({"abs": diff, "rel": rel, "step": step, "value": v, "ref": r})
+                if asserting and not _close(v, r, rtol_, atol_):
+                    failures.append(
+                        f"{labels[i]}: {m} at step {step} is {v:.6g}, the reference {labels[0]} has {r:.6g} "
+                        f"(|diff| {diff:.3g} > atol {atol_:g} + rtol {rtol_:g} * |ref|)"
+                    )
+            if largest["step"] is not None:
+                worst.append(largest)
+    return {
+        "runs": runs,
+        "labels": labels,
+        "metrics": metrics,
+        "steps": table,
+        "largest_differences": worst,
+        "rtol": rtol,
+        "atol": atol,
+        "failures": failures,
+    }
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.6f}" if isinstance(value, float) else str(value)
+
+
+def format_runs(result: dict[str, Any]) -> str:
+    from titan_plugins_memory.table import format_rows
+
+    labels, metrics = result["labels"], result["metrics"]
+    lines = ["runs: " + ", ".join(f"{lab} ({run})" for lab, run in zip(labels, result["runs"], strict=True))]
+    head = ["step"]
+    for m in metrics:
+        head += [f"{m} {labels[0]}"] + [f"{m} {lab} (diff)" for lab in labels[1:]]
+    rows = [head]
+    for row in result["steps"]:
+        cells = [str(row["step"])]
+        for m in metrics:
+            values = row[m]
+            ref = values[0]
+            cells.append(_fmt(ref))
+            for v in values[1:]:
+                if v is None or ref is None:
+                    cells.append(_fmt(v))
+                else:
+                    cells.append(f"{v:.6f} ({v - ref:+.2e})")
+        rows.append(cells)
+    lines.append(format_rows(rows, left=0))
+    if result["largest_differences"]:
+        lines.append("largest differences to the reference:")
+        for w in result["largest_differences"]:
+            lines.append(
+                f"  {w['run']} {w['metric']}: {w['abs']:.3g} at step {w['step']} (relative {w['rel']:.3g})"
+            )
+    if result["rtol"] is not None or result["atol"] is not None:
+        tol = f"rtol {result['rtol'] or 0:g}, atol {result['atol'] or 0:g}"
+        if result["failures"]:
+            lines.append(f"FAILED ({tol}): {len(result['failures'])} value(s) beyond the tolerance")
+            lines += [f"  {f}" for f in result["failures"][:20]]
+            if len(result["failures"]) > 20:
+                lines.append(f"  ... and {len(result['failures']) - 20} more")
+        else:
+            lines.append(f"OK: every step within {tol}")
+    return "\n".join(lines)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    if not metrics:
+        raise UsageError("--metrics: give at least one metric name, e.g. --metrics loss")
+    if len(args.runs) < 2 and not args.plot:
+        raise UsageError("give at least two run folders to compare (the first is the reference)")
+    for name, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{name}: expected a finite number >= 0, got {value}")
+    if args.rtol is not None or args.atol is not None:
+        for r in args.runs:
+            if warn_only(r):
+                raise UsageError(
+                    f"{r}: made with debug.deterministic_warn_only = true, which is for exploration "
+                    "and unfit for numerical validation; rerun it with debug.deterministic_warn_only "
+                    "= false, or leave out --rtol/--atol to only look at the curves"
+                )
+    result = compare_runs(args.runs, metrics, args.rtol, args.atol)
+    if args.plot:
+        from titan_plugins_memory.plot import plot_curves
+
+        plot_curves(result, args.plot)
+        result["plot"] = args.plot
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_runs(result))
+        if args.plot:
+            print(f"plot written: {args.plot}")
+    return 1 if result["failures"] else 0

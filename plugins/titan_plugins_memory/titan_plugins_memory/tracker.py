@@ -1,0 +1,157 @@
+"""What operators allocate while a dispatch mode is active: bytes current and peak, and a history.
+
+The CPU has no caching allocator that keeps statistics or a history, so titan follows the
+storages operators create instead. :class:`AllocationTracker` is a ``TorchDispatchMode`` below
+DTensor (DTensor ops are let through to their local ops): it sees every operator's outputs and
+remembers each new storage by a weak reference whose callback subtracts its bytes when it is
+freed. ``UntypedStorage.resize_`` is wrapped while active because FSDP allocates and frees its
+all-gather buffers by resizing storages in place.
+
+With ``history`` > 0 it also keeps the last ``history`` allocation and free events with the
+Python stack that made each allocation, in the event format of
+``torch.cuda.memory._snapshot()["device_traces"]`` (``action``, ``addr``, ``size``, ``frames``,
+``time_us``), which :mod:`titan_plugins_memory.cpu_snapshot` turns into a snapshot.
+
+``TorchDispatchMode`` lives in the private ``torch.utils._python_dispatch``; it is the mechanism
+PyTorch's own memory tools (``torch.distributed._tools.mem_tracker``) use, unchanged across torch
+2.11-2.14.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import time
+import weakref
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+#: Python frames kept per allocation (innermost first), as the CUDA allocator's history does.
+MAX_FRAMES = 24
+_THIS_FILE = __file__.removesuffix("c")
+
+
+def python_frames(skip: int = 1) -> list[dict[str, Any]]:
+    """The caller's Python stack, innermost first, without this module's and dispatch frames."""
+    frames: list[dict[str, Any]] = []
+    frame = sys._getframe(skip)
+    while frame is not None and len(frames) < MAX_FRAMES:
+        code = frame.f_code
+        filename = code.co_filename
+        if filename != _THIS_FILE and not filename.endswith("_python_dispatch.py"):
+            frames.append({"filename": filename, "line": frame.f_lineno, "name": code.co_name})
+        frame = frame.f_back
+    return frames
+
+
+class AllocationTracker(TorchDispatchMode):
+    """Bytes of the storages operators create (or resize) while active, current and peak."""
+
+    def __init__(self, history: int = 0) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+        self._addrs: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref] = {}
+        self._orig_resize: Any = None
+        self.history = history
+        #: Allocation and free events (``device_traces`` format), the last ``history`` of them.
+        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=history or 1)
+        #: The Python stack of every live storage allocated while recording (by storage key).
+        self.frames: dict[int, list[dict[str, Any]]] = {}
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+
+    def _add(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        if key in self._sizes or storage.device.type == "meta":
+            return
+        nbytes = storage.nbytes()
+        self._sizes[key] = nbytes
+        self._addrs[key] = storage.data_ptr()
+        self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
+        self._grow(nbytes)
+        if self.history and nbytes:
+            frames = python_frames(3)
+            self.frames[key] = frames
+            self._event("alloc", self._addrs[key], nbytes, frames)
+
+    def _freed(self, key: int, _ref: Any) -> None:
+        nbytes = self._sizes.pop(key, 0)
+        addr = self._addrs.pop(key, 0)
+        self.current -= nbytes
+        self._refs.pop(key, None)
+        frames = self.frames.pop(key, [])
+        if self.history and nbytes:
+            self._event("free_completed", addr, nbytes, frames)
+
+    def _grow(self, nbytes: int) -> None:
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def _event(self, action: str, addr: int, size: int, frames: list[dict[str, Any]]) -> None:
+        self.events.append(
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "frames": frames,
+                "time_us": time.time_ns() // 1000,
+            }
+        )
+
+    def live(self) -> list[dict[str, Any]]:
+        """The storages allocated while active and still alive: address, size, stack."""
+        return [
+            {"addr": self._addrs[k], "size": size, "frames": self.frames.get(k, [])}
+            for k, size in self._sizes.items()
+            if size
+        ]
+
+    # -- the mode -------------------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
+                self._add(t.untyped_storage())
+        return out
+
+    def __enter__(self) -> AllocationTracker:
+        self._orig_resize = orig = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            key, before, addr = id(storage), storage.nbytes(), storage.data_ptr()
+            result = orig(storage, size)
+            if key in tracker._sizes:
+                after = storage.nbytes()
+                tracker._sizes[key] = after
+                tracker._grow(after - before)
+                if tracker.history:
+                    if before:
+                        tracker._event("free_completed", addr, before, tracker.frames.get(key, []))
+                    tracker._addrs[key] = storage.data_ptr()
+                    if after:
+                        frames = python_frames(2)
+                        tracker.frames[key] = frames
+                        tracker._event("alloc", tracker._addrs[key], after, frames)
+            else:
+                tracker._add(storage)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        super().__exit__(*exc)

@@ -1,0 +1,48 @@
+"""The config sections of the parallelism plugin: ``activation_checkpoint`` and ``compile``.
+
+They are the plugin's own (``titan_config_sections``): without the plugin a recipe that sets them
+fails with "no config section", instead of asking for work nobody would do. The field paths are
+those of titan's first release.
+"""
+
+from typing import Any, Literal
+
+from titan_core.config import field, section
+
+
+def _selective_option(_inst: Any, _attr: Any, value: str) -> None:
+    if value != "op" and not (value.isdigit() and int(value) > 0):
+        raise ValueError(f"expected 'op' or a positive integer such as '2', got {value!r}")
+
+
+@section
+class ActivationCheckpoint:
+    #: ``none``, ``full`` (recompute every block) or ``selective`` (see ``selective_ac_option``).
+    mode: Literal["none", "full", "selective"] = "none"
+    #: Under ``selective``: ``op`` recomputes cheap operators of every block but keeps the outputs
+    #: of attention, every other matmul and collectives (reduce-scatter, all-to-all); an integer
+    #: ``N`` (``"2"``) recomputes every N-th block whole.
+    selective_ac_option: str = field(default="op", validator=_selective_option)
+    #: Stash and restore the RNG state for recomputation (deterministic against no AC).
+    preserve_rng_state: bool = False
+    #: Determinism check of recomputation (``default`` or ``none``), as torch.utils.checkpoint.
+    determinism_check: Literal["default", "none"] = "default"
+    #: Capture debug information about recomputation (slower; not with the ``op`` policy).
+    debug: bool = False
+
+
+@section
+class Compile:
+    #: ``torch.compile`` each transformer block.
+    enable: bool = False
+
+
+def check(config: Any) -> list[str]:
+    """Checks across fields of the plugin's sections (run once after the recipe)."""
+    ac = config.activation_checkpoint
+    if ac.debug and ac.mode == "selective" and ac.selective_ac_option == "op":
+        return [
+            "activation_checkpoint.debug: torch.utils.checkpoint cannot debug the per-operator "
+            "policy (selective_ac_option = 'op'); use mode 'full', an integer option, or debug = False"
+        ]
+    return []

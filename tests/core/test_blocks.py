@@ -1,0 +1,152 @@
+"""titan_core.blocks: grouped-query attention without K/V copies, the attention-function contract,
+document (block-causal) masks against per-document attention, RoPE and SwiGLU."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from titan_core import blocks
+
+BOS = 0
+
+
+def _qkv(batch: int = 2, heads: int = 4, kv_heads: int = 2, seq: int = 24, hd: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, seq, hd, generator=g)
+    k = torch.randn(batch, kv_heads, seq, hd, generator=g)
+    v = torch.randn(batch, kv_heads, seq, hd, generator=g)
+    return q, k, v
+
+
+def _expanded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+
+
+def _packed_tokens() -> torch.Tensor:
+    # Row 0 starts mid-document (tail of a cut document), row 1 with a BOS; documents of 1 token too.
+    return torch.tensor(
+        [
+            [5, 6, BOS, 7, 8, 9, BOS, 4, BOS, 3, 3, 3, 3, BOS, 2, 2],
+            [BOS, 1, 1, 1, 1, 1, 1, BOS, BOS, 9, 9, 9, 9, 9, 9, 9],
+        ]
+    )
+
+
+def test_grouped_kv_without_copies_equals_expanded_heads() -> None:
+    q, k, v = _qkv()
+    ek, ev = _expanded(q, k, v)
+    torch.testing.assert_close(
+        blocks.attention(q, k, v), F.scaled_dot_product_attention(q, ek, ev, is_causal=True)
+    )
+    mask = torch.rand(2, 1, 24, 24, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask |= torch.eye(24, dtype=torch.bool)  # no fully masked row
+    torch.testing.assert_close(
+        blocks.attention(q, k, v, mask=mask), F.scaled_dot_product_attention(q, ek, ev, attn_mask=mask)
+    )
+
+
+def test_call_attention_expands_kv_for_a_function_that_does_not_declare_grouped_kv() -> None:
+    q, k, v = _qkv()
+    seen: list[tuple[int, bool]] = []
+
+    def plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        seen.append((k.shape[1], "mask" in kwargs))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    out = blocks.call_attention(plain, q, k, v)
+    assert seen == [(4, False)]  # expanded to the 4 query heads; no mask argument without a mask
+    torch.testing.assert_close(out, blocks.attention(q, k, v))
+    mask = blocks.document_mask(torch.zeros(2, 24, dtype=torch.long), BOS)
+    blocks.call_attention(plain, q, k, v, mask)
+    assert seen[-1] == (4, True)
+
+
+def test_document_ids_count_bos_tokens() -> None:
+    docs = blocks.document_ids(_packed_tokens(), BOS)
+    assert docs[0].tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 4, 4, 4]
+    assert docs[1].tolist() == [1, 1, 1, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3, 3, 3, 3]
+
+
+def test_document_mask_is_causal_within_documents_only() -> None:
+    mask = blocks.document_mask(_packed_tokens(), BOS)
+    assert mask.shape == (2, 1, 16, 16) and mask.dtype == torch.bool
+    row = mask[0, 0]
+    assert row[5].tolist() == [False] * 2 + [True] * 4 + [False] * 10  # token 5 sees 2..5
+    assert row[7].tolist() == [False] * 6 + [True] * 2 + [False] * 8  # its own document from BOS at 6
+    assert not row[1, 2] and row[1, :2].all()  # the leading partial document is a document too
+
+
+def _per_document_reference(q, k, v, tokens):
+    """Attention run on each document alone (unpacked), put back in place."""
+    out = torch.empty_like(q)
+    r = q.shape[1] // k.shape[1]
+    for b in range(tokens.shape[0]):
+        starts = [0, *[i for i in range(1, tokens.shape[1]) if tokens[b, i] == BOS], tokens.shape[1]]
+        for s, e in itertools.pairwise(starts):
+            qs, ks, vs = q[b : b + 1, :, s:e], k[b : b + 1, :, s:e], v[b : b + 1, :, s:e]
+            ks, vs = ks.repeat_interleave(r, dim=1), vs.repeat_interleave(r, dim=1)
+            out[b : b + 1, :, s:e] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    return out
+
+
+def test_document_masked_attention_equals_each_document_alone() -> None:
+    tokens = _packed_tokens()
+    q, k, v = _qkv(seq=16)
+    reference = _per_document_reference(q, k, v, tokens)
+    out = blocks.attention(q, k, v, mask=blocks.document_mask(tokens, BOS))
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+    # Plain causal attention over the packed row is not the same thing.
+    assert not torch.allclose(blocks.attention(q, k, v), reference, atol=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_block_mask_selects_the_same_keys_as_the_boolean_mask() -> None:
+    """The CUDA path's mask_mod, run through eager flex attention on CPU (with GQA)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 6, (2, 256), generator=g)  # BOS = 0: many documents, some blocks full
+    q, k, v = _qkv(seq=256, seed=4)
+    block_mask = blocks._document_block_mask(blocks.document_ids(tokens, BOS), compiled=False)
+    out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    reference = blocks.attention(q, k, v, mask=blocks.document_mask(tokens, BOS))
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_is_relative_and_scaling_changes_only_low_frequencies() -> None:
+    hd = 16
+    freqs = blocks.rope_frequencies(hd, 64, theta=10000.0)
+    assert freqs.shape == (64, hd // 2)
+    torch.testing.assert_close(freqs.abs(), torch.ones(64, hd // 2))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 64, 1, hd, generator=g), torch.randn(1, 64, 1, hd, generator=g)
+    same_q, same_k = q[:, 3:4].expand(1, 64, 1, hd), k[:, 1:2].expand(1, 64, 1, hd)
+    rq, rk = blocks.apply_rope(same_q, freqs), blocks.apply_rope(same_k, freqs)
+    # The score of a query/key pair depends on their distance only: (10, 8) == (40, 38).
+    torch.testing.assert_close((rq[0, 10] * rk[0, 8]).sum(), (rq[0, 40] * rk[0, 38]).sum())
+    scaled = blocks.rope_frequencies(hd, 2, theta=10000.0, scaling=blocks.RopeScaling(original_max_len=64))
+    plain = blocks.rope_frequencies(hd, 2, theta=10000.0)
+    assert torch.equal(scaled[1, 0], plain[1, 0])  # the highest frequency is kept
+    torch.testing.assert_close(scaled[1, -1].angle(), plain[1, -1].angle() / 8.0)
+
+
+def test_feed_forward_is_swiglu_and_init_scales_by_depth() -> None:
+    torch.manual_seed(0)
+    ffn = blocks.FeedForward(64, 256)
+    ffn.init_weights(std=0.005)
+    x = torch.randn(3, 64)
+    expected = F.linear(F.silu(F.linear(x, ffn.w1.weight)) * F.linear(x, ffn.w3.weight), ffn.w2.weight)
+    torch.testing.assert_close(ffn(x), expected)
+    assert math.isclose(ffn.w1.weight.std().item(), 0.02, rel_tol=0.1)
+    assert math.isclose(ffn.w2.weight.std().item(), 0.005, rel_tol=0.1)
+
+
+def test_attention_module_refuses_heads_that_do_not_group() -> None:
+    with pytest.raises(ValueError, match="n_heads=6 must be a multiple of n_kv_heads=4"):
+        blocks.Attention(48, 6, 4)

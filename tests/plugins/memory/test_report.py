@@ -1,0 +1,128 @@
+"""The memory report outside the fake backends: its allocation tracker, the optimizer warm-up, and
+a real one-process run with ``debug.memory_report``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests.conftest import run_titan, step_rows
+from titan_plugins_memory.report import POINTS, warm_up_optimizer
+from titan_plugins_memory.tracker import AllocationTracker
+
+
+def test_tracker_follows_allocations_frees_and_resizes() -> None:
+    before = torch.ones(1000)  # exists before: never counted
+    original_resize = torch.UntypedStorage.resize_
+    with AllocationTracker() as tracker:
+        a = torch.empty(1024, dtype=torch.float32)  # 4 KiB
+        b = a.view(32, 32)  # a view shares the storage: no new bytes
+        c = before * 2  # 4000 bytes
+        assert tracker.current == 4096 + 4000
+        del a, b
+        assert tracker.current == 4000  # freed when the last view goes
+        c.untyped_storage().resize_(0)  # as FSDP frees its all-gather buffers
+        assert tracker.current == 0
+        c.untyped_storage().resize_(8000)
+        assert tracker.current == 8000
+    assert tracker.peak == 4096 + 4000
+    assert torch.UntypedStorage.resize_ is original_resize  # unpatched on exit
+
+
+def test_tracker_history_has_the_allocating_line() -> None:
+    with AllocationTracker(history=100) as tracker:
+        x = torch.zeros(256)  # 1 KiB, allocated on this line
+        del x
+    actions = [(e["action"], e["size"]) for e in tracker.events]
+    assert actions == [("alloc", 1024), ("free_completed", 1024)]
+    frame = tracker.events[0]["frames"][0]
+    assert frame["filename"] == __file__ and frame["name"] == "test_tracker_history_has_the_allocating_line"
+
+
+def _adamw_pair(weight_decay: float) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    a = torch.nn.Linear(8, 4)
+    b = torch.nn.Linear(8, 4)
+    b.load_state_dict(a.state_dict())
+    kw = {"lr": 0.1, "weight_decay": weight_decay, "foreach": True}
+    return a, b, torch.optim.AdamW(a.parameters(), **kw), torch.optim.AdamW(b.parameters(), **kw)
+
+
+def test_optimizer_warmup_allocates_state_and_changes_nothing() -> None:
+    a, b, opt_a, opt_b = _adamw_pair(weight_decay=0.5)  # a large decay would show at once
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    assert warm_up_optimizer(opt_b, list(b.parameters())) is True
+    assert all(torch.equal(before[k], v) for k, v in b.state_dict().items())  # weights untouched
+    state = opt_b.state[b.weight]
+    assert state["exp_avg"].shape == b.weight.shape and float(state["step"]) == 0
+    assert all(p.grad is None for p in b.parameters())
+    assert opt_b.param_groups[0]["lr"] == 0.1 and opt_b.param_groups[0]["weight_decay"] == 0.5
+    x = torch.randn(16, 8)
+    for _ in range(3):  # the same steps as a run whose state was allocated lazily
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()
+    assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+    assert warm_up_optimizer(opt_b, list(b.parameters())) is False  # state exists: left alone
+
+
+RECIPES = """
+from titan_plugins_llama3.recipes import llama3_debugmodel
+
+
+def tiny_report():
+    config = llama3_debugmodel()
+    config.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
+    config.training.steps = 3
+    config.training.seq_len = 32
+    config.training.local_batch_size = 2
+    config.training.device = "cpu"
+    config.metrics.log_freq = 1
+    config.metrics.enable_tensorboard = False
+    config.debug.memory_report = True
+    config.job.dump_folder = "./out"
+    return config
+
+
+def tiny_no_report():
+    config = tiny_report()
+    config.debug.memory_report = False
+    config.job.dump_folder = "./out_plain"
+    return config
+"""
+
+
+def test_memory_report_in_a_real_one_process_run(tmp_path: Path) -> None:
+    (tmp_path / "report_recipes.py").write_text(RECIPES)
+    result = run_titan("run", "--module", "report_recipes", "--recipe", "tiny_report", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "memory_report_rank0.json").read_text())
+    assert report["comm_backend"] == "default" and report["world_size"] == 1
+    assert report["steady_step"] == 2 and report["optimizer_warmup"] is True
+    points = [(o["point"], o["step"]) for o in report["observations"]]
+    assert points == list(zip(POINTS, (0, 0, 2, 2), strict=True))
+    assert report["params_bytes"] == 4 * report["params_numel"]
+    first, warm, steady, last = report["observations"]
+    assert first["grads_bytes"] == 0 and first["optimizer_state_bytes"] == 0
+    # the state exists before the first forward: AdamW's two moments (plus step counters)
+    assert warm["optimizer_state_bytes"] >= 2 * report["params_bytes"] and warm["grads_bytes"] == 0
+    assert last["optimizer_state_bytes"] == warm["optimizer_state_bytes"]
+    assert last["grads_bytes"] == report["params_bytes"]
+    assert steady["step_allocations_peak_bytes"] > 0
+    assert steady["peak_bytes"] >= steady["accounted_bytes"]
+    # what identifies the configuration
+    assert report["model_overrides"] == {"dim": 64, "n_layers": 2, "n_heads": 4}
+    assert (report["seq_len"], report["local_batch_size"], report["dtype"]) == (32, 2, "float32")
+    assert report["activation_checkpoint"] == "none" and report["compile"] is False
+    assert len(report["config_hash"]) == 16
+    assert "memory report: tiny_report" in result.stdout
+
+    # The warm-up changes no weight: the losses equal those of a run without the report.
+    plain = run_titan("run", "--module", "report_recipes", "--recipe", "tiny_no_report", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert not (tmp_path / "out_plain" / "memory_report_rank0.json").exists()
+    losses = [r["loss"] for r in step_rows(result.stdout)]
+    assert len(losses) == 3 and losses == [r["loss"] for r in step_rows(plain.stdout)]

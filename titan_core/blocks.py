@@ -1,0 +1,230 @@
+"""Shared building blocks for decoder model plugins: RMSNorm, rotary embeddings, SwiGLU, attention.
+
+A model plugin composes these instead of copying them (titan's Llama 3 and MoE models do)::
+
+    from titan_core import blocks
+
+    freqs_cis = blocks.rope_frequencies(head_dim, max_seq_len, theta=5e5, scaling=blocks.RopeScaling())
+    q, k = blocks.apply_rope(q, freqs_cis), blocks.apply_rope(k, freqs_cis)  # (batch, seq, heads, hd)
+    mask = blocks.document_mask(tokens, bos_id)                             # once per forward
+    out = blocks.attention(q, k, v, mask=mask)                              # (batch, heads, seq, hd)
+    ffn = blocks.FeedForward(dim, hidden_dim)                               # w2(silu(w1 x) * w3 x)
+    norm = blocks.RMSNorm(dim, eps=1e-5)                                    # torch's nn.RMSNorm
+
+**The attention-function contract.** An attention module stores its attention function in
+``self.attention_fn`` (default :func:`attention`) and calls it on ``(batch, heads, seq, head_dim)``
+tensors. A context-parallel strategy replaces ``attention_fn`` with one that sees the whole
+sequence. Two optional parts of the contract, both declared by the function, keep old functions
+working unchanged:
+
+- *Grouped K/V*: a function whose attribute ``grouped_kv`` is true accepts K/V with fewer heads
+  than Q (``n_heads`` a multiple of ``n_kv_heads``, each K/V head shared by consecutive query
+  heads, as ``repeat_interleave`` would). For any other function the caller expands K/V first
+  (:func:`call_attention` does this), so a replacement written for expanded heads stays correct.
+- *Masks*: the model calls ``attention_fn(q, k, v, mask=mask)`` only when it uses a document
+  mask; ``mask=None`` (or no argument) means causal attention over the whole sequence.
+
+**Document masking** (block-causal attention over packed documents): titan's data loader frames
+every document as ``BOS ... EOS`` and packs them into fixed-length sequences, so a token's
+document is the number of BOS tokens at or before it (:func:`document_ids`). The mask lets a
+query see keys of the same document at or before its own position. :func:`document_mask` builds
+it once per forward: a flex-attention ``BlockMask`` on CUDA (fully masked blocks are skipped, so
+attention costs what the documents need) and a boolean ``(batch, 1, seq, seq)`` tensor elsewhere
+(SDPA with an explicit mask: exact, for CPU runs and tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: torch's fused RMSNorm (``weight * x / sqrt(mean(x^2) + eps)``); re-exported so that model
+#: plugins import every block from one place.
+RMSNorm = nn.RMSNorm
+
+
+@attrs.frozen
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (long wavelengths slowed by ``factor``)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+
+
+def rope_frequencies(
+    head_dim: int,
+    seq_len: int,
+    theta: float,
+    scaling: RopeScaling | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Complex rotations ``(seq_len, head_dim // 2)``; ``scaling=None`` is plain RoPE."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim))
+    if scaling is not None:
+        low_wavelen = scaling.original_max_len / scaling.low_freq_factor
+        high_wavelen = scaling.original_max_len / scaling.high_freq_factor
+        wavelen = 2 * math.pi / freqs
+        # Long wavelengths are slowed by the factor, short ones kept, the middle interpolated.
+        smooth = (scaling.original_max_len / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        scaled = (1 - smooth) * freqs / scaling.factor + smooth * freqs
+        freqs = torch.where(
+            wavelen > low_wavelen,
+            freqs / scaling.factor,
+            torch.where(wavelen < high_wavelen, freqs, scaled),
+        )
+    t = torch.arange(seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(t, freqs)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x (batch, seq, heads, head_dim)`` by the first ``seq`` rows of ``freqs_cis``."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    # freqs_cis may cover more positions than x (the whole buffer): x's length is only known
+    # here, after sequence-parallel activations were gathered for attention.
+    rotated = xc * freqs_cis[: xc.shape[1]].view(1, xc.shape[1], 1, xc.shape[-1])
+    return torch.view_as_real(rotated).flatten(3).type_as(x)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU feed-forward ``w2(silu(w1 x) * w3 x)`` without biases (Llama's)."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, std: float) -> None:
+        """``w1`` at std 0.02, the others at ``std`` (depth-scaled by the caller), as torchtitan."""
+        nn.init.trunc_normal_(self.w1.weight, mean=0.0, std=0.02)
+        for linear in (self.w2, self.w3):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std)
+
+
+def document_ids(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """``(batch, seq)`` index of each token's document: the number of BOS tokens up to it.
+
+    Tokens before the first BOS (the tail of a document cut by the packing) form document 0.
+    """
+    return torch.cumsum(tokens == bos_id, dim=1, dtype=torch.int32)
+
+
+def document_mask(tokens: torch.Tensor, bos_id: int) -> Any:
+    """The block-causal mask of a packed batch ``tokens (batch, seq)``, for :func:`attention`.
+
+    On CUDA a flex-attention ``BlockMask`` (built by a compiled kernel, no ``seq x seq`` tensor);
+    elsewhere a boolean ``(batch, 1, seq, seq)`` tensor, True where the query may see the key.
+    """
+    docs = document_ids(tokens, bos_id)
+    if tokens.device.type == "cuda":
+        return _document_block_mask(docs)
+    seq = tokens.shape[1]
+    pos = torch.arange(seq, device=tokens.device)
+    causal = pos[:, None] >= pos[None, :]
+    return (causal & (docs[:, :, None] == docs[:, None, :]))[:, None]
+
+
+def _document_block_mask(docs: torch.Tensor, compiled: bool = True) -> Any:
+    """Flex attention's ``BlockMask`` of the block-causal mask of document ids ``(batch, seq)``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def block_causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
+
+    batch, seq = docs.shape
+    # _compile=True builds the block mask with a compiled kernel instead of materialising
+    # (batch, seq, seq) booleans, as torchtitan does. A new closure per batch does not make
+    # compiled blocks recompile: dynamo guards on its code, and `docs` becomes a graph input.
+    return create_block_mask(block_causal, batch, None, seq, seq, device=docs.device, _compile=compiled)
+
+
+@functools.cache
+def _compiled_flex_attention() -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # flex attention is only fast compiled (eager runs a reference implementation); compiling
+    # it once here also lets an uncompiled model use the fused kernel.
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Any = None) -> torch.Tensor:
+    """Scaled dot-product attention on ``(batch, heads, seq, head_dim)`` tensors.
+
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention, no K/V copies: SDPA's
+    and flex attention's ``enable_gqa``). ``mask``: ``None`` for causal attention, a boolean
+    tensor broadcastable to ``(batch, heads, q_seq, k_seq)`` (True = attend), or a flex-attention
+    ``BlockMask`` (from :func:`document_mask` on CUDA).
+    """
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if isinstance(mask, torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=gqa)
+
+
+attention.grouped_kv = True  # type: ignore[attr-defined]
+
+
+def call_attention(
+    fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None
+) -> torch.Tensor:
+    """Call an attention function under the contract above (expanding K/V heads for a function
+    that does not declare ``grouped_kv``; passing ``mask`` only when there is one)."""
+    if q.shape[1] != k.shape[1] and not getattr(fn, "grouped_kv", False):
+        repeats = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(repeats, dim=1)
+        v = v.repeat_interleave(repeats, dim=1)
+    return fn(q, k, v) if mask is None else fn(q, k, v, mask=mask)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE: ``wq/wk/wv/wo`` projections, no biases.
+
+    ``forward(x (batch, seq, dim), freqs_cis, mask=None)``. Heads are reshaped with ``-1``
+    (``view(batch, seq, -1, head_dim)``) so the module works on a tensor-parallel slice of them.
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None) -> None:
+        super().__init__()
+        n_kv_heads = n_kv_heads or n_heads
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        # Replaced by context parallelism with an attention that sees the whole sequence.
+        self.attention_fn: Any = attention
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        bs, seq, _ = x.shape
+        q = self.wq(x).view(bs, seq, -1, self.head_dim)
+        k = self.wk(x).view(bs, seq, -1, self.head_dim)
+        v = self.wv(x).view(bs, seq, -1, self.head_dim)
+        q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
+        out = call_attention(self.attention_fn, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+        return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+
+    def init_weights(self, std: float) -> None:
+        """``wq/wk/wv`` at std 0.02, ``wo`` at ``std`` (depth-scaled by the caller), as torchtitan."""
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=0.02)
+        nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=std)

@@ -1,0 +1,64 @@
+"""The learning-rate schedule: linear warm-up, constant, linear decay, then constant at the floor.
+
+Past ``training.steps`` (a resumed run given more steps) the factor stays at ``min_lr_factor``:
+an unclamped linear decay would go negative and train by gradient ascent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from titan_core.log import get_logger
+
+log = get_logger("titan.schedule")
+
+
+@attrs.frozen
+class WarmupStableDecay:
+    steps: int
+    warmup_steps: int
+    decay_ratio: float
+    min_lr_factor: float
+
+    @classmethod
+    def from_config(cls, training: Any) -> WarmupStableDecay:
+        return cls(training.steps, training.warmup_steps, training.decay_ratio, training.min_lr_factor)
+
+    @property
+    def decay_steps(self) -> int:
+        return round(max(self.steps - self.warmup_steps, 0) * self.decay_ratio)
+
+    def __call__(self, index: int) -> float:
+        """Factor of the peak LR for LambdaLR's ``index`` (0 for the first step)."""
+        step = index + 1
+        if step <= self.warmup_steps:
+            return step / (self.warmup_steps + 1)
+        decay_start = self.steps - self.decay_steps
+        if step <= decay_start or self.decay_steps == 0:
+            return 1.0
+        progress = min((step - decay_start) / self.decay_steps, 1.0)
+        return 1.0 - (1.0 - self.min_lr_factor) * progress
+
+    def describe(self) -> dict[str, Any]:
+        """What a checkpoint stores, to notice a resume that changes the schedule."""
+        return attrs.asdict(self)
+
+    def check_resume(self, saved: dict[str, Any] | None, step: int) -> None:
+        """Warn when a resumed run's schedule differs from the checkpoint's (the LR jumps)."""
+        if not saved:
+            return
+        changed = {k: (saved.get(k), v) for k, v in self.describe().items() if saved.get(k) != v}
+        if changed:
+            text = ", ".join(f"training.{k}: {old} -> {new}" for k, (old, new) in changed.items())
+            log.warning(
+                "resuming with another learning-rate schedule; the LR continues from this run's "
+                f"schedule at step {step}: {text}",
+                lr_factor_checkpoint_schedule=WarmupStableDecay(**saved)(step) if _complete(saved) else None,
+                lr_factor_now=self(step),
+            )
+
+
+def _complete(saved: dict[str, Any]) -> bool:
+    return {a.name for a in attrs.fields(WarmupStableDecay)} <= set(saved)

@@ -1,0 +1,61 @@
+"""Parameter sharing (tied weights) that survives meta build, strategies and ``to_empty``.
+
+A model ties two modules' weights by registering one ``nn.Parameter`` under two names (the
+output projection and the token embedding, say). Strategies that replace parameters module by
+module (TP's ``parallelize_module`` makes a new DTensor parameter per module) and a
+materialisation that makes new parameters would leave two independent copies, one of them never
+initialised. The trainer records the sharing on the meta model and restores it after every
+strategy and after ``to_empty``: every name of a group points at the parameter of the first name.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from titan_core.errors import UsageError
+
+
+def shared_parameters(model: nn.Module) -> list[list[str]]:
+    """Groups of parameter names that share one parameter (only groups of two or more)."""
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def _owner(part: nn.Module, name: str) -> tuple[nn.Module, str] | None:
+    module_path, _, leaf = name.rpartition(".")
+    try:
+        module = part.get_submodule(module_path) if module_path else part
+    except AttributeError:
+        return None
+    if module is None or leaf not in module._parameters:  # e.g. a pipeline stage dropped it
+        return None
+    return module, leaf
+
+
+def retie(parts: list[nn.Module], groups: list[list[str]]) -> None:
+    """Point every name of each group at one parameter, in each part that holds two of them."""
+    for part in parts:
+        for names in groups:
+            owners = [(n, o) for n in names if (o := _owner(part, n)) is not None]
+            if len(owners) < 2:
+                continue
+            first_name, (module, leaf) = owners[0]
+            keep = module._parameters[leaf]
+            for name, (other, other_leaf) in owners[1:]:
+                param = other._parameters[other_leaf]
+                if param is keep:
+                    continue
+                if _layout(param) != _layout(keep):
+                    raise UsageError(
+                        f"tied parameters {first_name} and {name} were laid out differently "
+                        f"({_layout(keep)} vs {_layout(param)}) by a strategy; they cannot stay "
+                        "tied: untie them in the model (e.g. tie_embeddings=False) or change the plan"
+                    )
+                other._parameters[other_leaf] = keep
+
+
+def _layout(param: nn.Parameter) -> tuple[object, ...]:
+    placements = getattr(param, "placements", None)
+    return (tuple(param.shape), param.dtype, None if placements is None else tuple(placements))
