@@ -129,36 +129,82 @@ def document_mask(tokens: torch.Tensor, bos_id: int) -> Any:
     On CUDA a flex-attention ``BlockMask`` (built by a compiled kernel, no ``seq x seq`` tensor);
     elsewhere a boolean ``(batch, 1, seq, seq)`` tensor, True where the query may see the key.
     """
-    docs = document_ids(tokens, bos_id)
     if tokens.device.type == "cuda":
-        return _document_block_mask(docs)
+        return _document_block_mask(document_ends(tokens, bos_id))
+    docs = document_ids(tokens, bos_id)
     seq = tokens.shape[1]
     pos = torch.arange(seq, device=tokens.device)
     causal = pos[:, None] >= pos[None, :]
     return (causal & (docs[:, :, None] == docs[:, None, :]))[:, None]
 
 
-def _document_block_mask(docs: torch.Tensor, compiled: bool = True) -> Any:
-    """Flex attention's ``BlockMask`` of the block-causal mask of document ids ``(batch, seq)``."""
+def document_ends(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """``(batch, seq)`` position of the last token of each token's document (int32).
+
+    With it the block-causal mask is ``kv <= q <= end[kv]``: one lookup per score instead of
+    comparing two document ids (torchtitan's fast path for packed documents).
+    """
+    batch, seq = tokens.shape
+    pos = torch.arange(seq, device=tokens.device, dtype=torch.int32).expand(batch, seq)
+    starts = torch.where(tokens == bos_id, pos, torch.full_like(pos, seq))
+    # The first document start at or after each position (a suffix minimum), shifted by one:
+    # the start of the next document after each token, or seq when there is none.
+    next_start = starts.flip(1).cummin(1).values.flip(1)
+    following = torch.cat([next_start[:, 1:], torch.full_like(next_start[:, :1], seq)], dim=1)
+    return following - 1
+
+
+def _document_block_mask(ends: torch.Tensor, compiled: bool = True) -> Any:
+    """Flex attention's ``BlockMask`` of the block-causal mask given :func:`document_ends`."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def block_causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
+        return (q_idx >= kv_idx) & (q_idx <= ends[b, kv_idx])
 
-    batch, seq = docs.shape
-    # _compile=True builds the block mask with a compiled kernel instead of materialising
-    # (batch, seq, seq) booleans, as torchtitan does. A new closure per batch does not make
-    # compiled blocks recompile: dynamo guards on its code, and `docs` becomes a graph input.
-    return create_block_mask(block_causal, batch, None, seq, seq, device=docs.device, _compile=compiled)
+    batch, seq = ends.shape
+    # Compiled, create_block_mask evaluates the mask block by block instead of materialising
+    # (batch, seq, seq) booleans. A new closure per batch does not recompile: dynamo guards on
+    # its code, and `ends` becomes a graph input.
+    build = _compiled_create_block_mask() if compiled else create_block_mask
+    return build(block_causal, batch, None, seq, seq, device=ends.device)
+
+
+@functools.cache
+def _compiled_create_block_mask() -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
+
+
+#: Inductor options of the flex-attention kernel, torchtitan 0.3's: autotuned tile sizes (the
+#: first step of a shape pays for the search; the results are cached on disk), no CUDA graphs,
+#: and the compiled region wrapped as one operator so that selective activation checkpointing
+#: can keep its output instead of recomputing it.
+_FLEX_OPTIONS = {
+    "wrap_inductor_compiled_regions": True,
+    "max_autotune": True,
+    "coordinate_descent_tuning": True,
+    "triton.cudagraphs": False,
+}
 
 
 @functools.cache
 def _compiled_flex_attention() -> Any:
+    import torch._inductor.config as inductor_config
     from torch.nn.attention.flex_attention import flex_attention
 
-    # flex attention is only fast compiled (eager runs a reference implementation); compiling
-    # it once here also lets an uncompiled model use the fused kernel.
-    return torch.compile(flex_attention, dynamic=False)
+    def known(name: str) -> bool:  # options differ between torch releases
+        owner: Any = inductor_config
+        for part in name.split("."):
+            if not hasattr(owner, part):
+                return False
+            owner = getattr(owner, part)
+        return True
+
+    # flex attention is only fast compiled (eager runs a reference implementation that builds
+    # the whole score matrix); compiled here, an uncompiled model gets the fused kernel too.
+    options = {k: v for k, v in _FLEX_OPTIONS.items() if known(k)}
+    return torch.compile(flex_attention, dynamic=False, options=options)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Any = None) -> torch.Tensor:

@@ -38,17 +38,16 @@ from titan_core.errors import PluginError, UsageError
 class ConfigError(UsageError):
     """A config failed validation; ``problems`` holds one ``path: message`` line per problem."""
 
-    def __init__(self, problems: list[str], source: str = "") -> None:
+    def __init__(self, problems: list[str], source: str = "", where: str = "") -> None:
         self.problems = problems
         self.source = source
         head = f"invalid config from recipe {source!r}" if source else "invalid config"
+        if where:
+            head += f" ({where})"
         if len(problems) == 1:
             super().__init__(f"{head}: {problems[0]}")
         else:
             super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in problems))
-
-    def with_source(self, source: str) -> "ConfigError":
-        return self if self.source else ConfigError(self.problems, source)
 
 
 def positive(_inst: Any, _attr: Any, value: Any) -> None:
@@ -127,7 +126,7 @@ def _type_error(value: Any, annotation: Any) -> str | None:
             if (err := _type_error(k, key_type)) is not None:
                 return f"key {k!r}: {err}"
             if (err := _type_error(v, value_type)) is not None:
-                return f"[{k!r}]: {err}"
+                return f".{k}: {err}"  # rendered as the path of the entry
         return None
     if annotation is type(None):
         return None if value is None else f"expected None, got {_describe(value)}"
@@ -178,7 +177,8 @@ class _Checked:
             except (ValueError, TypeError) as exc:
                 err = str(exc)
         if err is not None:
-            raise ConfigError([f"{_path(inst, attribute.name)}: {err}"])
+            sep = "" if err.startswith(".") else ": "
+            raise ConfigError([f"{_path(inst, attribute.name)}{sep}{err}"])
 
 
 def _add_checks(cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribute]:

@@ -71,12 +71,12 @@ def call_recipe(recipe: Recipe) -> TrainerConfig:
     try:
         config = fn()
     except ConfigError as exc:
-        raise ConfigError(exc.problems, recipe.name + _where(exc)) from None
+        raise ConfigError(exc.problems, recipe.name, _where(exc)) from None
     except AttributeError as exc:
         problem = _unknown_attribute(exc)
         if problem is None:
             raise UsageError(f"recipe {recipe.name!r} raised {describe(exc)}") from None
-        raise ConfigError([problem], recipe.name + _where(exc)) from None
+        raise ConfigError([problem], recipe.name, _where(exc)) from None
     except Exception as exc:
         raise UsageError(f"recipe {recipe.name!r} raised {describe(exc)}") from None
     if not isinstance(config, TrainerConfig):
@@ -86,11 +86,12 @@ def call_recipe(recipe: Recipe) -> TrainerConfig:
 
 
 def _where(exc: BaseException) -> str:
-    """`` (file.py:12)``: the recipe's own line that raised, not titan's."""
+    """``file.py:12``: the recipe's own line that raised, not titan's or attrs'."""
     import traceback
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/titan_core/" not in f.filename]
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    skip = ("/titan_core/", "/attr/", "/attrs/", "/cattrs/")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(s in f.filename for s in skip)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _unknown_attribute(exc: AttributeError) -> str | None:

@@ -73,6 +73,12 @@ def test_document_ids_count_bos_tokens() -> None:
     assert docs[1].tolist() == [1, 1, 1, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3, 3, 3, 3]
 
 
+def test_document_ends_are_the_last_position_of_each_document() -> None:
+    ends = blocks.document_ends(_packed_tokens(), BOS)
+    assert ends[0].tolist() == [1, 1, 5, 5, 5, 5, 7, 7, 12, 12, 12, 12, 12, 15, 15, 15]
+    assert ends[1].tolist() == [6] * 7 + [7] + [15] * 8
+
+
 def test_document_mask_is_causal_within_documents_only() -> None:
     mask = blocks.document_mask(_packed_tokens(), BOS)
     assert mask.shape == (2, 1, 16, 16) and mask.dtype == torch.bool
@@ -113,7 +119,7 @@ def test_flex_block_mask_selects_the_same_keys_as_the_boolean_mask() -> None:
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, 6, (2, 256), generator=g)  # BOS = 0: many documents, some blocks full
     q, k, v = _qkv(seq=256, seed=4)
-    block_mask = blocks._document_block_mask(blocks.document_ids(tokens, BOS), compiled=False)
+    block_mask = blocks._document_block_mask(blocks.document_ends(tokens, BOS), compiled=False)
     out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
     reference = blocks.attention(q, k, v, mask=blocks.document_mask(tokens, BOS))
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)

@@ -10,12 +10,6 @@ import tomllib
 from titan_core.config import ConfigError, TrainerConfig, from_dict, render, to_dict, validate
 
 
-def problems(config: TrainerConfig) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        validate(config, source="r")
-    return info.value.problems
-
-
 def test_default_config_is_valid() -> None:
     assert validate(TrainerConfig()) is not None
 
@@ -25,8 +19,16 @@ def test_default_config_is_valid() -> None:
     [
         ("training.steps", "4", "training.steps: expected int, got str '4'"),
         ("training.lr", "big", "training.lr: expected float, got str 'big'"),
+        ("training.lr", float("inf"), "training.lr: expected a finite number, got inf"),
         ("training.seq_len", 0, "training.seq_len: expected a positive integer, got 0"),
         ("training.dtype", "fp8", "training.dtype: expected one of float32, bfloat16, got 'fp8'"),
+        ("training.min_lr_factor", -0.1, "training.min_lr_factor: expected a value in [0, 1], got -0.1"),
+        ("training.max_norm", float("nan"), "training.max_norm: expected a finite number, got nan"),
+        ("training.beta1", 1.0, "training.beta1: expected a value in [0, 1), got 1.0"),
+        ("training.beta2", -0.5, "training.beta2: expected a value in [0, 1), got -0.5"),
+        ("training.weight_decay", -1.0, "training.weight_decay: expected a number >= 0, got -1.0"),
+        ("training.eps", float("inf"), "training.eps: expected a finite number, got inf"),
+        ("data.shuffle_buffer", -1, "data.shuffle_buffer: expected a integer >= 0, got -1"),
         ("parallelism.tp", 2.5, "parallelism.tp: expected int, got float 2.5"),
         ("parallelism.dp_shard", 0, "parallelism.dp_shard: expected -1 or a positive integer"),
         ("metrics.enable_tensorboard", "yes", "metrics.enable_tensorboard: expected bool"),
@@ -43,25 +45,39 @@ def test_default_config_is_valid() -> None:
             2,
             "activation_checkpoint.selective_ac_option: expected str",
         ),
+        ("profiler.profile_freq", 0, "profiler.profile_freq: expected a positive integer, got 0"),
         ("debug.seed", "42", "debug.seed: expected int or None, got str '42'"),
     ],
 )
-def test_invalid_value_names_its_path(path: str, value: object, expected: str) -> None:
+def test_invalid_value_fails_where_it_is_set_with_its_path(path: str, value: object, expected: str) -> None:
     config = TrainerConfig()
     section, name = path.split(".")
-    setattr(getattr(config, section), name, value)
-    found = problems(config)
-    assert len(found) == 1
-    assert found[0].startswith(expected)
+    before = getattr(getattr(config, section), name)
+    with pytest.raises(ConfigError) as info:
+        setattr(getattr(config, section), name, value)
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith(expected), info.value.problems
+    assert getattr(getattr(config, section), name) == before  # the bad value was not kept
 
 
-def test_every_problem_is_reported_at_once() -> None:
+def test_a_section_must_be_a_section() -> None:
+    with pytest.raises(ConfigError, match="profiler: expected a Profiler section, got int 3"):
+        TrainerConfig().profiler = 3
+    with pytest.raises(ConfigError, match="training: expected a Training section"):
+        TrainerConfig().training = {"steps": 3}
+
+
+def test_checks_across_fields_run_once_after_the_recipe() -> None:
     config = TrainerConfig()
-    config.training.steps = "x"
-    config.parallelism.pp = 0
-    config.profiler = 3
-    found = problems(config)
-    assert [p.split(":")[0] for p in found] == ["training.steps", "parallelism.pp", "profiler"]
+    config.debug.deterministic_warn_only = True  # without debug.deterministic: does nothing
+    config.activation_checkpoint.mode = "selective"
+    config.activation_checkpoint.debug = True  # torch cannot debug the per-operator policy
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    assert [p.split(":")[0] for p in info.value.problems] == [
+        "debug.deterministic_warn_only",
+        "activation_checkpoint.debug",
+    ]
 
 
 def test_recipe_returning_something_else() -> None:
@@ -73,6 +89,10 @@ def test_unknown_attribute_cannot_be_set() -> None:
     # attrs slots: a typo in a recipe fails where it is made, not silently.
     with pytest.raises(AttributeError):
         TrainerConfig().training.stepz = 3  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no config section of that name; sections: job, model"):
+        TrainerConfig().trainingg = 3  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no config section"):
+        _ = TrainerConfig().nosuchsection
 
 
 def test_render_toml_and_json_round_trip() -> None:
@@ -90,12 +110,21 @@ def test_render_toml_and_json_round_trip() -> None:
 def test_from_dict_errors_carry_paths() -> None:
     data = to_dict(TrainerConfig())
     data["training"]["steps"] = "many"
-    data["parallelism"]["typo"] = 1
     with pytest.raises(ConfigError) as info:
         from_dict(data)
-    text = "\n".join(info.value.problems)
-    assert "training.steps: invalid value for type, expected int" in text
-    assert "parallelism: extra fields found (typo)" in text
+    assert "training.steps: invalid value for type, expected int" in "\n".join(info.value.problems)
+    data = to_dict(TrainerConfig())
+    data["parallelism"]["typo"] = 1
+    with pytest.raises(ConfigError, match=r"parallelism: extra fields found \(typo\)"):
+        from_dict(data)
+    data = to_dict(TrainerConfig())
+    data["nosection"] = {}
+    with pytest.raises(ConfigError, match="nosection: no config section"):
+        from_dict(data)
+    data = to_dict(TrainerConfig())
+    data["profiler"]["profile_freq"] = 0  # a plugin's section is checked like the core's
+    with pytest.raises(ConfigError, match="profiler.profile_freq: expected a positive integer"):
+        from_dict(data)
 
 
 def test_interface_field_paths_exist() -> None:

@@ -38,10 +38,14 @@ def test_duplicate_name_names_both_distributions() -> None:
     registry = Registry()
     registry.register(plugin_module("a", titan_recipes=[recipe("same")]), "a", "dist-a", "1.0")
     registry.register(plugin_module("b", titan_recipes=[recipe("SAME")]), "b", "dist-b", "2.5")
+    # Only the runs that use the name fail; listing still works and shows the conflict.
+    assert "same" not in registry.records("recipes")
+    assert registry.plugins["a"].conflicts == ["recipes: same"] == registry.plugins["b"].conflicts
     with pytest.raises(PluginError) as info:
-        registry.records("recipes")
+        registry.get("recipes", "same")
     message = str(info.value)
     assert "dist-a 1.0" in message and "dist-b 2.5" in message and "'same'" in message.lower()
+    assert "--disable-plugin" in message
 
 
 def test_two_plugins_with_one_name() -> None:

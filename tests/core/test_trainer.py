@@ -13,7 +13,8 @@ from titan_core import hookimpl
 from titan_core._registry import Registry, get_registry
 from titan_core.config import TrainerConfig
 from titan_core.errors import PluginError, UsageError
-from titan_core.trainer import Trainer, lr_lambda, train
+from titan_core.schedule import WarmupStableDecay
+from titan_core.trainer import Trainer, train
 from titan_plugins_llama3.recipes import llama3_debugmodel
 
 
@@ -46,11 +47,19 @@ def test_lr_schedule_warmup_then_decay() -> None:
     config = TrainerConfig()
     config.training.steps, config.training.warmup_steps = 10, 2
     config.training.decay_ratio, config.training.min_lr_factor = 0.5, 0.1
-    factors = [lr_lambda(config)(i) for i in range(10)]
+    factors = [WarmupStableDecay.from_config(config.training)(i) for i in range(10)]
     assert factors[:2] == pytest.approx([1 / 3, 2 / 3])
     assert factors[2:6] == [1.0] * 4  # constant until the last decay_ratio of the steps
     assert factors[-1] == pytest.approx(0.1)
     assert all(a >= b for a, b in itertools.pairwise(factors[2:]))
+
+
+def test_lr_schedule_never_goes_below_its_floor_past_the_last_step() -> None:
+    config = TrainerConfig()
+    config.training.steps, config.training.warmup_steps = 10, 2
+    config.training.decay_ratio, config.training.min_lr_factor = 1.0, 0.0
+    schedule = WarmupStableDecay.from_config(config.training)
+    assert [schedule(i) for i in range(9, 40)] == [0.0] * 31  # was negative: gradient ascent
 
 
 def test_clipping_bounds_the_update(tmp_path: Path) -> None:
@@ -92,11 +101,21 @@ def test_vocab_too_small_for_tokenizer(tmp_path: Path) -> None:
         Trainer(config, get_registry())
 
 
-def test_missing_strategy_plugin_is_named(tmp_path: Path) -> None:
+def test_missing_strategy_plugin_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tiny(tmp_path)
-    config.activation_checkpoint.mode = "full"
+    config.parallelism.tp = 2
+    monkeypatch.setenv("WORLD_SIZE", "2")  # degrees are checked against it first
     registry = Registry(disabled={"parallel"}).load_entry_points()
-    with pytest.raises(PluginError, match="needs the strategies activation_checkpoint"):
+    fake_backend = next(iter(registry.records("comm_backends").values()))
+
+    def topology(config: TrainerConfig) -> object:
+        from titan_core.topology import Topology
+
+        return Topology(world_size=2, rank=0, local_rank=0, device=torch.device("cpu"))
+
+    registry.register(_Backend(attrs.evolve(fake_backend, name="two_ranks", init=topology)), "two_ranks")
+    config.comm.backend = "two_ranks"
+    with pytest.raises(PluginError, match="needs strategies for tp .*install titan-plugins-parallel"):
         Trainer(config, registry)
 
 
@@ -133,3 +152,12 @@ def test_bad_data_path_fails_before_the_model_is_built(
     config.model.name = "unbuildable"
     with pytest.raises(UsageError, match=expected):
         Trainer(config, registry)
+
+
+class _Backend:
+    def __init__(self, record: object) -> None:
+        self.record = record
+
+    @hookimpl
+    def titan_comm_backends(self) -> list:
+        return [self.record]

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from titan_core.errors import UsageError
 from titan_plugins_moe.flavors import FLAVORS, MoEArgs, flops_per_token, num_params
 from titan_plugins_moe.model import MoE, MoETransformer
 
@@ -99,7 +100,7 @@ def test_forward_is_causal_and_trains() -> None:
 
 
 def test_top_k_larger_than_experts_is_refused() -> None:
-    with pytest.raises(ValueError, match="top_k=5 exceeds n_experts=4"):
+    with pytest.raises(UsageError, match="top_k=5 exceeds n_experts=4"):
         MoETransformer(attrs.evolve(TINY, top_k=5))
 
 

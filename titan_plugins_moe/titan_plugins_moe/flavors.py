@@ -1,12 +1,35 @@
-"""MoE hyper-parameters per flavor, and analytic parameter and FLOP counts.
+"""MoE hyper-parameters per flavor, analytic parameter and FLOP counts, and the layout checks.
 
-The attention and RoPE fields have the names Llama 3's modules read, so the MoE model reuses
-them unchanged; the FFN of every block past the first ``n_dense_layers`` is a routed MoE.
+One argument class covers the three architectures the model builds (see ``model``):
+
+* Llama-style (``attention="gqa"``, the debug flavors): grouped-query attention, softmax top-k;
+* Qwen3-MoE (``attention="gqa"``, ``qk_norm=True``, explicit ``head_dim``, no shared expert);
+* DeepSeek-V2/V3 (``attention="mla"``: multi-head latent attention; dense first layers, shared
+  expert, sigmoid scores with a selection bias, group-limited top-k, routed scaling factor).
+
+Nothing here imports torch: ``titan models list`` reads the counts without building a model.
+
+Counting convention (``num_params`` and ``num_active_params``): ``num_params`` counts every
+parameter, the embedding table and output projection included. ``num_active_params`` counts the
+parameters one token's forward uses: everything except the routed experts it is not sent to and
+the embedding table (a token reads one row of it, the output projection is used whole). That is
+the convention of the DeepSeek papers (DeepSeek-V2 236B/21B, V2-Lite 15.7B/2.4B, V3 671B/37B);
+Qwen counts the whole embedding table as active too (see ``docs/moe.md`` for both figures).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+
+from titan_core.errors import UsageError
+
+_CHOICES = {
+    "attention": ("gqa", "mla"),
+    "score_func": ("softmax", "sigmoid"),
+    "rope_scaling": ("none", "llama3", "yarn"),
+}
 
 
 @attrs.frozen
@@ -14,79 +37,404 @@ class MoEArgs:
     dim: int = 256
     n_layers: int = 6
     n_heads: int = 16
+    #: Key/value heads of grouped-query attention; ``None``: ``n_heads`` (``attention="gqa"``).
     n_kv_heads: int | None = None
+    #: Width of one attention head; ``None``: ``dim // n_heads`` (Qwen3 sets 128 explicitly).
+    head_dim: int | None = None
     vocab_size: int = 2048
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
-    rope_scaling: bool = False
+    #: ``none``, ``llama3`` (Llama 3.1 frequency scaling) or ``yarn`` (DeepSeek's YaRN).
+    rope_scaling: str = "none"
+    #: The scaling factor of ``llama3`` and ``yarn``; ``rope_original_max_len`` is the context
+    #: the model was trained with before the extension.
     rope_scaling_factor: float = 8.0
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_len: int = 8192
+    #: YaRN's ramp bounds (rotations) and attention-temperature factors (Hugging Face names:
+    #: beta_fast, beta_slow, mscale, mscale_all_dim; 0 for an unset mscale).
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
     max_seq_len: int = 4096
+    #: Tie the output projection to the token embedding (one parameter).
     tie_embeddings: bool = False
+    #: Block-causal attention over packed documents (a ``bos_id`` token starts one).
+    document_mask: bool = False
+    #: The token that starts a document; set by the trainer from the tokenizer's BOS id.
+    bos_id: int | None = None
+    #: ``gqa`` (grouped-query, optional q/k RMSNorm) or ``mla`` (multi-head latent attention).
+    attention: str = "gqa"
+    #: RMSNorm over each query and key head before RoPE (Qwen3).
+    qk_norm: bool = False
+    #: MLA: rank of the low-rank query projection (0: a full ``dim -> heads`` projection, as
+    #: DeepSeek-V2-Lite), of the compressed key/value latent, and the head widths (the query/key
+    #: head is ``qk_nope_head_dim`` without position plus ``qk_rope_head_dim`` with RoPE).
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
     #: Routed experts per MoE layer and experts each token is sent to.
     n_experts: int = 8
     top_k: int = 2
     #: Hidden width of one routed expert (SwiGLU).
     expert_hidden_dim: int = 256
-    #: Hidden width of the always-on shared expert; 0 disables it.
+    #: Hidden width of the always-on shared expert; 0 disables it (DeepSeek: width of one expert
+    #: times the number of shared experts).
     shared_expert_hidden_dim: int = 256
-    #: Renormalise the top-k router probabilities of a token to sum to 1.
+    #: Router scores: ``softmax`` over the experts or a per-expert ``sigmoid`` (DeepSeek-V3).
+    score_func: str = "softmax"
+    #: Renormalise the top-k scores of a token to sum to 1 (top-1: weight 1, as Mixtral, Qwen3
+    #: and torchtitan; the router then learns only from a load-balancing loss, see docs/moe.md).
     route_norm: bool = True
-    #: Leading blocks with a dense SwiGLU FFN instead of a MoE (as DeepSeek-V3 does).
+    #: Multiplies the routed experts' weights (DeepSeek-V3's routed scaling factor, 2.5).
+    route_scale: float = 1.0
+    #: Group-limited routing: experts form ``n_expert_groups`` groups, a token picks its top-k
+    #: experts among the ``n_limited_groups`` groups with the best top-2 score sums (DeepSeek-V3).
+    n_expert_groups: int = 1
+    n_limited_groups: int = 1
+    #: Leading blocks with a dense SwiGLU FFN instead of a MoE (DeepSeek-V3: 3).
     n_dense_layers: int = 1
-    #: Dense FFN width (Llama's rounding: a multiple of ``multiple_of``).
+    #: Hidden width of the dense FFN; 0 uses Llama's rounding (``multiple_of``,
+    #: ``ffn_dim_multiplier``).
+    dense_hidden_dim: int = 0
     multiple_of: int = 256
     ffn_dim_multiplier: float | None = None
+    #: Expert computation: ``auto`` (grouped GEMM on CUDA devices whose kernels support it, a
+    #: loop over experts elsewhere), ``grouped_mm`` (always ``torch._grouped_mm``) or ``loop``.
+    experts_impl: str = "auto"
 
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def attn_head_dim(self) -> int:
+        """Width of one grouped-query attention head."""
+        return self.head_dim or self.dim // self.n_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions rotated by RoPE in each head."""
+        return self.qk_rope_head_dim if self.attention == "mla" else self.attn_head_dim
 
     @property
     def ffn_hidden_dim(self) -> int:
+        if self.dense_hidden_dim:
+            return self.dense_hidden_dim
         hidden = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - min(self.n_dense_layers, self.n_layers)
+
+
+#: Qwen3-30B-A3B (Hugging Face ``Qwen/Qwen3-30B-A3B``, config.json).
+_QWEN3_30B_A3B = MoEArgs(
+    dim=2048,
+    n_layers=48,
+    n_heads=32,
+    n_kv_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+    norm_eps=1e-6,
+    rope_theta=1000000.0,
+    max_seq_len=40960,
+    qk_norm=True,
+    n_experts=128,
+    top_k=8,
+    expert_hidden_dim=768,
+    shared_expert_hidden_dim=0,
+    n_dense_layers=0,
+    dense_hidden_dim=6144,
+)
+
+#: DeepSeek-V3 (``deepseek-ai/DeepSeek-V3``), pre-training shape: 4K context, no YaRN (the
+#: published checkpoint adds YaRN x40 for the 128K extension: ``rope_scaling="yarn"``).
+_DEEPSEEK_V3_671B = MoEArgs(
+    dim=7168,
+    n_layers=61,
+    n_heads=128,
+    vocab_size=129280,
+    norm_eps=1e-6,
+    rope_theta=10000.0,
+    rope_scaling_factor=40.0,
+    rope_original_max_len=4096,
+    max_seq_len=4096,
+    attention="mla",
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    n_experts=256,
+    top_k=8,
+    expert_hidden_dim=2048,
+    shared_expert_hidden_dim=2048,
+    score_func="sigmoid",
+    route_norm=True,
+    route_scale=2.5,
+    n_expert_groups=8,
+    n_limited_groups=4,
+    n_dense_layers=3,
+    dense_hidden_dim=18432,
+)
+
+#: DeepSeek-V2-Lite (``deepseek-ai/DeepSeek-V2-Lite``): softmax scores, no top-k
+#: renormalisation, no low-rank query, two shared experts.
+_DEEPSEEK_V2_LITE = MoEArgs(
+    dim=2048,
+    n_layers=27,
+    n_heads=16,
+    vocab_size=102400,
+    norm_eps=1e-6,
+    rope_theta=10000.0,
+    rope_scaling_factor=40.0,
+    rope_original_max_len=4096,
+    yarn_mscale=0.707,
+    yarn_mscale_all_dim=0.707,
+    max_seq_len=4096,
+    attention="mla",
+    q_lora_rank=0,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    n_experts=64,
+    top_k=6,
+    expert_hidden_dim=1408,
+    shared_expert_hidden_dim=2 * 1408,
+    score_func="softmax",
+    route_norm=False,
+    n_dense_layers=1,
+    dense_hidden_dim=10944,
+)
 
 FLAVORS: dict[str, MoEArgs] = {
     "debugmodel": MoEArgs(),
-    # Same shape, no shared expert and top-1 routing: the plainest MoE, for tests.
-    "debugmodel_top1": MoEArgs(top_k=1, shared_expert_hidden_dim=0),
+    # Same shape, no shared expert and top-1 routing: the plainest MoE, for tests. Without
+    # route_norm a token's output is scaled by its expert's probability (Switch Transformer), so
+    # the router learns from the language-model loss alone.
+    "debugmodel_top1": MoEArgs(top_k=1, shared_expert_hidden_dim=0, route_norm=False),
+    # Qwen3-MoE architecture at debug size (q/k norm, head_dim != dim / n_heads, every layer MoE).
+    "qwen3_debugmodel": MoEArgs(
+        dim=256,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=96,
+        norm_eps=1e-6,
+        rope_theta=1000000.0,
+        qk_norm=True,
+        n_experts=8,
+        top_k=2,
+        expert_hidden_dim=128,
+        shared_expert_hidden_dim=0,
+        n_dense_layers=0,
+    ),
+    "qwen3_30b_a3b": _QWEN3_30B_A3B,
+    # DeepSeek-V3 architecture at debug size (MLA, dense first layer, shared expert, sigmoid
+    # scores, 4 groups of 2 experts of which a token sees 2 groups, routed scaling).
+    "deepseek_v3_debugmodel": MoEArgs(
+        dim=256,
+        n_layers=4,
+        n_heads=4,
+        norm_eps=1e-6,
+        rope_theta=10000.0,
+        attention="mla",
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        n_experts=8,
+        top_k=2,
+        expert_hidden_dim=128,
+        shared_expert_hidden_dim=128,
+        score_func="sigmoid",
+        route_scale=2.5,
+        n_expert_groups=4,
+        n_limited_groups=2,
+        n_dense_layers=1,
+        dense_hidden_dim=512,
+    ),
+    "deepseek_v3_671b": _DEEPSEEK_V3_671B,
+    "deepseek_v2_lite": _DEEPSEEK_V2_LITE,
+}
+
+#: Published (total, active) parameter counts of the real flavors, for docs and tests.
+PUBLISHED = {
+    "qwen3_30b_a3b": (30.5e9, 3.3e9),
+    "deepseek_v3_671b": (671e9, 37e9),
+    "deepseek_v2_lite": (15.7e9, 2.4e9),
 }
 
 
+# -- counts -------------------------------------------------------------------------------------
+
+
+def attention_params(args: MoEArgs) -> int:
+    dim = args.dim
+    if args.attention == "mla":
+        qk = args.qk_nope_head_dim + args.qk_rope_head_dim
+        if args.q_lora_rank:
+            q = dim * args.q_lora_rank + args.q_lora_rank + args.q_lora_rank * args.n_heads * qk
+        else:
+            q = dim * args.n_heads * qk
+        kv = dim * (args.kv_lora_rank + args.qk_rope_head_dim) + args.kv_lora_rank
+        kv += args.kv_lora_rank * args.n_heads * (args.qk_nope_head_dim + args.v_head_dim)
+        return q + kv + args.n_heads * args.v_head_dim * dim
+    hd = args.attn_head_dim
+    norms = 2 * hd if args.qk_norm else 0
+    return 2 * dim * args.n_heads * hd + 2 * dim * args.kv_heads * hd + norms
+
+
 def _counts(args: MoEArgs) -> tuple[int, int]:
-    """(all non-embedding parameters, those active for one token)."""
-    dim, hd = args.dim, args.head_dim
-    attention = dim * args.n_heads * hd * 2 + dim * args.kv_heads * hd * 2
-    norms = 2 * dim
+    """(every non-embedding parameter, those one token uses), the output projection included."""
+    dim = args.dim
+    per_block = attention_params(args) + 2 * dim
     dense = 3 * dim * args.ffn_hidden_dim
     expert = 3 * dim * args.expert_hidden_dim
-    shared = 3 * dim * args.shared_expert_hidden_dim
-    router = dim * args.n_experts
-    n_moe = args.n_layers - min(args.n_dense_layers, args.n_layers)
+    moe_fixed = dim * args.n_experts + 3 * dim * args.shared_expert_hidden_dim
+    n_moe = args.n_moe_layers
     n_dense = args.n_layers - n_moe
-    base = args.n_layers * (attention + norms) + n_dense * dense + n_moe * (router + shared) + dim
+    base = args.n_layers * per_block + n_dense * dense + n_moe * moe_fixed + dim
     output = 0 if args.tie_embeddings else args.vocab_size * dim
     total = base + n_moe * args.n_experts * expert + output
-    active = base + n_moe * args.top_k * expert + output
+    active = base + n_moe * args.top_k * expert + args.vocab_size * dim
     return total, active
 
 
 def num_params(args: MoEArgs, include_embedding: bool = True) -> int:
+    """Every parameter (every expert); without the embedding table when not ``include_embedding``."""
     total, _ = _counts(args)
     return total + args.vocab_size * args.dim if include_embedding else total
 
 
+def num_active_params(args: MoEArgs) -> int:
+    """Parameters one token uses: its ``top_k`` routed experts, not the others, and not the
+    embedding table (see the module docstring for the convention)."""
+    return _counts(args)[1]
+
+
 def flops_per_token(args: MoEArgs, seq_len: int) -> float:
-    """6 x parameters active per token (top-k experts, not all) + attention, as for Llama 3."""
-    _, active = _counts(args)
-    return 6 * active + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    """6 x the active parameters (top-k experts, not all) + attention, as for Llama 3."""
+    if args.attention == "mla":
+        qk, v = args.qk_nope_head_dim + args.qk_rope_head_dim, args.v_head_dim
+        attention = 6 * args.n_layers * args.n_heads * (qk + v) * seq_len
+    else:
+        attention = 12 * args.n_layers * args.n_heads * args.attn_head_dim * seq_len
+    return 6 * num_active_params(args) + attention
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+def _problem(field: str, message: str) -> UsageError:
+    return UsageError(f"model.overrides.{field}: {message}")
+
+
+def check_args(args: MoEArgs) -> None:
+    """The arguments' own consistency; one :class:`UsageError` naming the field to change."""
+    for name, choices in _CHOICES.items():
+        if getattr(args, name) not in choices:
+            options = ", ".join(repr(c) for c in choices)
+            raise _problem(name, f"expected one of {options}, got {getattr(args, name)!r}")
+    if args.experts_impl not in ("auto", "grouped_mm", "loop"):
+        raise _problem("experts_impl", f"expected 'auto', 'grouped_mm' or 'loop', got {args.experts_impl!r}")
+    positive = ["dim", "n_layers", "n_heads", "vocab_size", "n_experts", "top_k", "expert_hidden_dim"]
+    positive += ["n_expert_groups", "n_limited_groups"]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise _problem(name, f"must be positive, got {getattr(args, name)}")
+    if args.top_k > args.n_experts:
+        raise _problem("top_k", f"top_k={args.top_k} exceeds n_experts={args.n_experts}; lower top_k")
+    if args.attention == "gqa":
+        if args.head_dim is None and args.dim % args.n_heads:
+            raise _problem(
+                "n_heads",
+                f"dim={args.dim} must be a multiple of n_heads={args.n_heads} (head_dim = dim / n_heads); "
+                "change dim or n_heads, or set head_dim",
+            )
+        if args.n_heads % args.kv_heads:
+            raise _problem(
+                "n_kv_heads",
+                f"n_heads={args.n_heads} must be a multiple of n_kv_heads={args.kv_heads} (each K/V "
+                "head is shared by n_heads / n_kv_heads query heads); change n_kv_heads",
+            )
+    if args.rope_dim % 2:
+        raise _problem("head_dim", f"RoPE rotates pairs of dimensions; the rotated width {args.rope_dim} is odd")
+    if args.n_experts % args.n_expert_groups:
+        raise _problem(
+            "n_expert_groups",
+            f"n_expert_groups={args.n_expert_groups} must divide n_experts={args.n_experts}",
+        )
+    if args.n_limited_groups > args.n_expert_groups:
+        raise _problem(
+            "n_limited_groups",
+            f"n_limited_groups={args.n_limited_groups} exceeds n_expert_groups={args.n_expert_groups}",
+        )
+    per_group = args.n_experts // args.n_expert_groups
+    if args.n_expert_groups > 1 and args.top_k > args.n_limited_groups * per_group:
+        raise _problem(
+            "top_k",
+            f"top_k={args.top_k} exceeds the {args.n_limited_groups} x {per_group} experts of the "
+            "groups a token may use; raise n_limited_groups or lower top_k",
+        )
+    if args.document_mask and args.bos_id is None:
+        raise _problem(
+            "bos_id",
+            "document_mask=True needs the id of the token that starts a document (the tokenizer's "
+            "BOS); set model.overrides.bos_id, or document_mask = False",
+        )
+
+
+def check_tp(args: MoEArgs, tp: int) -> None:
+    """Every dimension the TP plan splits must divide by ``tp`` (experts are not split by TP)."""
+    sizes: dict[str, int] = {"n_heads": args.n_heads, "vocab_size": args.vocab_size}
+    if args.attention == "gqa":
+        sizes["n_kv_heads"] = args.kv_heads
+    if args.n_moe_layers < args.n_layers:
+        sizes["dense ffn hidden dim"] = args.ffn_hidden_dim
+    bad = [f"{name}={value}" for name, value in sizes.items() if value % tp]
+    if bad:
+        raise UsageError(
+            f"parallelism.tp={tp} must divide the model's {', '.join(bad)} (each TP rank holds an "
+            "equal slice); pick a tp that divides them, or change the model (model.overrides)"
+        )
+
+
+def validate(args: MoEArgs, parallel_dims: Any) -> None:
+    """``ModelSpec.validate``: refuse what this model cannot do under ``parallel_dims``, before
+    anything is built."""
+    check_args(args)
+    if parallel_dims.tp > 1:
+        check_tp(args, parallel_dims.tp)
+    if parallel_dims.ep > 1 and args.n_experts % parallel_dims.ep:
+        raise UsageError(
+            f"parallelism.ep={parallel_dims.ep} must divide the number of experts per layer "
+            f"({args.n_experts}); pick an ep that divides it"
+        )
+    if args.tie_embeddings and parallel_dims.pp > 1:
+        raise UsageError(
+            "model.overrides.tie_embeddings: the tied embedding and output live on the first and last "
+            f"pipeline stages, so they cannot be one parameter with parallelism.pp={parallel_dims.pp}; "
+            "set tie_embeddings = False or pp = 1"
+        )
+    if args.document_mask and parallel_dims.cp > 1:
+        raise UsageError(
+            f"model.overrides.document_mask: context parallel (parallelism.cp={parallel_dims.cp}) "
+            "does not apply the document mask; set document_mask = False or parallelism.cp = 1"
+        )
+    if args.document_mask and parallel_dims.pp > 1:
+        raise UsageError(
+            "model.overrides.document_mask: the mask comes from the input tokens, which pipeline "
+            f"stages after the first (parallelism.pp={parallel_dims.pp}) do not see; set "
+            "document_mask = False or parallelism.pp = 1"
+        )

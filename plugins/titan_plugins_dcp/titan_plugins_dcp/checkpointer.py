@@ -183,7 +183,7 @@ class DCPCheckpointer:
 
     def __init__(self, config: TrainerConfig, topology: Topology) -> None:
         c = config.checkpoint
-        if topology.fake:
+        if topology.simulates_peers:
             raise UsageError(
                 f"checkpoint: the {topology.backend!r} comm backend simulates its peers, so a "
                 "checkpoint would hold one simulated rank's shards and garbage; set "

@@ -1,10 +1,11 @@
-"""Hook implementation of the DCP plugin (no torch import here: ``titan plugins list``)."""
+"""Hook implementations of the DCP plugin (no torch import here: ``titan plugins list``)."""
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING, Any
 
-from titan_core import Checkpointer, hookimpl
+from titan_core import Checkpointer, Command, hookimpl
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -17,6 +18,12 @@ def _build(config: TrainerConfig, topology: Topology) -> Any:
     return DCPCheckpointer(config, topology)
 
 
+def _export(args: argparse.Namespace) -> int:
+    from titan_plugins_dcp.export import run
+
+    return run(args)
+
+
 @hookimpl
 def titan_checkpointers() -> list[Checkpointer]:
     return [
@@ -25,5 +32,21 @@ def titan_checkpointers() -> list[Checkpointer]:
             _build,
             "torch.distributed.checkpoint: resharding save/resume of model, optimizer, LR "
             "schedule and step; seed checkpoints",
+        )
+    ]
+
+
+@hookimpl
+def titan_commands() -> list[Command]:
+    from titan_plugins_dcp.export import configure  # torch-free at import
+
+    return [
+        Command(
+            "export",
+            "write a checkpoint as a Hugging Face model folder (--to hf)",
+            configure,
+            _export,
+            "titan export CHECKPOINT_DIR --to hf OUT_DIR: config.json + safetensors + tokenizer that "
+            "transformers' AutoModelForCausalLM.from_pretrained loads",
         )
     ]

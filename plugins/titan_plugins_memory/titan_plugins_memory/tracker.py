@@ -34,16 +34,24 @@ from torch.utils._pytree import tree_leaves
 #: Python frames kept per allocation (innermost first), as the CUDA allocator's history does.
 MAX_FRAMES = 24
 _THIS_FILE = __file__.removesuffix("c")
+#: Files of the dispatch machinery between an operator call and this mode: not the caller's stack.
+_MACHINERY = (
+    "_python_dispatch.py",
+    "torch/_compile.py",
+    "_dynamo/eval_frame.py",
+    "torch/_ops.py",
+    "_dynamo/external_utils.py",
+)
 
 
 def python_frames(skip: int = 1) -> list[dict[str, Any]]:
-    """The caller's Python stack, innermost first, without this module's and dispatch frames."""
+    """The caller's Python stack, innermost first, without this module's and the dispatcher's frames."""
     frames: list[dict[str, Any]] = []
     frame = sys._getframe(skip)
     while frame is not None and len(frames) < MAX_FRAMES:
         code = frame.f_code
         filename = code.co_filename
-        if filename != _THIS_FILE and not filename.endswith("_python_dispatch.py"):
+        if filename != _THIS_FILE and not filename.endswith(_MACHINERY):
             frames.append({"filename": filename, "line": frame.f_lineno, "name": code.co_name})
         frame = frame.f_back
     return frames

@@ -7,7 +7,15 @@ group and replicated across groups. Each block is its own FSDP unit so only one 
 parameters live at a time; the root unit holds what remains (embeddings, final norm, output).
 
 On CUDA with ``training.dtype = "bfloat16"`` parameters are cast to bf16 for compute and
-gradients reduced in fp32 (``MixedPrecisionPolicy``); the trainer then skips autocast.
+gradients reduced in fp32 (``MixedPrecisionPolicy``); the trainer then skips autocast. This is
+also why the strategy applies to a single CUDA process with bf16 (as torchtitan does): on a
+1-device mesh FSDP2 keeps the fp32 master weights and the optimizer state in fp32, casts each
+block's parameters to bf16 once per forward (and once more for backward) into its own buffers,
+and hands the optimizer fp32 gradients. Autocast instead would cast the fp32 weights at every
+use, again in every recomputation, and keep fp32 activations at its boundaries. The 1-device
+mesh needs a process group: one is created (NCCL, world size 1, an in-memory store) when the
+run has none; the comm backend's shutdown destroys it with the others. On CPU nothing changes:
+one process trains unsharded in fp32 (or under autocast).
 """
 
 from __future__ import annotations
@@ -23,12 +31,45 @@ if TYPE_CHECKING:
 
 
 def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
-    """Whenever gradients must be reduced over data or context ranks."""
-    return parallel_dims.dp > 1 or parallel_dims.cp > 1
+    """Whenever gradients must be reduced over data or context ranks, and for bf16 mixed
+    precision on a single CUDA process."""
+    return parallel_dims.dp > 1 or parallel_dims.cp > 1 or _one_cuda_process_bf16(config, parallel_dims)
+
+
+def _one_cuda_process_bf16(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
+    if parallel_dims.world_size != 1 or config.training.dtype != "bfloat16":
+        return False
+    if config.training.device == "cpu":
+        return False
+    import torch
+
+    # The default comm backend computes on CUDA whenever it is available and not refused.
+    return torch.cuda.is_available()
+
+
+def one_device_mesh(device: Any) -> Any:
+    """A 1-D mesh ``("dp_shard_cp",)`` of this process alone, creating a world-size-1 process
+    group (NCCL on CUDA, gloo on CPU) when there is none."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        cuda = device.type == "cuda"
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            device_id=device if cuda else None,
+        )
+    return init_device_mesh(device.type, (1,), mesh_dim_names=("dp_shard_cp",))
 
 
 def dp_mesh(ctx: ParallelContext) -> Any:
-    """``dp_shard_cp`` for FSDP, ``(dp_replicate, dp_shard_cp)`` for HSDP."""
+    """``dp_shard_cp`` for FSDP, ``(dp_replicate, dp_shard_cp)`` for HSDP; a 1-device mesh on a
+    single process."""
+    if ctx.mesh is None:
+        return one_device_mesh(ctx.topology.device)
     if ctx.parallel_dims.dp_replicate == 1:
         return ctx.mesh["dp_shard_cp"]
     if ctx.parallel_dims.cp == 1:  # dp_shard_cp is dp_shard: slice the world mesh's own dims

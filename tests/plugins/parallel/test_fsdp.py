@@ -1,12 +1,17 @@
-"""FSDP2 and HSDP on CPU/gloo: same per-step losses as one process on the same global batch."""
+"""FSDP2 and HSDP on CPU/gloo: same per-step losses as one process on the same global batch; the
+single-process (1-device mesh) path and when it applies."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from tests.parallel_harness import GLOBAL_BATCH, assert_losses_close, run_layout
+from tests.parallel_harness import GLOBAL_BATCH, assert_losses_close, run_layout, tiny_config
+from titan_core.parallel_dims import ParallelDims
+from titan_plugins_parallel import fsdp
 
 
 @pytest.mark.slow
@@ -40,3 +45,74 @@ def test_fsdp_with_full_activation_checkpointing_matches_single_process(
         "activation_checkpoint.mode": "full",
     }
     assert_losses_close(run_layout(tmp_path, 2, seed_checkpoint, layout), reference_losses)
+
+
+def _ctx(dtype: str = "float32", device: str = "cpu") -> SimpleNamespace:
+    config = tiny_config(**{"training.dtype": dtype, "training.device": device})
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+    topology = SimpleNamespace(device=torch.device("cpu"))
+    return SimpleNamespace(
+        config=config, parallel_dims=dims, mesh=None, topology=topology, mixed_precision_applied=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "device", "cuda", "expected"),
+    [
+        ("bfloat16", "auto", True, True),  # one CUDA process in bf16: FSDP2 on a 1-device mesh
+        ("bfloat16", "cuda", True, True),
+        ("bfloat16", "auto", False, False),  # CPU: unchanged (autocast)
+        ("bfloat16", "cpu", True, False),
+        ("float32", "auto", True, False),  # fp32 on one GPU: nothing to cast, nothing to reduce
+    ],
+)
+def test_one_process_applies_only_for_bf16_on_cuda(
+    monkeypatch: pytest.MonkeyPatch, dtype: str, device: str, cuda: bool, expected: bool
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    ctx = _ctx(dtype, device)
+    assert fsdp.applies(ctx.config, ctx.parallel_dims) is expected
+
+
+def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model() -> None:
+    """The 1-device path on CPU/gloo (the CUDA run differs only in NCCL and the bf16 policy):
+    a process group and mesh are made for this process, every parameter is a DTensor holding
+    the whole tensor, and AdamW steps give the plain model's losses."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from titan_plugins_llama3.flavors import Llama3Args
+    from titan_plugins_llama3.model import Llama3
+
+    args = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16)
+    torch.manual_seed(0)
+    plain = Llama3(args)
+    plain.init_weights()
+    sharded = Llama3(args)
+    sharded.load_state_dict(plain.state_dict())
+    assert not dist.is_initialized()
+    ctx = _ctx()
+    try:
+        [sharded] = fsdp.apply([sharded], ctx)
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        params = dict(sharded.named_parameters())
+        assert params and all(isinstance(p, DTensor) and p.device_mesh.size() == 1 for p in params.values())
+        assert all(p.to_local().shape == p.shape for p in params.values())
+        assert ctx.mixed_precision_applied is False  # fp32 on CPU: no casting policy
+        tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+        losses = {}
+        for name, model in (("plain", plain), ("sharded", sharded)):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            losses[name] = []
+            for _ in range(3):
+                logits = model(tokens[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses[name].append(loss.item())
+        assert losses["sharded"] == pytest.approx(losses["plain"], rel=1e-5)
+        assert losses["plain"][-1] < losses["plain"][0]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

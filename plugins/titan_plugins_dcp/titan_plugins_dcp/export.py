@@ -1,0 +1,323 @@
+"""``titan export CHECKPOINT_DIR --to hf OUT_DIR``: a DCP checkpoint as a Hugging Face model folder.
+
+The command needs the model the checkpoint was trained with: by default it reads the
+``config.toml`` that training writes into ``job.dump_folder`` (the checkpoint folder is
+``<dump_folder>/<checkpoint.folder>/step-N``; the nearest ``config.toml`` above it is used), or
+``--recipe NAME [--module M]`` names it. It builds that model on the CPU in this one process, loads
+the checkpoint's ``model`` entry into it (DCP reassembles the shards of any parallel layout),
+converts the state dict with the model plugin's :class:`~titan_core.records.StateDictAdapter` and
+writes what ``transformers.AutoModelForCausalLM.from_pretrained`` reads: ``config.json`` and
+``model.safetensors`` (``model-0000i-of-0000N.safetensors`` plus ``model.safetensors.index.json``
+above ``--max-shard-size``). The run's tokenizer is copied beside them (``tokenizer.json`` and a
+``tokenizer_config.json`` naming its BOS/EOS tokens) so that ``AutoTokenizer`` loads it too.
+
+This module does not import torch at import time: ``titan --help`` builds the command's parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from titan_core.errors import UsageError
+
+#: Files this command writes; ``--overwrite`` removes these (and only these) from OUT_DIR first.
+_OUTPUTS = re.compile(
+    r"^(config\.json|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
+    r"tokenizer\.json|tokenizer_config\.json)$"
+)
+_STEP = re.compile(r"^step-(0|[1-9][0-9]*)$")
+#: ``5GB`` (10^9 bytes, as transformers counts) or ``5GiB`` (2^30 bytes).
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Write a DCP checkpoint of a titan run as a Hugging Face model folder (config.json + "
+        "safetensors + tokenizer) that transformers' AutoModelForCausalLM.from_pretrained loads. The "
+        "model comes from the config.toml training wrote into the dump folder, or from --recipe."
+    )
+    parser.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT_DIR",
+        help="a checkpoint folder (<dump_folder>/checkpoint/step-N), or the folder of step-N "
+        "folders (its newest is exported)",
+    )
+    parser.add_argument("--to", required=True, choices=("hf",), help="output format: hf (Hugging Face)")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (new or empty)")
+    parser.add_argument(
+        "--recipe",
+        metavar="NAME",
+        help="recipe the checkpoint was trained with (default: config.toml of its dump folder)",
+    )
+    parser.add_argument("--module", metavar="MOD", help="with --recipe: import the recipe from module MOD")
+    parser.add_argument(
+        "--dtype", choices=_DTYPES, default="float32", help="dtype of the written tensors (default float32)"
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="largest safetensors file, e.g. 5GB or 500MB (default 5GB); larger models are sharded",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier export in a non-empty OUT_DIR"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    checkpoint = _checkpoint_folder(Path(args.checkpoint))
+    max_shard = _parse_size(args.max_shard_size)
+    out = Path(args.out_dir)
+    _check_out_dir(out, args.overwrite)
+    model, data, source = _model_section(checkpoint, args)
+
+    from titan_core._registry import get_registry
+
+    registry = get_registry(set(getattr(args, "disable_plugin", None) or []))
+    spec = registry.get("models", model["name"], what="model")
+    try:
+        model_args = spec.flavor(model["flavor"], model["overrides"])
+    except LookupError as exc:
+        raise UsageError(f"export: the model of {source}: {exc}") from None
+    adapter = spec.state_dict_adapter
+    if adapter is None:
+        raise UsageError(
+            f"export: model {spec.name!r} has no Hugging Face adapter (ModelSpec.state_dict_adapter), "
+            "so it cannot be written as a Hugging Face model"
+        )
+    described = f"{spec.name}/{model['flavor']}" + (f" with overrides {model['overrides']}" if model["overrides"] else "")
+    state = _load_model(checkpoint, spec, model_args, f"{described} (from {source})")
+    hf_state = adapter.to_hf(state, model_args)
+    config = dict(adapter.hf_config(model_args))
+    config["torch_dtype"] = args.dtype
+    tokenizer = _tokenizer(data)
+    if tokenizer is not None:
+        config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
+
+    if out.exists():
+        for entry in out.iterdir():
+            if _OUTPUTS.match(entry.name) and entry.is_file():
+                entry.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    files = _write_safetensors(hf_state, out, args.dtype, max_shard)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if tokenizer is not None:
+        _write_tokenizer(tokenizer, out)
+    print(
+        f"exported {checkpoint} ({described}) to {out}: config.json, {len(files)} safetensors file(s)"
+        + (", tokenizer" if tokenizer is not None else "")
+    )
+    return 0
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+
+
+def _checkpoint_folder(path: Path) -> Path:
+    """The step folder to export: ``path`` itself, or the newest ``step-N`` inside it."""
+    if not path.is_dir():
+        raise UsageError(f"export: no checkpoint folder at {str(path)!r}")
+    if (path / ".metadata").is_file():
+        return path
+    steps = sorted(
+        (int(m.group(1)), p)
+        for p in path.iterdir()
+        if (m := _STEP.match(p.name)) and (p / ".metadata").is_file()
+    )
+    if steps:
+        return steps[-1][1]
+    raise UsageError(
+        f"export: {str(path)!r} is not a DCP checkpoint (no .metadata) and holds no step-N checkpoint; "
+        "give a folder such as <dump_folder>/checkpoint/step-100"
+    )
+
+
+def _parse_size(text: str) -> int:
+    m = _SIZE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"export: --max-shard-size {text!r}: expected a size such as 5GB or 500MB")
+    power = "KMGT".find(m.group(2).upper()) + 1 if m.group(2) else 0
+    return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"export: OUT_DIR {str(out)!r} is a file; give a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UsageError(
+            f"export: OUT_DIR {str(out)!r} exists and is not empty; choose a new folder, or pass "
+            "--overwrite to replace an earlier export there"
+        )
+
+
+def _model_section(checkpoint: Path, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """``model`` (name, flavor, overrides) and ``data`` sections of the run, and where they came from."""
+    if args.module and not args.recipe:
+        raise UsageError("export: --module needs --recipe NAME (the recipe to take from the module)")
+    if args.recipe:
+        from titan_core._registry import get_registry
+        from titan_core.config import to_dict
+        from titan_core.recipes import call_recipe, find_recipe
+
+        if args.module and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `titan run --module` does
+        registry = get_registry(set(getattr(args, "disable_plugin", None) or []))
+        data = to_dict(call_recipe(find_recipe(registry, args.recipe, args.module)))
+        source = f"recipe {args.recipe!r}"
+    else:
+        found = next((p / "config.toml" for p in checkpoint.parents if (p / "config.toml").is_file()), None)
+        if found is None:
+            raise UsageError(
+                f"export: no config.toml in the folders above {str(checkpoint)!r} (training writes it into "
+                "job.dump_folder); name the model with --recipe NAME [--module MOD]"
+            )
+        data = _read_toml(found)
+        source = str(found)
+    model = data.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+        raise UsageError(f"export: {source} has no [model] section with a name; is it titan's config.toml?")
+    section = {
+        "name": model["name"],
+        "flavor": str(model.get("flavor", "debugmodel")),
+        "overrides": dict(model.get("overrides") or {}),
+    }
+    return section, dict(data.get("data") or {}), source
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"export: cannot read {path}: {exc}") from None
+
+
+def _load_model(checkpoint: Path, spec: Any, model_args: Any, described: str) -> dict[str, Any]:
+    """The checkpoint's ``model`` entry as full CPU tensors, checked against the model first."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    with torch.device("meta"):
+        model = spec.build(model_args)
+    model.to_empty(device="cpu")
+    state = model.state_dict()
+    try:
+        metadata = dcp.FileSystemReader(str(checkpoint)).read_metadata()
+    except Exception as exc:
+        raise UsageError(f"export: cannot read the DCP metadata of {checkpoint}: {exc!r}") from None
+    saved = {
+        k[len("model.") :]: tuple(getattr(v, "size", ()) or ())
+        for k, v in metadata.state_dict_metadata.items()
+        if k.startswith("model.")
+    }
+    if not saved:
+        raise UsageError(f"export: {checkpoint} holds no model weights (no 'model' entry)")
+    wanted = {k: tuple(v.shape) for k, v in state.items()}
+    missing = sorted(set(wanted) - set(saved))
+    unexpected = sorted(set(saved) - set(wanted))
+    reshaped = sorted(k for k in set(saved) & set(wanted) if saved[k] != wanted[k])
+    if missing or unexpected or reshaped:
+        problems = [
+            f"{what} ({', '.join(keys[:3])})"
+            for what, keys in (
+                (f"{len(missing)} tensors of the model missing", missing),
+                (f"{len(unexpected)} tensors the model lacks", unexpected),
+                (f"{len(reshaped)} of other shapes", reshaped),
+            )
+            if keys
+        ]
+        shapes = "; ".join(f"{k}: checkpoint {list(saved[k])}, model {list(wanted[k])}" for k in reshaped[:3])
+        raise UsageError(
+            f"export: {checkpoint} does not hold the model {described}: {'; '.join(problems)}"
+            + (f" [{shapes}]" if shapes else "")
+            + "; give the recipe it was trained with (--recipe NAME [--module MOD])"
+        )
+    try:
+        with warnings.catch_warnings():  # one process, as meant: DCP warns that it assumes so
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"model": state}, checkpoint_id=str(checkpoint))
+    except dcp.CheckpointException as exc:
+        raise UsageError(
+            f"export: reading {checkpoint} failed: {str(exc).strip().splitlines()[-1][:300]}"
+        ) from None
+    return state
+
+
+def _tokenizer(data: dict[str, Any]) -> Any:
+    """The run's tokenizer (``data.tokenizer_path``, or titan's bundled one), or None if gone."""
+    from titan_core.data.loader import load_tokenizer
+
+    try:
+        return load_tokenizer(data.get("tokenizer_path"))
+    except UsageError as exc:
+        print(f"titan: warning: export: the run's tokenizer is not copied: {exc}", file=sys.stderr)
+        return None
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+
+
+def _write_safetensors(state: dict[str, Any], out: Path, dtype: str, max_shard: int) -> list[str]:
+    """``model.safetensors``, or shards of at most ``max_shard`` bytes and their index."""
+    import torch
+    from safetensors.torch import save_file
+
+    target = getattr(torch, dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name in sorted(state, key=_natural):
+        tensor = state[name].detach().to(target).contiguous()
+        if tensor.untyped_storage().data_ptr() in seen:  # safetensors refuses shared storage
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return ["model.safetensors"]
+    names = [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    weight_map: dict[str, str] = {}
+    for file, shard in zip(names, shards, strict=True):
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return names
+
+
+def _write_tokenizer(tokenizer: Any, out: Path) -> None:
+    backend = tokenizer.backend
+    (out / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    for role, token_id in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id)):
+        if token_id is not None:
+            config[role] = backend.id_to_token(token_id)
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _natural(key: str) -> list[Any]:
+    """Sorted with numbers as numbers: layers.2 before layers.10."""
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", key)]
+
+
+__all__ = ["configure", "run"]
