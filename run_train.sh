@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
 # Launch a titan training run on this host (torchtitan's run_train.sh contract).
 #
-#   NGPU          processes on this host (the logical world size under COMM_BACKEND=fake);
-#                 default: the number of visible CUDA devices, or 1 without CUDA.
-#   LOG_RANK      ranks whose output is shown, passed to torchrun as --local-ranks-filter;
-#                 default 0. A comma-separated list shows several ("0,1").
-#   MODULE        Python module holding the recipe (none needed for installed plugins' recipes).
-#   CONFIG        recipe name; default llama3_debugmodel.
+#   NGPU          processes on this host (the logical world size under COMM_BACKEND=fake): a
+#                 positive integer; default: the number of visible CUDA devices, or 1 without CUDA.
+#   LOG_RANK      local ranks whose output is shown, passed to torchrun as --local-ranks-filter;
+#                 default 0. A comma-separated list shows several ("0,1"); each must be < NGPU.
+#   MODULE        Python module holding the recipe (none needed for installed plugins' recipes);
+#                 with MODULE, CONFIG is required.
+#   CONFIG        recipe name; default llama3_debugmodel (only without MODULE).
 #   COMM_BACKEND  empty (torchrun, real communication) or "fake": one plain process standing
 #                 for one rank of an NGPU-rank job, limited to one step unless the recipe sets
 #                 debug.max_steps (docs/debugging.md).
 # Further arguments go to `python -m titan_core.train` (e.g. --print-config, --dump-folder DIR).
 #
+# Bad input stops here, before torchrun starts any process: one error line and exit status 2
+# (the environment above, the recipe and its config, the parallel degrees against NGPU, and the
+# launch contract of the comm backend). Failures during training exit 1.
+#
 #   NGPU=2 ./run_train.sh
 #   LOG_RANK=1 NGPU=2 MODULE=my_project.recipes CONFIG=my_recipe ./run_train.sh
 #   NGPU=4 FAKE_PP_RANK=1 COMM_BACKEND=fake MODULE=my_debug_configs CONFIG=pp2_fsdp2 ./run_train.sh
 set -euo pipefail
+
+die() {
+  echo "run_train.sh: error: $*" >&2
+  exit 2
+}
 
 visible_cuda_devices() {
   if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
@@ -33,8 +43,26 @@ if [ -z "${NGPU:-}" ]; then
   NGPU=$(visible_cuda_devices)
   [ "${NGPU}" -gt 0 ] 2>/dev/null || NGPU=1
 fi
+[[ "${NGPU}" =~ ^[1-9][0-9]{0,5}$ ]] \
+  || die "NGPU='${NGPU}' is not a positive integer: set it to the number of processes to start on" \
+    "this host (one per GPU), e.g. NGPU=2"
 export NGPU
+
 LOG_RANK=${LOG_RANK:-0}
+[[ "${LOG_RANK}" =~ ^(0|[1-9][0-9]*)(,(0|[1-9][0-9]*))*$ ]] \
+  || die "LOG_RANK='${LOG_RANK}' is not a comma-separated list of local ranks: use e.g." \
+    "LOG_RANK=0 or LOG_RANK=0,1 (each below NGPU=${NGPU})"
+IFS=',' read -r -a log_ranks <<<"${LOG_RANK}"
+for rank in "${log_ranks[@]}"; do
+  [ "${#rank}" -le 6 ] && [ "${rank}" -lt "${NGPU}" ] \
+    || die "LOG_RANK=${LOG_RANK} names local rank ${rank}, but NGPU=${NGPU} starts ranks" \
+      "0..$((NGPU - 1)); pick ranks below ${NGPU} (output of other ranks is hidden)"
+done
+
+if [ -n "${MODULE:-}" ] && [ -z "${CONFIG:-}" ]; then
+  die "MODULE=${MODULE} is set but CONFIG is not: set CONFIG to the recipe of ${MODULE} to run" \
+    "(titan recipes list --module ${MODULE} lists them)"
+fi
 CONFIG=${CONFIG:-llama3_debugmodel}
 export PYTORCH_ALLOC_CONF=${PYTORCH_ALLOC_CONF:-expandable_segments:True}
 
@@ -44,8 +72,78 @@ if [ -n "${MODULE:-}" ]; then
 fi
 args+=(--config "${CONFIG}")
 
+# What the extra arguments ask for: --comm-backend (its last value wins, as in argparse), help.
+cli_backend=""
+wants_help=0
+previous=""
+for arg in "$@"; do
+  case "${arg}" in
+    --comm-backend=*) cli_backend="${arg#*=}" ;;
+    -h | --help) wants_help=1 ;;
+  esac
+  [ "${previous}" = "--comm-backend" ] && cli_backend="${arg}"
+  previous="${arg}"
+done
+
+# The checks torchrun's workers would make, in one cheap process first: the recipe resolves and
+# validates (--print-config), the parallel degrees fit NGPU, the comm backend's launch contract
+# holds for NGPU processes. A worker's error would otherwise end as torchrun's ChildFailedError.
+read_launch_check() {
+  cat <<'PY'
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+from titan_core.errors import UsageError
+
+ngpu = int(sys.argv[1])
+text = sys.stdin.read()
+offset = 0 if text.startswith("{") else text.find("\n{") + 1  # a recipe module may print first
+config = json.JSONDecoder().raw_decode(text[offset:])[0]
+p = SimpleNamespace(**config["parallelism"])
+backend = config["comm"]["backend"]
+docs = "see docs/debugging.md, 'Launch contract'"
+try:
+    if backend == "fake" and ngpu > 1:
+        raise UsageError(
+            f"comm.backend = 'fake' under torchrun: NGPU={ngpu} processes would each claim the same "
+            "logical rank and overwrite one report. The fake backend is one process standing for "
+            f"one rank of an NGPU-rank job: run COMM_BACKEND=fake NGPU={ngpu} ./run_train.sh; {docs}"
+        )
+    if backend == "real_pp_fake_spmd":
+        if p.pp != ngpu:
+            raise UsageError(
+                f"real_pp_fake_spmd needs one process per pipeline rank, but run_train.sh starts "
+                f"NGPU={ngpu} and parallelism.pp={p.pp}. Through run_train.sh set NGPU={p.pp} (a "
+                f"{p.pp}-rank job); to stand for a larger job, launch torchrun --nproc_per_node={p.pp} "
+                f"yourself with NGPU set to the logical world size; {docs}"
+            )
+        from titan_plugins_comm.contract import hybrid_launch
+
+        hybrid_launch(p.pp, {**os.environ, "NGPU": str(ngpu), "WORLD_SIZE": str(ngpu), "RANK": "0"})
+    from titan_core.parallel_dims import ParallelDims
+
+    ParallelDims.from_config(p, ngpu)
+except UsageError as exc:
+    try:
+        from titan_core.cli import report_error
+    except ImportError:
+        print(f"titan: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    sys.exit(report_error(exc))
+PY
+}
+
+launch_check() {
+  local resolved
+  resolved=$(python -m titan_core.train "${args[@]}" "$@" --print-config json) || exit "$?"
+  printf '%s\n' "${resolved}" | python -c "$(read_launch_check)" "${NGPU}" || exit "$?"
+}
+
 case "${COMM_BACKEND:-}" in
   "" | default)
+    [ "${wants_help}" = 1 ] || launch_check "$@"
     exec torchrun \
       --nproc_per_node="${NGPU}" \
       --rdzv_backend c10d \
@@ -56,16 +154,20 @@ case "${COMM_BACKEND:-}" in
       -m titan_core.train "${args[@]}" "$@"
     ;;
   fake)
-    # One process stands for one rank of the NGPU-rank job: no torchrun, no peers.
+    if [ -n "${cli_backend}" ] && [ "${cli_backend}" != fake ]; then
+      die "COMM_BACKEND=fake and --comm-backend ${cli_backend} ask for two different backends;" \
+        "for ${cli_backend} unset COMM_BACKEND (hybrid mode runs under torchrun, docs/debugging.md)"
+    fi
+    # One process stands for one rank of the NGPU-rank job: no torchrun, no peers. The process
+    # checks its launch contract itself before building anything (exit 2 on an error).
     export LOCAL_RANK=0
     export TITAN_DEFAULT_MAX_STEPS=1
     exec python -m titan_core.train "${args[@]}" --comm-backend fake "$@"
     ;;
   *)
-    echo "run_train.sh: error: COMM_BACKEND=${COMM_BACKEND} is not understood; it accepts only" \
+    die "COMM_BACKEND=${COMM_BACKEND} is not understood; it accepts only" \
       "'fake' (one process, see docs/debugging.md). Hybrid mode is selected with" \
       "'--comm-backend real_pp_fake_spmd' under torchrun (one process per PP rank), not" \
-      "through COMM_BACKEND." >&2
-    exit 2
+      "through COMM_BACKEND."
     ;;
 esac

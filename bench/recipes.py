@@ -1,10 +1,18 @@
 """Benchmark recipes: the shapes the torchtitan peer kit runs (../shared/peer), in titan's terms.
 
 All use vocab 2048, bf16, selective activation checkpointing, AdamW lr 3e-4 with 5 warm-up
-steps, one log line per step. Run with ``--module bench.recipes`` from the repository root.
+steps, document masking (block-causal attention over the packed documents), one log line per
+step. Run with ``--module bench.recipes`` from the repository root.
+
+The data and tokenizer are the peer kit's when ``bench/perf.sh`` sets ``TITAN_BENCH_DATA`` (a
+``.jsonl`` file from ``.peer/make_data.py``) and ``TITAN_BENCH_TOKENIZER`` (torchtitan's test
+tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
 """
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 from titan_core.config import TrainerConfig
 from titan_plugins_llama3.recipes import llama3_debugmodel
@@ -22,12 +30,36 @@ SHAPE_1B = {
 # Llama-3.1-8B's layer shape with 8 layers.
 SHAPE_8B_L8 = {"n_layers": 8, "vocab_size": 2048}
 
+#: name -> (flavor, overrides, seq_len, batch, steps, compiled): the peer kit's four runs.
+CONFIGS: dict[str, tuple[str, dict[str, Any], int, int, int, bool]] = {
+    "bench_debugmodel": ("debugmodel", {}, 2048, 8, 30, False),
+    "bench_1b": ("8B", SHAPE_1B, 4096, 8, 30, False),
+    "bench_1b_compile": ("8B", SHAPE_1B, 4096, 8, 30, True),
+    "bench_8b_l8_compile": ("8B", SHAPE_8B_L8, 8192, 4, 20, True),
+}
 
-def _bench(flavor: str, overrides: dict, seq_len: int, batch: int, steps: int = 30) -> TrainerConfig:
+
+def bos_id(tokenizer_path: str | None) -> int:
+    """The BOS id the data loader frames documents with (the document mask's boundary)."""
+    from titan_core.data.loader import load_tokenizer
+
+    bos = load_tokenizer(tokenizer_path).bos_id
+    if bos is None:
+        raise SystemExit(f"bench: tokenizer {tokenizer_path or 'bundled'} has no BOS token")
+    return bos
+
+
+def _bench(name: str) -> TrainerConfig:
+    flavor, overrides, seq_len, batch, steps, compiled = CONFIGS[name]
+    data, tokenizer = os.environ.get("TITAN_BENCH_DATA"), os.environ.get("TITAN_BENCH_TOKENIZER")
     config = llama3_debugmodel()
     config.model.flavor = flavor
-    config.model.overrides = dict(overrides)
-    config.job.dump_folder = "./outputs/bench"
+    config.model.overrides = {**overrides, "document_mask": True, "bos_id": bos_id(tokenizer)}
+    config.job.dump_folder = f"./outputs/bench/{name}"
+    if data:
+        config.data.dataset = "text"
+        config.data.path = data
+    config.data.tokenizer_path = tokenizer
     config.training.seq_len = seq_len
     config.training.local_batch_size = batch
     config.training.steps = steps
@@ -35,6 +67,7 @@ def _bench(flavor: str, overrides: dict, seq_len: int, batch: int, steps: int = 
     config.training.warmup_steps = 5
     config.training.dtype = "bfloat16"
     config.activation_checkpoint.mode = "selective"
+    config.compile.enable = compiled
     config.metrics.log_freq = 1
     config.metrics.enable_tensorboard = False
     return config
@@ -42,23 +75,19 @@ def _bench(flavor: str, overrides: dict, seq_len: int, batch: int, steps: int = 
 
 def bench_debugmodel() -> TrainerConfig:
     """Debug model, seq 2048 x batch 8."""
-    return _bench("debugmodel", {}, 2048, 8)
+    return _bench("bench_debugmodel")
 
 
 def bench_1b() -> TrainerConfig:
     """1B shape, seq 4096 x batch 8, eager."""
-    return _bench("8B", SHAPE_1B, 4096, 8)
+    return _bench("bench_1b")
 
 
 def bench_1b_compile() -> TrainerConfig:
     """1B shape, seq 4096 x batch 8, torch.compile per block."""
-    config = bench_1b()
-    config.compile.enable = True
-    return config
+    return _bench("bench_1b_compile")
 
 
 def bench_8b_l8_compile() -> TrainerConfig:
     """8B layer shape with 8 layers, seq 8192 x batch 4, torch.compile per block."""
-    config = _bench("8B", SHAPE_8B_L8, 8192, 4, steps=20)
-    config.compile.enable = True
-    return config
+    return _bench("bench_8b_l8_compile")

@@ -93,14 +93,8 @@ def _main(argv: list[str]) -> int:
 
 
 def report_error(exc: TitanError) -> int:
-    message = f"titan: error: {exc}"
-    if os.environ.get("TITAN_LOG_FORMAT", "").lower() == "json":
-        record: dict[str, Any] = {"event": "error", "level": "error", "message": message}
-        for var in ("RANK", "LOCAL_RANK"):
-            if os.environ.get(var, "").isdigit():
-                record[var.lower()] = int(os.environ[var])
-        message = json.dumps(record)
-    print(message, file=sys.stderr)
+    """One ``titan: error:`` line on stderr (every rank prints its own under torchrun)."""
+    print(f"titan: error: {exc}", file=sys.stderr)
     return exc.exit_code
 
 

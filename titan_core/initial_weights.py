@@ -158,7 +158,9 @@ def load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_arg
         _check_tensors(groups, shapes, adapter, model_args, path)
 
         # This rank's tensors (tied names read once), in file order, converted in batches.
-        own = [set(get_model_state_dict(part)) for part in parts]
+        # Lists, not sets: every rank must hand the tensors over in one order (FSDP and TP scatter
+        # each one over the mesh).
+        own = [list(get_model_state_dict(part)) for part in parts]
         aliases = _aliases(spec, model_args)
         to_read = sorted(
             {aliases.get(k, k) for keys in own for k in keys},

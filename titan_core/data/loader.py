@@ -60,30 +60,93 @@ def load_tokenizer(path: str | None) -> Tokenizer:
 
 
 def read_text_files(path: str | None) -> Iterator[str]:
-    """Documents of local files: a ``.jsonl`` line's ``text`` field, or a whole ``.txt`` file."""
+    """Documents of local files: a ``.jsonl`` line's ``text`` field, or a whole ``.txt`` file.
+
+    Files must be UTF-8. Any problem is one :class:`UsageError` naming the file and line, raised
+    when the reader reaches it (the data is streamed, so a bad line deep in a large corpus is
+    found when training gets there).
+    """
     if not path:
         raise UsageError("data.path: the 'text' dataset needs a file or folder of .jsonl/.txt files")
     root = Path(path)
     if not root.exists():
         raise UsageError(f"data.path: {path!r} does not exist")
-    files = sorted(p for p in root.rglob("*") if p.suffix in (".jsonl", ".txt")) if root.is_dir() else [root]
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.suffix in (".jsonl", ".txt") and p.is_file())
+    else:
+        files = [root]
     if not files:
         raise UsageError(f"data.path: no .jsonl or .txt files under {path!r}")
     for file in files:
-        if file.suffix != ".jsonl":
-            yield file.read_text(encoding="utf-8")
-            continue
-        with file.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)["text"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise UsageError(
-                        f"data.path: {file}:{number} is not a JSON object with a 'text' field"
-                    ) from None
-                yield text
+        try:
+            if file.suffix == ".jsonl":
+                yield from _jsonl_texts(file)
+            else:
+                yield _decode(file.read_bytes(), file, 1)
+        except OSError as exc:
+            raise UsageError(f"data.path: cannot read {file}: {exc.strerror or exc}") from None
+
+
+def _jsonl_texts(file: Path) -> Iterator[str]:
+    with file.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            line = _decode(raw, file, number, bom=number == 1)
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(
+                    f"data.path: {file}:{number} is not valid JSON ({exc.msg} at column {exc.colno}); "
+                    "each line of a .jsonl file must be one JSON object with a 'text' string"
+                ) from None
+            if not isinstance(record, dict) or "text" not in record:
+                got = f"keys {', '.join(map(repr, list(record)[:5]))}" if record else "{}"
+                if not isinstance(record, dict):
+                    got = _json_type(record)
+                raise UsageError(
+                    f"data.path: {file}:{number} is not a JSON object with a 'text' field (got {got}); "
+                    'each line must look like {"text": "..."}'
+                )
+            text = record["text"]
+            if not isinstance(text, str):
+                raise UsageError(
+                    f"data.path: {file}:{number}: 'text' is {_json_type(text)}, not a string; store "
+                    "the document's text as a JSON string"
+                )
+            if "\\ud" in line.lower() and not _encodable(text):
+                raise UsageError(
+                    f"data.path: {file}:{number}: 'text' holds an unpaired UTF-16 surrogate escape "
+                    "(\\ud800-\\udfff), which is not text; fix the line's escapes"
+                )
+            yield text
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _decode(raw: bytes, file: Path, first_line: int, *, bom: bool = True) -> str:
+    """``raw`` as UTF-8 (a leading byte-order mark dropped); else an error naming the line."""
+    try:
+        return raw.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as exc:
+        line = first_line + raw.count(b"\n", 0, exc.start)
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise UsageError(
+            f"data.path: {file}:{line} is not UTF-8 (byte 0x{raw[exc.start]:02x}, byte {column} of the "
+            "line); titan reads text files as UTF-8: convert it (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def _json_type(value: object) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    names[str] = "a string"
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 @attrs.define
@@ -99,6 +162,8 @@ class PackedBatches:
     dp_degree: int = 1
     seed: int = 0
     shuffle_buffer: int = 256
+    #: The data in error messages, e.g. "data.dataset 'text' at data.path '/data/c4'".
+    name: str = "the dataset"
 
     def _sequences(self) -> Iterator[list[int]]:
         window = self.seq_len + 1
@@ -107,6 +172,7 @@ class PackedBatches:
             produced = 0
             buffer: list[int] = []
             index = 0
+            tokens = 0
             for chunk in _chunks(self.documents(), 128):
                 for ids in self.tokenizer.encode_batch(chunk):
                     if self.tokenizer.bos_id is not None:
@@ -114,18 +180,37 @@ class PackedBatches:
                     buffer.extend(ids)
                     if self.tokenizer.eos_id is not None:
                         buffer.append(self.tokenizer.eos_id)
+                    tokens += (
+                        len(ids) + (self.tokenizer.bos_id is not None) + (self.tokenizer.eos_id is not None)
+                    )
                 while len(buffer) >= window:
                     if index % self.dp_degree == self.dp_rank:
                         produced += 1
                         yield buffer[:window]
                     buffer = buffer[window:]
                     index += 1
+            if epoch == 0:
+                self._check_size(index, tokens)
             epoch += 1
-            if produced == 0:
-                raise UsageError(
-                    f"the dataset is too small: fewer than {self.dp_degree} sequences of "
-                    f"{window} tokens; add data or lower training.seq_len"
-                )
+            if produced == 0:  # a later pass yields nothing: the documents changed under us
+                raise UsageError(f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data")
+
+    def _check_size(self, sequences: int, tokens: int) -> None:
+        """One pass over the data must fill one global batch: every rank, ``batch_size`` rows.
+
+        Otherwise every step would repeat the same few documents (or a rank would get none), a
+        run that trains on almost nothing without saying so.
+        """
+        window = self.seq_len + 1
+        needed = self.dp_degree * self.batch_size
+        if sequences >= needed:
+            return
+        raise UsageError(
+            f"data: {self.name} is too small for one batch: one pass gives {tokens} tokens, and one "
+            f"batch needs {needed * window} ({self.dp_degree} data-parallel rank(s) x "
+            f"training.local_batch_size={self.batch_size} x (training.seq_len={self.seq_len} + 1)); "
+            "add documents, or lower training.seq_len or training.local_batch_size"
+        )
 
     def __iter__(self) -> Iterator[tuple[object, object]]:
         import torch

@@ -64,7 +64,8 @@ class TransformerBlock(nn.Module):
         self.weight_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs_cis, mask)
+        # The mask as a keyword: the TP plan's PrepareModuleInput lays out positional inputs only.
+        h = x + self.attention(self.attention_norm(x), freqs_cis, mask=mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:

@@ -9,12 +9,12 @@ One argument class covers the three architectures the model builds (see ``model`
 
 Nothing here imports torch: ``titan models list`` reads the counts without building a model.
 
-Counting convention (``num_params`` and ``num_active_params``): ``num_params`` counts every
-parameter, the embedding table and output projection included. ``num_active_params`` counts the
-parameters one token's forward uses: everything except the routed experts it is not sent to and
-the embedding table (a token reads one row of it, the output projection is used whole). That is
-the convention of the DeepSeek papers (DeepSeek-V2 236B/21B, V2-Lite 15.7B/2.4B, V3 671B/37B);
-Qwen counts the whole embedding table as active too (see ``docs/moe.md`` for both figures).
+Counting convention: ``num_params`` counts every parameter, the embedding table and output
+projection included; ``num_active_params`` counts the same minus the routed experts a token is
+not sent to, so a dense model's active count is its total (``titan models list`` shows both).
+That is how Mixtral's 12.9B and Qwen3-30B-A3B's 3.3B (3.35B exactly) are counted. The DeepSeek
+papers leave the embedding table out of the active count (V3: 36.6B of "37B", V2-Lite: 2.45B
+of "2.4B"); ``docs/moe.md`` gives both figures for every real flavor.
 """
 
 from __future__ import annotations
@@ -164,8 +164,6 @@ _DEEPSEEK_V3_671B = MoEArgs(
     vocab_size=129280,
     norm_eps=1e-6,
     rope_theta=10000.0,
-    rope_scaling_factor=40.0,
-    rope_original_max_len=4096,
     max_seq_len=4096,
     attention="mla",
     q_lora_rank=1536,
@@ -187,7 +185,8 @@ _DEEPSEEK_V3_671B = MoEArgs(
 )
 
 #: DeepSeek-V2-Lite (``deepseek-ai/DeepSeek-V2-Lite``): softmax scores, no top-k
-#: renormalisation, no low-rank query, two shared experts.
+#: renormalisation, no low-rank query, two shared experts; 4K pre-training context (the
+#: published checkpoint adds YaRN x40 with mscale 0.707).
 _DEEPSEEK_V2_LITE = MoEArgs(
     dim=2048,
     n_layers=27,
@@ -195,10 +194,6 @@ _DEEPSEEK_V2_LITE = MoEArgs(
     vocab_size=102400,
     norm_eps=1e-6,
     rope_theta=10000.0,
-    rope_scaling_factor=40.0,
-    rope_original_max_len=4096,
-    yarn_mscale=0.707,
-    yarn_mscale_all_dim=0.707,
     max_seq_len=4096,
     attention="mla",
     q_lora_rank=0,
@@ -307,7 +302,7 @@ def _counts(args: MoEArgs) -> tuple[int, int]:
     base = args.n_layers * per_block + n_dense * dense + n_moe * moe_fixed + dim
     output = 0 if args.tie_embeddings else args.vocab_size * dim
     total = base + n_moe * args.n_experts * expert + output
-    active = base + n_moe * args.top_k * expert + args.vocab_size * dim
+    active = base + n_moe * args.top_k * expert + output
     return total, active
 
 
@@ -318,19 +313,25 @@ def num_params(args: MoEArgs, include_embedding: bool = True) -> int:
 
 
 def num_active_params(args: MoEArgs) -> int:
-    """Parameters one token uses: its ``top_k`` routed experts, not the others, and not the
-    embedding table (see the module docstring for the convention)."""
+    """Every parameter but the routed experts a token is not sent to (embedding table included,
+    see the module docstring)."""
+    return _counts(args)[1] + args.vocab_size * args.dim
+
+
+def num_active_params_without_embedding(args: MoEArgs) -> int:
+    """The DeepSeek papers' active count: also without the embedding table (one row is read)."""
     return _counts(args)[1]
 
 
 def flops_per_token(args: MoEArgs, seq_len: int) -> float:
-    """6 x the active parameters (top-k experts, not all) + attention, as for Llama 3."""
+    """6 x the active parameters without the embedding table (top-k experts, not all) +
+    attention, as for Llama 3."""
     if args.attention == "mla":
         qk, v = args.qk_nope_head_dim + args.qk_rope_head_dim, args.v_head_dim
         attention = 6 * args.n_layers * args.n_heads * (qk + v) * seq_len
     else:
         attention = 12 * args.n_layers * args.n_heads * args.attn_head_dim * seq_len
-    return 6 * num_active_params(args) + attention
+    return 6 * _counts(args)[1] + attention
 
 
 # -- checks ---------------------------------------------------------------------------------------

@@ -1,18 +1,30 @@
-"""titan hook implementations of the MoE plugin. Nothing here imports torch: the model module
-is imported inside ``_build``, only when a run builds the model."""
+"""titan hook implementations of the MoE plugin. Nothing here imports torch: the model, the TP
+plan and the router callback are imported inside the callables, only when a run uses them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from titan_core import ModelSpec, Recipe, hookimpl
-from titan_plugins_moe import flavors, recipes
+from titan_core import Callback, ConfigSection, ModelSpec, Recipe, StateDictAdapter, hookimpl
+from titan_plugins_moe import config, flavors, hf, recipes
 
 
 def _build(args: flavors.MoEArgs) -> Any:
     from titan_plugins_moe.model import build
 
     return build(args)
+
+
+def _tp_plan(model: Any, tp_mesh: Any, loss_parallel: bool) -> None:
+    from titan_plugins_moe.plan import apply_tp
+
+    apply_tp(model, tp_mesh, loss_parallel)
+
+
+def _router_callback(trainer: Any) -> Any:
+    from titan_plugins_moe.balance import build
+
+    return build(trainer)
 
 
 @hookimpl
@@ -24,12 +36,36 @@ def titan_models() -> list[ModelSpec]:
             build=_build,
             num_params=flavors.num_params,
             flops_per_token=flavors.flops_per_token,
-            description="Llama-style decoder with top-k routed grouped experts (expert parallel ready)",
+            tp_plan=_tp_plan,
+            description="MoE decoders: Llama-style, Qwen3-MoE and DeepSeek-V2/V3 (MLA), grouped experts",
+            validate=flavors.validate,
+            num_active_params=flavors.num_active_params,
+            state_dict_adapter=StateDictAdapter(hf.to_hf, hf.from_hf, hf.hf_config, hf.args_from_hf),
+        )
+    ]
+
+
+@hookimpl
+def titan_config_sections() -> list[ConfigSection]:
+    return [
+        ConfigSection(
+            "moe", config.MoEConfig, "MoE load balancing and router statistics", check=config.check
+        )
+    ]
+
+
+@hookimpl
+def titan_callbacks() -> list[Callback]:
+    return [
+        Callback(
+            "moe_router",
+            _router_callback,
+            order=40,
+            description="MoE expert-bias update after each optimizer step; router statistics in the metrics",
         )
     ]
 
 
 @hookimpl
 def titan_recipes() -> list[Recipe]:
-    fns = [recipes.moe_debugmodel]
-    return [Recipe(fn.__name__, fn, (fn.__doc__ or "").strip().split("\n")[0]) for fn in fns]
+    return [Recipe(fn.__name__, fn, (fn.__doc__ or "").strip().split("\n")[0]) for fn in recipes.RECIPES]

@@ -1,12 +1,13 @@
-"""Hook implementations of the comm plugin: the fake backends (the ``default`` one is the core's).
+"""Hook implementations of the comm plugin: the fake backends (the ``default`` one is the core's),
+the gloo flight recorder (a loop callback) and ``titan fr analyze``.
 
-Backends are imported only when a run selects one."""
+Backends are imported only when a run selects one; nothing here imports torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from titan_core import CommBackend, hookimpl
+from titan_core import Callback, Command, CommBackend, hookimpl
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -41,3 +42,39 @@ def titan_comm_backends() -> list[CommBackend]:
             "(docs/debugging.md)",
         ),
     ]
+
+
+def _flight_recorder(trainer: Any) -> Any:
+    from titan_plugins_comm.flight_recorder import build
+
+    return build(trainer)
+
+
+def _configure_fr(parser: Any) -> None:
+    from titan_plugins_comm.fr_analyze import configure
+
+    configure(parser)
+
+
+def _run_fr(args: Any) -> int:
+    from titan_plugins_comm.fr_analyze import run
+
+    return run(args)
+
+
+@hookimpl
+def titan_callbacks() -> list[Callback]:
+    return [
+        Callback(
+            "flight_recorder",
+            _flight_recorder,
+            order=10,
+            description="gloo runs: every rank dumps its flight-recorder trace to "
+            "job.dump_folder/comm_traces when a collective fails or times out",
+        )
+    ]
+
+
+@hookimpl
+def titan_commands() -> list[Command]:
+    return [Command("fr", "flight-recorder dumps: analyze (which ranks are behind)", _configure_fr, _run_fr)]

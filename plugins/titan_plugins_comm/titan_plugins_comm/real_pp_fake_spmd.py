@@ -35,7 +35,13 @@ from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_core.topology import Topology
 from titan_plugins_comm.contract import DOC, hybrid_launch
-from titan_core.comm import end_process_groups, env_int, enable_flight_recorder, select_device, shorten_timeouts
+from titan_core.comm import (
+    end_process_groups,
+    env_int,
+    enable_flight_recorder,
+    select_device,
+    shorten_timeouts,
+)
 from titan_core.parallel_dims import MESH_DIMS
 
 

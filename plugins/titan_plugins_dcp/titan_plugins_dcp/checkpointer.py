@@ -200,6 +200,8 @@ class DCPCheckpointer:
         self.load_only = c.load_only
         self.rank = topology.rank
         self.peers = Peers(topology.world_size)
+        #: The newest checkpoint known complete (loaded or saved by this run), named on a failure.
+        self.kept: int | None = None
         t = config.training
         self.data_geometry = {
             "dp_degree": _dp_degree(config, topology.world_size),
@@ -260,7 +262,9 @@ class DCPCheckpointer:
                 self._skip(path, f"reading its data failed ({_first_failure(exc)})", skipped)
                 continue
             event = "seed checkpoint loaded" if found.kind == "seed" else "checkpoint loaded"
-            log.info(event, path=path, step=loaded, seconds=_since(start), skipped=skipped or None)
+            self.kept = found.step
+            extra = {"skipped": skipped} if skipped else {}
+            log.info(event, path=path, step=loaded, seconds=_since(start), **extra)
             return loaded, found.meta
         raise UsageError(
             f"checkpoint: none of the {len(steps)} checkpoints in {self.folder} can be loaded "
@@ -363,13 +367,13 @@ class DCPCheckpointer:
             if self.rank == 0:
                 remove(tmp)  # frees the space a full disk needs back
             raise TitanError(problem)
+        self.kept = step
 
     def _save_problem(self, step: int, exc: BaseException, rank: int | None) -> str:
-        earlier = [s for s, _ in scan(self.folder)[0] if s < step]
         kept = (
-            f"{step_name(earlier[0])} is intact, so a resume repeats only the steps after it"
-            if earlier
-            else "there is no earlier checkpoint"
+            f"{step_name(self.kept)} is intact, so a resume repeats only the steps after it"
+            if self.kept is not None
+            else "this run has no earlier checkpoint"
         )
         where = f"{step_name(step)} into {self.folder}" + (f" (rank {rank})" if rank is not None else "")
         error = os_error(exc)

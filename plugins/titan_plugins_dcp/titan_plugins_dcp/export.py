@@ -93,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
             f"export: model {spec.name!r} has no Hugging Face adapter (ModelSpec.state_dict_adapter), "
             "so it cannot be written as a Hugging Face model"
         )
-    described = f"{spec.name}/{model['flavor']}" + (f" with overrides {model['overrides']}" if model["overrides"] else "")
+    described = f"{spec.name}/{model['flavor']}" + (
+        f" with overrides {model['overrides']}" if model["overrides"] else ""
+    )
     state = _load_model(checkpoint, spec, model_args, f"{described} (from {source})")
     hf_state = adapter.to_hf(state, model_args)
     config = dict(adapter.hf_config(model_args))
@@ -208,9 +210,13 @@ def _load_model(checkpoint: Path, spec: Any, model_args: Any, described: str) ->
     import torch
     import torch.distributed.checkpoint as dcp
 
+    from titan_core.tied import retie, shared_parameters
+
     with torch.device("meta"):
         model = spec.build(model_args)
+    tied = shared_parameters(model)
     model.to_empty(device="cpu")
+    retie([model], tied)  # to_empty makes a tied parameter two
     state = model.state_dict()
     try:
         metadata = dcp.FileSystemReader(str(checkpoint)).read_metadata()
@@ -308,7 +314,10 @@ def _write_safetensors(state: dict[str, Any], out: Path, dtype: str, max_shard: 
 def _write_tokenizer(tokenizer: Any, out: Path) -> None:
     backend = tokenizer.backend
     (out / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
-    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+    }
     for role, token_id in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id)):
         if token_id is not None:
             config[role] = backend.id_to_token(token_id)

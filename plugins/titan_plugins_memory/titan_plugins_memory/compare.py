@@ -64,7 +64,9 @@ FIGURES = (
 def load_report(path: str) -> dict[str, Any]:
     """A memory report; a folder holding exactly one report is accepted too."""
     if os.path.isdir(path):
-        found = sorted(n for n in os.listdir(path) if n.startswith("memory_report_rank") and n.endswith(".json"))
+        found = sorted(
+            n for n in os.listdir(path) if n.startswith("memory_report_rank") and n.endswith(".json")
+        )
         if len(found) != 1:
             raise UsageError(
                 f"{path}: expected one memory_report_rank<r>.json in the folder, found "
@@ -75,11 +77,15 @@ def load_report(path: str) -> dict[str, Any]:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise UsageError(f"{path}: no such file; give a memory_report_rank<r>.json written by a run") from None
+        raise UsageError(
+            f"{path}: no such file; give a memory_report_rank<r>.json written by a run"
+        ) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not a readable JSON memory report ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("observations"), list):
-        raise UsageError(f"{path}: not a memory report (no 'observations'); give a memory_report_rank<r>.json")
+        raise UsageError(
+            f"{path}: not a memory report (no 'observations'); give a memory_report_rank<r>.json"
+        )
     data["_path"] = path
     return data
 
@@ -152,9 +158,8 @@ def format_compare(result: dict[str, Any]) -> str:
     peak = result["peak"]
     if peak["diff"] is not None:
         pct = f", {100 * peak['diff'] / peak['a']:+.1f}%" if peak["a"] else ""
-        lines.append(
-            f"peak: A {_mib(peak['a'])} MiB, B {_mib(peak['b'])} MiB (B - A = {_mib(peak['diff'], True)} MiB{pct})"
-        )
+        diff = _mib(peak["diff"], True)
+        lines.append(f"peak: A {_mib(peak['a'])} MiB, B {_mib(peak['b'])} MiB (B - A = {diff} MiB{pct})")
     return "\n".join(lines)
 
 

@@ -99,7 +99,10 @@ def warm_up_optimizer(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
     """
     if any(optimizer.state.get(p) for p in params):
         return False  # e.g. restored from a checkpoint
-    saved = [(group, {k: group[k] for k in ("lr", "weight_decay") if k in group}) for group in optimizer.param_groups]
+    saved = [
+        (group, {k: group[k] for k in ("lr", "weight_decay") if k in group})
+        for group in optimizer.param_groups
+    ]
     had_grad = {id(p) for p in params if p.grad is not None}
     try:
         for group, values in saved:

@@ -69,7 +69,9 @@ def read_metrics(run: str) -> dict[int, dict[str, Any]]:
                 row = json.loads(line)
                 step = int(row["step"])
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise UsageError(f"{path}:{number}: not a metrics row (a JSON object with a 'step')") from None
+                raise UsageError(
+                    f"{path}:{number}: not a metrics row (a JSON object with a 'step')"
+                ) from None
             rows[step] = row
     if not rows:
         raise UsageError(f"{path}: no logged steps; did the run finish a step?")

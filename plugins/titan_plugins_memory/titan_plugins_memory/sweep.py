@@ -100,7 +100,9 @@ def run_all_pp_ranks(config: Any, registry: Any, args: argparse.Namespace) -> in
     summary = os.path.join(dump_folder, "memory_report_all_pp_ranks.json")
     with open(summary, "w") as f:
         json.dump({"recipe": config.recipe, "coordinates": rows}, f, indent=2)
-    print(f"(per-coordinate reports: {dump_folder}/memory_report_rank*.json; logs: {logs}; summary: {summary})")
+    print(
+        f"(per-coordinate reports: {dump_folder}/memory_report_rank*.json; logs: {logs}; summary: {summary})"
+    )
     failed = [r["pp_rank"] for r in rows if r.get("error")]
     return 1 if failed else 0
 

@@ -15,6 +15,8 @@ def format_rows(rows: Sequence[Sequence[str]], *, left: int = 1) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(width)]
     lines = []
     for row in cells:
-        parts = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        parts = [
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)

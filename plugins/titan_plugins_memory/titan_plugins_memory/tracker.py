@@ -3,8 +3,9 @@
 The CPU has no caching allocator that keeps statistics or a history, so titan follows the
 storages operators create instead. :class:`AllocationTracker` is a ``TorchDispatchMode`` below
 DTensor (DTensor ops are let through to their local ops): it sees every operator's outputs and
-remembers each new storage by a weak reference whose callback subtracts its bytes when it is
-freed. ``UntypedStorage.resize_`` is wrapped while active because FSDP allocates and frees its
+remembers each new storage (not one of the operator's inputs: views, in-place operators and
+``detach`` return those) by a weak reference whose callback subtracts its bytes when it is freed.
+``UntypedStorage.resize_`` is wrapped while active because FSDP allocates and frees its
 all-gather buffers by resizing storages in place.
 
 With ``history`` > 0 it also keeps the last ``history`` allocation and free events with the
@@ -129,9 +130,20 @@ class AllocationTracker(TorchDispatchMode):
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # let DTensor unwrap; its local ops come back here
         out = func(*args, **(kwargs or {}))
+        inputs = None
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
-                self._add(t.untyped_storage())
+                storage = t.untyped_storage()
+                if id(storage) in self._sizes:
+                    continue
+                if inputs is None:  # views, in-place ops and detach return an input's storage
+                    inputs = {
+                        id(a.untyped_storage())
+                        for a in tree_leaves((args, kwargs))
+                        if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
+                    }
+                if id(storage) not in inputs:
+                    self._add(storage)
         return out
 
     def __enter__(self) -> AllocationTracker:

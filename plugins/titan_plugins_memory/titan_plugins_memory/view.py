@@ -36,7 +36,9 @@ def load_snapshot(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file; give a memory snapshot .pickle") from None
     except Exception as exc:  # unpickling errors come in every type
-        raise UsageError(f"{path}: not a readable memory snapshot pickle ({type(exc).__name__}: {exc})") from None
+        raise UsageError(
+            f"{path}: not a readable memory snapshot pickle ({type(exc).__name__}: {exc})"
+        ) from None
     if isinstance(data, list):  # very old torch: the segments alone
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or "segments" not in data:
@@ -190,7 +192,11 @@ _SCRIPT = """
 
 
 def _frames_html(frames: list[dict[str, Any]], limit: int = 12) -> str:
-    python = [f for f in frames if str(f.get("filename", "")).endswith(".py") or f.get("filename", "").startswith("<")]
+    python = [
+        f
+        for f in frames
+        if str(f.get("filename", "")).endswith(".py") or f.get("filename", "").startswith("<")
+    ]
     shown = python or frames
     lines = [f"{f.get('name', '?')}  {f.get('filename', '?')}:{f.get('line', '?')}" for f in shown[:limit]]
     hidden = len(frames) - min(len(shown), limit)
@@ -201,7 +207,11 @@ def _frames_html(frames: list[dict[str, Any]], limit: int = 12) -> str:
     first, rest = lines[0], lines[1:]
     text = html.escape(first)
     if rest:
-        text += "<details><summary class='muted'>stack</summary><pre>" + html.escape("\n".join(rest)) + "</pre></details>"
+        text += (
+            "<details><summary class='muted'>stack</summary><pre>"
+            + html.escape("\n".join(rest))
+            + "</pre></details>"
+        )
     return f"<pre>{text}</pre>" if not rest else text
 
 
@@ -263,7 +273,10 @@ def render_html(snapshot: dict[str, Any], source: str, top: int = 20) -> str:
         if d["peak_time_us"] is not None:
             peak_at += f" ({d['peak_time_us'] / 1000:,.1f} ms after the first)"
         rows = [
-            ("Peak allocated", f"<span class='peak' data-bytes='{d['peak_bytes']}'>{_bytes(d['peak_bytes'])}</span>"),
+            (
+                "Peak allocated",
+                f"<span class='peak' data-bytes='{d['peak_bytes']}'>{_bytes(d['peak_bytes'])}</span>",
+            ),
             ("Peak at", html.escape(peak_at)),
             ("Allocated when the snapshot was taken", _bytes(d["allocated_end_bytes"])),
             ("Allocated before the recorded history", _bytes(d["baseline_bytes"])),
@@ -271,7 +284,9 @@ def render_html(snapshot: dict[str, Any], source: str, top: int = 20) -> str:
             ("Allocations live at the peak", f"{d['live_at_peak']:,}"),
             ("Recorded events", f"{d['events']:,} over {d['duration_us'] / 1000:,.1f} ms"),
         ]
-        parts.append(f"<section class='device' data-device='{d['device']}'><h2>{html.escape(name)}</h2><table>")
+        parts.append(
+            f"<section class='device' data-device='{d['device']}'><h2>{html.escape(name)}</h2><table>"
+        )
         parts += [f"<tr><th>{k}</th><td class='num'>{v}</td></tr>" for k, v in rows]
         parts.append("</table>")
         if d["events"]:
@@ -281,10 +296,14 @@ def render_html(snapshot: dict[str, Any], source: str, top: int = 20) -> str:
                 "(<span class='points'></span> points drawn)</p>"
             )
         else:
-            parts.append("<p class='muted'>No allocation history was recorded: the page shows the blocks live "
-                         "when the snapshot was taken.</p>")
+            parts.append(
+                "<p class='muted'>No allocation history was recorded: the page shows the blocks live "
+                "when the snapshot was taken.</p>"
+            )
         parts.append(f"<h3>Largest allocations live at the peak (top {len(d['largest'])})</h3>")
-        parts.append("<table class='largest'><tr><th>#</th><th>size</th><th>address</th><th>allocated at</th></tr>")
+        parts.append(
+            "<table class='largest'><tr><th>#</th><th>size</th><th>address</th><th>allocated at</th></tr>"
+        )
         for i, a in enumerate(d["largest"], 1):
             parts.append(
                 f"<tr><td class='num'>{i}</td><td class='num' data-bytes='{a['size']}'>{_mib(a['size'])}</td>"
@@ -300,12 +319,18 @@ def _titan_html(titan: dict[str, Any]) -> str:
     head = (
         f"<p>Rank {titan.get('rank')} at step {titan.get('step')}"
         + (" (out of memory)" if titan.get("oom") else "")
+        + (
+            f", failing to allocate {_bytes(titan['oom_request_bytes'])}"
+            if titan.get("oom_request_bytes")
+            else ""
+        )
         + f": a tensor-level account. {html.escape(titan.get('note', ''))}</p>"
     )
     rows = "".join(
-        f"<tr><th>{html.escape(k.removesuffix('_bytes').replace('_', ' '))}</th><td class='num'>{_bytes(v)}</td></tr>"
+        f"<tr><th>{html.escape(k.removesuffix('_bytes').replace('_', ' '))}</th>"
+        f"<td class='num' data-field='{html.escape(k)}'>{_bytes(v)}</td></tr>"
         for k, v in account.items()
-        if k.endswith("_bytes")
+        if k.endswith("_bytes") and v is not None
     )
     return head + (f"<table class='account'>{rows}</table>" if rows else "")
 

@@ -27,14 +27,17 @@ def _lazy(module: str, function: str) -> Callable[..., Any]:
 
 
 def _strategy(name: str, module: str, handles: tuple[str, ...], description: str) -> Strategy:
-    return Strategy(
-        name, ORDER[name], _lazy(module, "applies"), _lazy(module, "apply"), description, handles
-    )
+    return Strategy(name, ORDER[name], _lazy(module, "applies"), _lazy(module, "apply"), description, handles)
 
 
 #: (strategy name = ORDER slot, module, parallel dims handled, description). Add a line to add one.
 STRATEGIES = [
-    ("tp", "tensor_parallel", ("tp",), "tensor + sequence parallel (+ loss parallel) from the model's TP plan"),
+    (
+        "tp",
+        "tensor_parallel",
+        ("tp",),
+        "tensor + sequence parallel (+ loss parallel) from the model's TP plan",
+    ),
     ("activation_checkpoint", "activation_checkpoint", (), "recompute blocks in backward (full/selective)"),
     ("compile", "compile", (), "torch.compile each transformer block"),
     (
@@ -43,7 +46,12 @@ STRATEGIES = [
         ("dp_shard", "dp_replicate"),
         "FSDP2 fully_shard per block and at the root; HSDP when dp_replicate > 1",
     ),
-    ("pp", "pipeline", ("pp",), "pipeline stages from the model's blocks, torch.distributed.pipelining schedules"),
+    (
+        "pp",
+        "pipeline",
+        ("pp",),
+        "pipeline stages from the model's blocks, torch.distributed.pipelining schedules",
+    ),
     ("ep", "expert_parallel", ("ep",), "experts sharded over ep ranks, tokens moved by all_to_all_single"),
     ("cp", "context_parallel", ("cp",), "load-balanced sequence shards, K/V all-gathered for attention"),
 ]

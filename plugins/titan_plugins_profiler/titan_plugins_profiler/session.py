@@ -1,40 +1,41 @@
-"""A profiling session around the training loop: torch.profiler traces and CUDA memory snapshots.
+"""The profiler as a loop callback: torch.profiler traces and memory snapshots (CUDA and CPU).
 
-The trainer enters the session before the first step and calls :meth:`ProfilerSession.step`
-after every finished training step. ``step_num`` is the last finished step; a run that resumes
-from a checkpoint sets it first, so trace and snapshot folders carry the global step.
+Built when ``profiler.enable_profiling`` or ``profiler.enable_memory_snapshot`` is set; the
+trainer calls ``on_train_start`` before the first step, ``on_step_end`` after every step and
+``on_train_end`` / ``on_failure`` at the end. Steps are global: a run resumed from a checkpoint
+starts at the checkpoint's step, so trace and snapshot folders carry the global step.
 
 Output (``job.dump_folder`` is the root)::
 
     <profiler.save_traces_folder>/iteration_<step>/rank<rank>_trace.json
     <profiler.save_memory_snapshot_folder>/step_<step:012d>/rank<rank>_memory_snapshot.pickle
+    <profiler.save_memory_snapshot_folder>/step_<step:012d>/rank<rank>_memory_snapshot.html
     <profiler.save_memory_snapshot_folder>/step_<step:012d>_exit/rank<rank>_memory_snapshot.pickle
 
-A ``_exit`` snapshot is written when ``torch.OutOfMemoryError`` leaves the training loop; its step
-is the step that ran out of memory. Memory snapshots record the CUDA caching allocator, so on a
-CPU run they are skipped with one warning; traces work on both.
+On CUDA a snapshot is the caching allocator's (``torch.cuda.memory._dump_snapshot``); on the CPU,
+which has no allocator history, it is a tensor-level account of the rank in the same layout
+(:mod:`titan_plugins_memory.cpu_snapshot`). Beside every pickle is its HTML page
+(``titan memory view``). A ``_exit`` snapshot is written when an out-of-memory error (CUDA's
+``torch.OutOfMemoryError``, or the CPU allocator's ``RuntimeError``) leaves the loop; its step is
+the step that ran out of memory, and one error line says where and what to change.
 """
 
 from __future__ import annotations
 
 import os
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from titan_core.log import get_logger
-
-if TYPE_CHECKING:
-    from titan_core.config import TrainerConfig
-    from titan_core.topology import Topology
+from titan_plugins_memory.oom import is_out_of_memory, oom_message, requested_bytes
 
 log = get_logger("titan.profiler")
 
 #: Steps the profiler runs (untraced) before the traced step, so that lazy initialisation and
 #: the profiler's own start-up are not in the trace.
 TRACE_WARMUP = 3
-#: Allocator events kept in the memory-history ring buffer (older events are dropped).
+#: Allocation events kept in the memory history (older events are dropped), on CUDA and CPU.
 MAX_MEMORY_EVENTS = 100_000
 
 
@@ -45,32 +46,31 @@ def trace_schedule(freq: int) -> Any:
 
 
 class ProfilerSession:
-    """Context manager around the training loop; ``step()`` once per finished step."""
+    """Traces every ``profile_freq`` steps, snapshots every ``memory_snapshot_freq`` steps."""
 
-    def __init__(self, config: TrainerConfig, topology: Topology) -> None:
+    def __init__(self, trainer: Any) -> None:
+        config = trainer.config
         p = config.profiler
-        self.rank = topology.rank
+        self.trainer = trainer
+        self.rank = trainer.topology.rank
+        self.device: torch.device = trainer.topology.device
         self.step_num = 0
         self.trace_freq = p.profile_freq if p.enable_profiling else None
         self.trace_folder = os.path.join(config.job.dump_folder, p.save_traces_folder)
         self.snapshot_freq = (p.memory_snapshot_freq or p.profile_freq) if p.enable_memory_snapshot else None
         self.snapshot_folder = os.path.join(config.job.dump_folder, p.save_memory_snapshot_folder)
-        self.device = topology.device
-        if self.snapshot_freq is not None and self.device.type != "cuda":
-            log.warning(
-                "memory snapshots record the CUDA caching allocator and are not available on "
-                f"{self.device.type}; profiler.enable_memory_snapshot is ignored for this run"
-            )
-            self.snapshot_freq = None
+        self.cuda = self.device.type == "cuda"
         self._profiler: Any = None
+        self._recorder: Any = None  # the CPU allocation history (an AllocationTracker)
         self._closing = False
 
-    # -- context manager -----------------------------------------------------------------------
+    # -- the loop's calls ----------------------------------------------------------------------------
 
-    def __enter__(self) -> ProfilerSession:
+    def on_train_start(self, step: int) -> None:
+        self.step_num = step
         if self.trace_freq is not None:
             activities = [torch.profiler.ProfilerActivity.CPU]
-            if self.device.type == "cuda":
+            if self.cuda:
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             prof = torch.profiler.profile(
                 activities=activities,
@@ -79,46 +79,56 @@ class ProfilerSession:
                 record_shapes=True,
             )
             # Resume the schedule at the global step (public attributes of torch.profiler.profile).
-            prof.step_num = self.step_num
-            prof.current_action = prof.schedule(self.step_num)
+            prof.step_num = step
+            prof.current_action = prof.schedule(step)
             prof.start()
             self._profiler = prof
             log.info("profiling", every=self.trace_freq, folder=self.trace_folder)
         if self.snapshot_freq is not None:
-            # Private API: torch 2.11-2.14 has no public way to record the allocator's history;
-            # this is the call PyTorch's memory_viz documentation prescribes.
-            torch.cuda.memory._record_memory_history(max_entries=MAX_MEMORY_EVENTS)
-            log.info("recording memory history", every=self.snapshot_freq, folder=self.snapshot_folder)
-        return self
+            if self.cuda:
+                # Private API: torch 2.11-2.14 has no public way to record the allocator's history;
+                # this is the call PyTorch's memory_viz documentation prescribes.
+                torch.cuda.memory._record_memory_history(max_entries=MAX_MEMORY_EVENTS)
+            else:
+                from titan_plugins_memory.tracker import AllocationTracker
 
-    def step(self) -> None:
-        """Called once after each training step."""
-        self.step_num += 1
+                self._recorder = AllocationTracker(history=MAX_MEMORY_EVENTS)
+                self._recorder.__enter__()
+            log.info("recording memory history", every=self.snapshot_freq, folder=self.snapshot_folder)
+
+    def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
+        self.step_num = step
         if self._profiler is not None:
             self._profiler.step()
-        if self.snapshot_freq is not None and self.step_num % self.snapshot_freq == 0:
-            self._dump_snapshot(f"step_{self.step_num:012d}")
+        if self.snapshot_freq is not None and step % self.snapshot_freq == 0:
+            self._dump_snapshot(step)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    def on_train_end(self, step: int) -> None:
+        self._close()
+
+    def on_failure(self, step: int, exc: BaseException) -> None:
+        """An out-of-memory error gets the ``_exit`` snapshot and one clear line; never swallowed."""
         try:
-            if self.snapshot_freq is not None and isinstance(exc, torch.OutOfMemoryError):
-                # The step that ran out of memory is the one after the last finished step.
-                self._dump_snapshot(f"step_{self.step_num + 1:012d}_exit")
+            if is_out_of_memory(exc):
+                path = None
+                if self.snapshot_freq is not None:
+                    path = self._dump_snapshot(step, oom=True, oom_request_bytes=requested_bytes(exc))
+                log.error(oom_message(exc, step, str(self.device), self.rank, path))
         finally:
-            if self._profiler is not None:
-                self._closing = True  # a cycle cut short by the end of training is not a trace
-                self._profiler.stop()
-                self._profiler = None
-            if self.snapshot_freq is not None:
-                torch.cuda.memory._record_memory_history(enabled=None)
-        return False  # never swallow the exception (an OOM is re-raised)
+            self._close()
 
     # -- output --------------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        if self._profiler is not None:
+            self._closing = True  # a cycle cut short by the end of training is not a trace
+            self._profiler.stop()
+            self._profiler = None
+        if self.snapshot_freq is not None and self.cuda:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        if self._recorder is not None:
+            self._recorder.__exit__(None, None, None)
+            self._recorder = None
 
     def _write_trace(self, prof: Any) -> None:
         if self._closing:
@@ -129,10 +139,33 @@ class ProfilerSession:
         prof.export_chrome_trace(path)
         log.info("profiler trace written", step=prof.step_num, path=path)
 
-    def _dump_snapshot(self, name: str) -> None:
-        folder = os.path.join(self.snapshot_folder, name)
+    def _dump_snapshot(self, step: int, oom: bool = False, oom_request_bytes: int | None = None) -> str:
+        """``step_<step>/`` (``step_<step>_exit/`` after an out-of-memory error) for this rank."""
+        folder = os.path.join(self.snapshot_folder, f"step_{step:012d}" + ("_exit" if oom else ""))
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank{self.rank}_memory_snapshot.pickle")
-        # Private API, as above: writes the allocator state and recorded history for memory_viz.
-        torch.cuda.memory._dump_snapshot(path)
-        log.info("memory snapshot written", step=self.step_num, path=path)
+        if self.cuda:
+            # Private API, as above: writes the allocator state and recorded history.
+            torch.cuda.memory._dump_snapshot(path)
+        else:
+            from titan_plugins_memory.cpu_snapshot import build_snapshot, dump_snapshot
+
+            snapshot = build_snapshot(
+                self._recorder,
+                self.trainer.parts,
+                self.trainer.optimizer,
+                rank=self.rank,
+                step=step,
+                oom=oom,
+                oom_request_bytes=oom_request_bytes,
+            )
+            dump_snapshot(path, snapshot)
+        html = None
+        try:
+            from titan_plugins_memory.view import write_html
+
+            html = write_html(path)
+        except Exception as exc:  # the page is a convenience; the pickle is what matters
+            log.warning("memory snapshot page not written", path=path, error=f"{type(exc).__name__}: {exc}")
+        log.info("memory snapshot written", step=step, path=path, html=html)
+        return path

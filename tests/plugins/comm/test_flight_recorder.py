@@ -1,4 +1,4 @@
-"""The default backend's flight-recorder variables and its shorter timeout after step 1."""
+"""The default backend's flight-recorder variables and its shorter timeout after step 1 (titan_core.comm)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from titan_core.config import TrainerConfig
-from titan_core.parallel_dims import ParallelDims
-from titan_plugins_comm.default import (
+from titan_core.comm import (
     enable_flight_recorder,
     flight_recorder_env,
     mesh_groups,
     shorten_timeouts,
 )
+from titan_core.config import TrainerConfig
+from titan_core.parallel_dims import ParallelDims
 
 
 def test_flight_recorder_dumps_into_comm_traces(tmp_path: Path) -> None:

@@ -33,7 +33,9 @@ class Net(nn.Module):
 class Run:
     """Model, AdamW and a decaying LambdaLR; ``step(i)`` trains on batch ``i`` (fixed data)."""
 
-    def __init__(self, layers: int = 3, width: int = 4, seed: int = 0, model: nn.Module | None = None) -> None:
+    def __init__(
+        self, layers: int = 3, width: int = 4, seed: int = 0, model: nn.Module | None = None
+    ) -> None:
         torch.manual_seed(seed)
         self.model = model if model is not None else Net(layers, width)
         self.width = width

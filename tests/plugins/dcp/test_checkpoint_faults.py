@@ -36,7 +36,9 @@ class Events:
         self.lines.append(("warning", event, fields))
 
     def warnings(self) -> list[tuple[str, str]]:
-        return [(f["path"], f["reason"]) for level, _, f in self.lines if level == "warning" and "reason" in f]
+        return [
+            (f["path"], f["reason"]) for level, _, f in self.lines if level == "warning" and "reason" in f
+        ]
 
     def of(self, event: str) -> list[dict[str, Any]]:
         return [f for _, e, f in self.lines if e == event]
@@ -61,7 +63,14 @@ def train(run: Run, steps: range, ck: Any = None, meta: dict | None = None) -> d
         losses[i] = run.step(i)
         last = i == steps[-1]
         if ck is not None and ck.should_save(i, last):
-            ck.save(i, run.parts, run.optimizer, run.scheduler, last=last, meta={**META, "step": i, **(meta or {})})
+            ck.save(
+                i,
+                run.parts,
+                run.optimizer,
+                run.scheduler,
+                last=last,
+                meta={**META, "step": i, **(meta or {})},
+            )
     return losses
 
 
@@ -241,7 +250,9 @@ def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path: Path) 
     for step in (2, 4):
         (tmp_path / "checkpoint" / f"step-{step}" / "meta.json").unlink()
     run = Run()
-    with pytest.raises(UsageError, match=r"none of the 2 checkpoints in .* can be loaded \(step-4: it has no meta"):
+    with pytest.raises(
+        UsageError, match=r"none of the 2 checkpoints in .* can be loaded \(step-4: it has no meta"
+    ):
         ck.load(run.parts, run.optimizer, run.scheduler)
 
 
@@ -261,16 +272,18 @@ def test_only_canonical_step_names_count(tmp_path: Path, events: Events) -> None
 
 
 def test_leading_zeros_never_win_over_the_real_latest(tmp_path: Path, events: Events) -> None:
-    ck, weights = saved_at(tmp_path, 2)
+    ck, _ = saved_at(tmp_path, 2)
     root = tmp_path / "checkpoint"
     shutil.copytree(root / "step-2", root / "step-007")
     fresh = Run(seed=2)
     assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 2
 
 
-def test_step_folder_linking_outside_the_checkpoint_folder_is_not_loaded(tmp_path: Path, events: Events) -> None:
-    elsewhere, _ = saved_at(tmp_path / "elsewhere", 8)
-    ck, weights = saved_at(tmp_path / "run", 2)
+def test_step_folder_linking_outside_the_checkpoint_folder_is_not_loaded(
+    tmp_path: Path, events: Events
+) -> None:
+    saved_at(tmp_path / "elsewhere", 8)
+    ck, _ = saved_at(tmp_path / "run", 2)
     os.symlink(tmp_path / "elsewhere" / "checkpoint" / "step-8", tmp_path / "run" / "checkpoint" / "step-8")
     fresh = Run(seed=2)
     assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 2
@@ -293,6 +306,13 @@ def _full_disk_for_data(self: FileSystem, path: Any, mode: str):
 
 
 _REAL_CREATE_STREAM = FileSystem.create_stream
+
+
+def _dev_full(*args: Any, **kwargs: Any) -> Any:
+    """``open`` for the checkpointer's own files (meta.json): every write lands on /dev/full."""
+    return builtins.open("/dev/full", "w")  # the caller closes it
+
+
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 
 
@@ -308,7 +328,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_loses_nothing
     if where == "shards":
         monkeypatch.setattr(FileSystem, "create_stream", _full_disk_for_data)
     else:
-        monkeypatch.setattr(folder_module, "open", lambda *a, **k: builtins.open("/dev/full", "w"), raising=False)
+        monkeypatch.setattr(folder_module, "open", _dev_full, raising=False)
     with pytest.raises(TitanError) as info:
         train(run, range(3, 5), ck)
     monkeypatch.undo()
@@ -325,12 +345,14 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_loses_nothing
 
 def test_full_disk_on_a_real_small_filesystem(tmp_path: Path) -> None:
     """A tmpfs with room for about one and a half checkpoints (needs mount rights, else skipped)."""
-    probe, _ = saved_at(tmp_path / "probe", 2, width=64)
+    saved_at(tmp_path / "probe", 2, width=64)
     size = sum(f.stat().st_size for f in (tmp_path / "probe" / "checkpoint" / "step-2").iterdir())
     disk = tmp_path / "disk"
     disk.mkdir()
     limit = (size * 3 // 2) // 4096 * 4096 + 3 * 4096  # pages: a few for folders and small files
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={limit}", "tmpfs", str(disk)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={limit}", "tmpfs", str(disk)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:

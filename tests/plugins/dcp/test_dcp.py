@@ -1,18 +1,21 @@
-"""The DCP checkpointer in one process: interval saves, exact resume, load_only, seed checkpoints."""
+"""The DCP checkpointer through the trainer, in one process: interval saves, exact resume,
+load_only, seed checkpoints, strict loads, fallback over a damaged checkpoint, a full disk."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem
 
-from tests.parallel_harness import tiny_config
+from tests.parallel_harness import TINY_MODEL, tiny_config
 from titan_core._registry import Registry, get_registry
 from titan_core.config import TrainerConfig
-from titan_core.errors import PluginError, UsageError
+from titan_core.errors import TitanError, UsageError
 from titan_core.topology import Topology
 from titan_core.trainer import Trainer, train
 from titan_plugins_dcp.checkpointer import DCPCheckpointer
@@ -105,13 +108,58 @@ def test_seed_checkpoint_holds_the_initial_weights_and_reproduces_them(tmp_path:
 
 def test_initial_load_path_folder_that_is_no_checkpoint(tmp_path: Path) -> None:
     config = tiny_config(**{"job.dump_folder": str(tmp_path), _INITIAL: str(tmp_path)})
-    with pytest.raises(UsageError, match=r"without \.metadata, so not a DCP checkpoint"):
+    with pytest.raises(UsageError, match=r"is a folder without \.metadata"):
         Trainer(config, get_registry())
 
 
 def test_missing_checkpointer_plugin_names_the_distribution(tmp_path: Path) -> None:
     registry = Registry(disabled={"dcp"}).load_entry_points()
     with pytest.raises(
-        PluginError, match=r"(?s)checkpoint.backend = 'dcp'.*pip install -e plugins/titan_plugins_dcp"
+        TitanError, match=r"(?s)checkpoint.backend.*'dcp'.*pip install -e plugins/titan_plugins_dcp"
     ):
         Trainer(config_in(tmp_path), registry)
+
+
+def test_a_checkpoint_of_another_depth_is_refused_naming_keys(tmp_path: Path) -> None:
+    """The issue's case: 6 layers saved, the recipe now builds 4; nothing trains."""
+    deep = {"model.overrides": {**TINY_MODEL, "n_layers": 6}, "debug.max_steps": 1}
+    run(config_in(tmp_path, **deep))
+    with pytest.raises(UsageError) as info:
+        run(config_in(tmp_path))
+    message = str(info.value)
+    assert "step-1 does not fit the model: " in message
+    assert "tensors in it that the model lacks (model.layers.4." in message
+
+
+def test_resume_skips_a_damaged_latest_checkpoint(tmp_path: Path) -> None:
+    whole = run(config_in(tmp_path / "whole", **{"checkpoint.interval": 2}))
+    run(config_in(tmp_path / "split", **{"checkpoint.interval": 2, "debug.max_steps": 4}))
+    metadata = tmp_path / "split" / "checkpoint" / "step-4" / ".metadata"
+    metadata.write_bytes(metadata.read_bytes()[:40])  # truncated
+    resumed = run(config_in(tmp_path / "split", **{"checkpoint.interval": 2}))
+    assert resumed == {k: whole[k] for k in (3, 4, 5, 6)}  # from step-2, as the whole run did
+    assert saved_steps(tmp_path / "split") == ["step-2", "step-4", "step-6"]  # step-4 rewritten
+
+
+def test_full_disk_stops_the_run_and_a_resume_loses_only_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = run(config_in(tmp_path / "whole", **{"checkpoint.interval": 2}))
+    real = FileSystem.create_stream
+
+    @contextlib.contextmanager
+    def full_at_step_4(self: FileSystem, path: Any, mode: str):
+        if "step-4" in str(path) and str(path).endswith(".distcp"):
+            with open("/dev/full", "wb", buffering=0) as stream:
+                yield stream
+        else:
+            with real(self, path, mode) as stream:
+                yield stream
+
+    monkeypatch.setattr(FileSystem, "create_stream", full_at_step_4)
+    with pytest.raises(TitanError, match=r"the disk is full .* saving step-4 .* step-2 is intact"):
+        run(config_in(tmp_path / "full", **{"checkpoint.interval": 2}))
+    monkeypatch.undo()
+    assert saved_steps(tmp_path / "full") == ["step-2"]
+    resumed = run(config_in(tmp_path / "full", **{"checkpoint.interval": 2}))
+    assert resumed == {k: whole[k] for k in (3, 4, 5, 6)}

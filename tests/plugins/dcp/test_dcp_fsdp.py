@@ -64,7 +64,7 @@ def test_seed_checkpoint_loads_into_fsdp_and_fsdp_resumes(tmp_path: Path) -> Non
     }
     first = losses_of(tmp_path / "resume", 2, {**resumable, "debug.max_steps": 4}, count=4)
     shards = sorted(p.name for p in (tmp_path / "resume" / "out" / "checkpoint" / "step-4").iterdir())
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"]
     # One process resumes the FSDP checkpoint (weights and optimizer state resharded) the same way.
     (tmp_path / "one").mkdir()
     shutil.copytree(tmp_path / "resume" / "out" / "checkpoint", tmp_path / "one" / "checkpoint")

@@ -41,7 +41,9 @@ def test_tracker_history_has_the_allocating_line() -> None:
     assert frame["filename"] == __file__ and frame["name"] == "test_tracker_history_has_the_allocating_line"
 
 
-def _adamw_pair(weight_decay: float) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]:
+def _adamw_pair(
+    weight_decay: float,
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]:
     torch.manual_seed(0)
     a = torch.nn.Linear(8, 4)
     b = torch.nn.Linear(8, 4)
@@ -126,3 +128,15 @@ def test_memory_report_in_a_real_one_process_run(tmp_path: Path) -> None:
     assert not (tmp_path / "out_plain" / "memory_report_rank0.json").exists()
     losses = [r["loss"] for r in step_rows(result.stdout)]
     assert len(losses) == 3 and losses == [r["loss"] for r in step_rows(plain.stdout)]
+
+
+def test_tracker_does_not_count_views_of_existing_tensors() -> None:
+    weight = torch.ones(1000, 10)  # a parameter, say: allocated before the step
+    with AllocationTracker() as tracker:
+        t = weight.t()  # F.linear's transpose of a weight: a view, no new memory
+        weight.add_(1)  # in place
+        d = weight.detach()
+        assert tracker.current == 0
+        y = t.contiguous()  # a real copy
+        assert tracker.current == 40000
+    del t, d, y

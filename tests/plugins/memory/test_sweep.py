@@ -13,7 +13,7 @@ import pytest
 from tests.plugins.comm.test_fake import RECIPES, env, local_param_share
 from titan_plugins_llama3.flavors import FLAVORS
 
-FAILING = '''
+FAILING = """
 import os
 
 from my_debug_configs import llama3_debugmodel_pp2_fsdp2
@@ -29,7 +29,7 @@ if os.environ.get("FAKE_PP_RANK") == "1":
 
 def pp2_second_stage_fails():
     return llama3_debugmodel_pp2_fsdp2()
-'''
+"""
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ def test_mask_by_global_position_equals_causal_attention() -> None:
 def test_batch_sharder_takes_this_ranks_positions() -> None:
     positions = torch.tensor(cp_module.chunk_positions(1, 2, 8))
     inputs = torch.arange(16).view(2, 8)
-    x, y, kwargs = cp_module.BatchSharder(positions)(inputs, inputs + 100)
+    x, y, kwargs = cp_module.BatchSharder(positions)(inputs, inputs + 100, {})
     assert x.tolist() == [[2, 3, 4, 5], [10, 11, 12, 13]]
     assert y.tolist() == [[102, 103, 104, 105], [110, 111, 112, 113]]
     assert kwargs["positions"].tolist() == [2, 3, 4, 5]

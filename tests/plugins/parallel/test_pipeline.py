@@ -69,8 +69,19 @@ def _ctx(config: TrainerConfig, pp: int, rank: int, n_layers: int = 4) -> Simple
     args = Llama3Args(dim=32, n_layers=n_layers, n_heads=4, vocab_size=64, max_seq_len=16)
     dims = SimpleNamespace(pp=pp, coordinates=lambda r: {"pp": r})
     spec = SimpleNamespace(name="llama3")
-    topology = SimpleNamespace(pp_rank=None, rank=rank)
-    return SimpleNamespace(config=config, parallel_dims=dims, spec=spec, model_args=args, topology=topology)
+    topology = SimpleNamespace(rank=rank)
+    calls: list = []
+    return SimpleNamespace(
+        config=config,
+        parallel_dims=dims,
+        spec=spec,
+        model_args=args,
+        topology=topology,
+        state={},
+        computes_loss=True,
+        replace_forward_backward=lambda owner, build: calls.append(owner),
+        replaced=calls,
+    )
 
 
 def _meta_model(ctx: SimpleNamespace):
@@ -90,9 +101,12 @@ def test_stages_keep_their_blocks_names_and_ends() -> None:
     for rank in (0, 1):
         ctx = _ctx(config, pp=2, rank=rank)
         stages = pipeline.apply([_meta_model(ctx)], ctx)
-        assert ctx.stage_ids == [rank, rank + 2]
+        plan = ctx.state["pp"]
+        assert plan.ids == [rank, rank + 2]
         assert [list(s.layers.keys()) for s in stages] == [[str(rank)], [str(rank + 2)]]
-        assert (ctx.has_first_stage, ctx.has_last_stage) == (rank == 0, rank == 1)
+        assert (plan.has_first, plan.has_last) == (rank == 0, rank == 1)
+        assert ctx.computes_loss == (rank == 1)  # only the rank holding the last stage
+        assert ctx.replaced == ["pp"]  # the schedule replaces forward/backward
         firsts.append(stages[0])
     assert firsts[0].tok_embeddings is not None and firsts[1].tok_embeddings is None
     assert firsts[0].output is None and stages[1].output is not None  # rank 1's stage 3 is last

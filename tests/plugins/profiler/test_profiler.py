@@ -1,21 +1,21 @@
-"""The profiler plugin: trace files at the right steps, memory snapshots (and on OOM), CPU warning."""
+"""The profiler plugin: trace files at the right steps, memory snapshots on CUDA and CPU (with their
+HTML pages), the ``_exit`` snapshot and one clear line on out-of-memory, CUDA's and the CPU's."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from tests.parallel_harness import child_env, log_records, tiny_config, write_recipe_module
-from titan_core._registry import Registry
-from titan_core.errors import PluginError
 from titan_core.topology import Topology
-from titan_core.trainer import Trainer
 from titan_plugins_profiler.session import ProfilerSession
 
 
@@ -24,15 +24,26 @@ def _work() -> None:
     (a @ a).sum()
 
 
+def _trainer(config: Any, device: torch.device, rank: int = 0, world: int = 1) -> SimpleNamespace:
+    """What the session reads of the trainer: config, topology, this rank's parts and optimizer."""
+    model = torch.nn.Linear(8, 8)
+    return SimpleNamespace(
+        config=config,
+        topology=Topology(world, rank, 0, device),
+        parts=[model],
+        optimizer=torch.optim.AdamW(model.parameters()),
+    )
+
+
 def test_traces_every_profile_freq_steps_named_by_global_step(tmp_path: Path) -> None:
     config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_profiling": True})
     config.profiler.profile_freq = 3
-    session = ProfilerSession(config, Topology(2, 1, 0, torch.device("cpu")))
-    session.step_num = 4  # resumed after step 4: steps 5..11 run
-    with session:
-        for _ in range(7):
-            _work()
-            session.step()
+    session = ProfilerSession(_trainer(config, torch.device("cpu"), rank=1, world=2))
+    session.on_train_start(4)  # resumed after step 4: steps 5..11 run
+    for step in range(5, 12):
+        _work()
+        session.on_step_end(step, {}, step == 11)
+    session.on_train_end(11)
     traces = tmp_path / "profile_traces"
     assert sorted(p.name for p in traces.iterdir()) == ["iteration_6", "iteration_9"]
     for step in (6, 9):
@@ -43,8 +54,9 @@ def test_traces_every_profile_freq_steps_named_by_global_step(tmp_path: Path) ->
         assert [n for n in names if n.startswith("ProfilerStep#")] == [f"ProfilerStep#{step - 1}"]
 
 
-class _FakeAllocatorHistory:
-    """Stands in for torch.cuda.memory's private recorder so the CUDA path runs on CPU."""
+class _AllocatorHistory:
+    """Stands in for torch.cuda.memory's private recorder so the CUDA path runs on a CPU machine;
+    its dump writes a real (empty) snapshot so that the page beside it can be rendered."""
 
     def __init__(self) -> None:
         self.calls: list[Any] = []
@@ -53,21 +65,21 @@ class _FakeAllocatorHistory:
         self.calls.append(("record", enabled, kwargs))
 
     def dump(self, path: str) -> None:
-        Path(path).write_bytes(b"snapshot")
+        Path(path).write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
         self.calls.append(("dump", path))
 
 
-def test_memory_snapshots_every_freq_and_on_oom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _FakeAllocatorHistory()
+def test_cuda_snapshots_every_freq_and_on_oom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _AllocatorHistory()
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", fake.record)
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", fake.dump)
     config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_memory_snapshot": True})
     config.profiler.memory_snapshot_freq = 2
-    session = ProfilerSession(config, Topology(1, 0, 0, torch.device("cuda", 0)))
-    with pytest.raises(torch.OutOfMemoryError), session:
-        for _ in range(5):
-            session.step()
-        raise torch.OutOfMemoryError("CUDA out of memory (simulated in step 6)")
+    session = ProfilerSession(_trainer(config, torch.device("cuda", 0)))
+    session.on_train_start(0)
+    for step in range(1, 6):
+        session.on_step_end(step, {}, False)
+    session.on_failure(6, torch.OutOfMemoryError("CUDA out of memory (simulated in step 6)"))
     folder = tmp_path / "memory_snapshot"
     assert sorted(p.name for p in folder.iterdir()) == [
         "step_000000000002",
@@ -75,6 +87,7 @@ def test_memory_snapshots_every_freq_and_on_oom(tmp_path: Path, monkeypatch: pyt
         "step_000000000006_exit",
     ]
     assert (folder / "step_000000000006_exit" / "rank0_memory_snapshot.pickle").is_file()
+    assert (folder / "step_000000000004" / "rank0_memory_snapshot.html").is_file()
     assert fake.calls[0] == ("record", "all", {"max_entries": 100_000})
     assert fake.calls[-1] == ("record", None, {})  # recording stopped after the OOM
 
@@ -82,20 +95,43 @@ def test_memory_snapshots_every_freq_and_on_oom(tmp_path: Path, monkeypatch: pyt
 def test_memory_snapshot_freq_defaults_to_profile_freq(tmp_path: Path) -> None:
     config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_memory_snapshot": True})
     config.profiler.profile_freq = 7
-    assert ProfilerSession(config, Topology(1, 0, 0, torch.device("cuda", 0))).snapshot_freq == 7
+    assert ProfilerSession(_trainer(config, torch.device("cpu"))).snapshot_freq == 7
 
 
-def test_training_run_writes_traces_and_warns_once_about_cpu_snapshots(tmp_path: Path) -> None:
-    module = write_recipe_module(
-        tmp_path,
-        {
-            "training.steps": 5,
-            "profiler.enable_profiling": True,
-            "profiler.profile_freq": 2,
-            "profiler.enable_memory_snapshot": True,
-        },
+def test_cpu_oom_is_an_oom(tmp_path: Path) -> None:
+    """The CPU allocator's RuntimeError gets the _exit snapshot too; other errors do not."""
+    config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_memory_snapshot": True})
+    config.profiler.memory_snapshot_freq = 100
+    session = ProfilerSession(_trainer(config, torch.device("cpu")))
+    session.on_train_start(0)
+    session.on_failure(1, RuntimeError("shape mismatch"))
+    assert not (tmp_path / "memory_snapshot").exists()
+    session = ProfilerSession(_trainer(config, torch.device("cpu")))
+    session.on_train_start(2)
+    message = (
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)"
     )
-    result = subprocess.run(
+    session.on_failure(3, RuntimeError(message))
+    snapshot = tmp_path / "memory_snapshot" / "step_000000000003_exit" / "rank0_memory_snapshot.pickle"
+    data = pickle.loads(snapshot.read_bytes())
+    assert data["titan"]["oom"] is True and data["titan"]["step"] == 3
+    assert snapshot.with_suffix(".html").is_file()
+
+
+SNAPSHOT_RUN = {
+    "training.steps": 5,
+    "profiler.enable_memory_snapshot": True,
+    "profiler.memory_snapshot_freq": 2,
+}
+
+
+def _run(tmp_path: Path, overrides: dict[str, Any], recipe_header: str = "") -> subprocess.CompletedProcess:
+    module = write_recipe_module(tmp_path, overrides)
+    if recipe_header:
+        path = tmp_path / f"{module}.py"
+        path.write_text(recipe_header + path.read_text())
+    return subprocess.run(
         [sys.executable, "-m", "titan_core.cli", "run", "--module", module, "--recipe", "layout"],
         cwd=tmp_path,
         env=child_env(tmp_path),
@@ -103,21 +139,70 @@ def test_training_run_writes_traces_and_warns_once_about_cpu_snapshots(tmp_path:
         text=True,
         timeout=300,
     )
+
+
+def test_cpu_run_writes_traces_and_snapshots_with_pages(tmp_path: Path) -> None:
+    result = _run(tmp_path, {**SNAPSHOT_RUN, "profiler.enable_profiling": True, "profiler.profile_freq": 2})
     assert result.returncode == 0, result.stderr[-3000:]
     records = log_records(result.stdout)
-    warnings = [r for r in records if r.get("level") == "warning" and "memory snapshot" in r["event"]]
-    assert len(warnings) == 1 and "not available on cpu" in warnings[0]["event"]
     assert [r["step"] for r in records if r.get("event") == "step"] == [1, 2, 3, 4, 5]
     out = tmp_path / "out"
     # step 5 starts a cycle that training ends before its recorded step: no trace for it
     assert sorted(p.name for p in (out / "profile_traces").iterdir()) == ["iteration_2", "iteration_4"]
     assert (out / "profile_traces" / "iteration_4" / "rank0_trace.json").stat().st_size > 0
-    assert not (out / "memory_snapshot").exists()
+    folders = sorted(p.name for p in (out / "memory_snapshot").iterdir())
+    assert folders == ["step_000000000002", "step_000000000004"]
+    for name in folders:
+        files = sorted(p.name for p in (out / "memory_snapshot" / name).iterdir())
+        assert files == ["rank0_memory_snapshot.html", "rank0_memory_snapshot.pickle"]
+    data = pickle.loads((out / "memory_snapshot" / folders[1] / "rank0_memory_snapshot.pickle").read_bytes())
+    titan = data["titan"]
+    assert (titan["device"], titan["rank"], titan["step"], titan["oom"]) == ("cpu", 0, 4, False)
+    account = titan["account"]
+    assert account["params_bytes"] == 4 * account["params_numel"] > 0
+    assert account["optimizer_state_bytes"] >= 2 * account["params_bytes"]  # AdamW's moments
+    # the parameters are blocks of the snapshot, named; the step's allocations carry their stacks
+    blocks = [b for s in data["segments"] for b in s["blocks"]]
+    names = {f["name"] for b in blocks for f in b["frames"] if f["filename"] == "<tensor account>"}
+    assert any(n.startswith("parameter ") and n.endswith("tok_embeddings.weight") for n in names)
+    trace = data["device_traces"][0]
+    assert {e["action"] for e in trace} == {"alloc", "free_completed"}
+    assert any(f["filename"].endswith("model.py") for e in trace for f in e["frames"])
+    assert not [r for r in records if r.get("level") == "warning" and "memory snapshot" in r["event"]]
 
 
-def test_missing_profiler_plugin_names_the_distribution(tmp_path: Path) -> None:
-    config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_profiling": True})
-    registry = Registry(disabled={"profiler"}).load_entry_points()
-    expected = r"(?s)backend = 'torch'.*titan-plugins-profiler.*pip install -e plugins/titan_plugins_profiler"
-    with pytest.raises(PluginError, match=expected):
-        Trainer(config, registry)
+OOM_HEADER = """
+import resource
+
+
+def _vm_data() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData"))
+
+
+# This process may map 1.5 GiB more than it has now: far more than the tiny model needs, far less
+# than the 4 GiB of logits (or the feed-forward's activations) this recipe's batch makes.
+resource.setrlimit(resource.RLIMIT_DATA, (_vm_data() + 1536 * 2**20, resource.RLIM_INFINITY))
+"""
+
+
+def test_cpu_out_of_memory_leaves_the_exit_snapshot_and_one_clear_line(tmp_path: Path) -> None:
+    huge = {
+        **SNAPSHOT_RUN,
+        "training.seq_len": 512,
+        "training.local_batch_size": 1024,  # logits: 1024 x 512 x vocab 2048 in float32
+        "model.overrides": {"dim": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
+    }
+    result = _run(tmp_path, huge, OOM_HEADER)
+    assert result.returncode != 0
+    folder = tmp_path / "out" / "memory_snapshot"
+    assert sorted(p.name for p in folder.iterdir()) == ["step_000000000001_exit"]
+    snapshot = folder / "step_000000000001_exit" / "rank0_memory_snapshot.pickle"
+    assert pickle.loads(snapshot.read_bytes())["titan"]["oom"] is True
+    assert snapshot.with_suffix(".html").is_file()
+    errors = [r for r in log_records(result.stdout) if r.get("level") == "error"]
+    oom = [r["event"] for r in errors if r["event"].startswith("out of memory")]
+    assert len(oom) == 1, errors
+    assert "out of memory on cpu (rank 0) at step 1 allocating" in oom[0]
+    assert str(snapshot) in oom[0] or "step_000000000001_exit" in oom[0]
+    assert "training.local_batch_size" in oom[0]

@@ -1,0 +1,173 @@
+"""GPU checks of the performance work (``python3 -m bench.gpu_perf_check``; ``bash bench/perf.sh check``).
+
+What the CPU tests cannot see, on one CUDA device in bf16; one PASS/FAIL line per check:
+
+1. ``blocks.attention`` with a document mask (flex attention, compiled, BlockMask from
+   ``blocks.document_mask``) equals SDPA with the same mask as a boolean tensor, forward and
+   gradients, with grouped K/V heads (32 query / 8 KV heads), and skips the blocks across
+   documents (the BlockMask's density against causal).
+2. Grouped-query attention without K/V copies: causal SDPA with ``enable_gqa`` equals the
+   expanded heads, and which fused SDPA backends accept it (flash, cuDNN, efficient).
+3. Compiled blocks of titan's Llama 3 (inductor) do not recompile over steps whose batches give
+   different document masks (dynamo's graph count after step 1 and after step 4).
+4. ``titan run`` on one CUDA process with ``training.dtype = bfloat16``: the FSDP strategy applies
+   on a 1-device mesh, parameters stay fp32 (DTensors) while the blocks compute in bf16, the
+   trainer skips autocast, and the loss falls; reports whether AdamW is fused.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+RESULTS: list[bool] = []
+
+
+def report(name: str, ok: bool, detail: str) -> None:
+    RESULTS.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+
+def _packed_tokens(batch: int, seq: int, bos: int, mean_doc: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, 2000, (batch, seq), generator=g)
+    starts = torch.rand(batch, seq, generator=g) < 1.0 / mean_doc
+    tokens[starts] = bos
+    return tokens.cuda()
+
+
+def check_flex_document_mask() -> None:
+    from titan_core import blocks
+
+    torch.manual_seed(0)
+    b, hq, hkv, s, d = 2, 32, 8, 2048, 64
+    tokens = _packed_tokens(b, s, 1, 300, seed=0)
+    q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    block_mask = blocks.document_mask(tokens, 1)
+    out = blocks.attention(q, k, v, mask=block_mask)
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    dense = blocks.document_mask(tokens.cpu(), 1).cuda()  # the CPU path's boolean mask
+    ref = blocks.attention(q, k, v, mask=dense)
+    ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+    err = (out - ref).abs().max().item()
+    gerr = max(((g - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref_grads, strict=True))
+    density = block_mask.kv_num_blocks.sum().item() + block_mask.full_kv_num_blocks.sum().item()
+    causal_blocks = b * (s // 128) * (s // 128 + 1) / 2
+    report(
+        "flex document mask",
+        err < 3e-2 and gerr < 3e-2 and type(block_mask).__name__ == "BlockMask",
+        f"max |out - sdpa| {err:.2e}, max relative grad error {gerr:.2e}, "
+        f"blocks computed {density / causal_blocks:.1%} of causal",
+    )
+
+
+def check_gqa_backends() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from titan_core import blocks
+
+    q = torch.randn(2, 32, 2048, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 8, 2048, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 8, 2048, 64, device="cuda", dtype=torch.bfloat16)
+    ref = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True
+    )
+    err = (blocks.attention(q, k, v) - ref).abs().max().item()
+    accepted = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([backend]):
+                blocks.attention(q, k, v)
+            accepted.append(backend.name)
+        except RuntimeError:
+            pass
+    report(
+        "GQA without K/V copies",
+        err < 2e-2 and bool(accepted),
+        f"max error {err:.2e}; fused backends taking enable_gqa: {', '.join(accepted) or 'none'}",
+    )
+
+
+def check_no_recompile() -> None:
+    import torch._dynamo.utils as dynamo_utils
+
+    from titan_plugins_llama3.flavors import Llama3Args
+    from titan_plugins_llama3.model import Llama3
+
+    torch._dynamo.reset()
+    args = Llama3Args(
+        dim=512, n_layers=4, n_heads=8, n_kv_heads=2, vocab_size=2048, document_mask=True, bos_id=1
+    )
+    with torch.device("cuda"):
+        model = Llama3(args)
+    model.init_weights()
+    for block in model.layers.values():
+        block.compile()
+    counts = []
+    for step in range(4):
+        tokens = _packed_tokens(4, 1024, 1, 100 + 50 * step, seed=step)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(tokens).float().mean().backward()
+        counts.append(dynamo_utils.counters["stats"]["unique_graphs"])
+    report(
+        "compiled blocks do not recompile", counts[0] == counts[-1] >= 1, f"graphs after each step: {counts}"
+    )
+
+
+def check_single_gpu_fsdp() -> None:
+    from torch.distributed.tensor import DTensor
+
+    from bench.recipes import bench_debugmodel
+    from titan_core._registry import get_registry
+    from titan_core.trainer import Trainer
+
+    config = bench_debugmodel()
+    config.training.steps = 8
+    config.training.seq_len = 1024
+    config.job.dump_folder = "/tmp/titan_perf/check_fsdp"
+    trainer = Trainer(config, get_registry())
+    seen: dict[str, Any] = {}
+    block = next(iter(trainer.parts[0].layers.values()))
+    linear = next(m for m in block.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_pre_hook(lambda mod, inp: seen.setdefault("weight", mod.weight.dtype))
+    t = time.perf_counter()
+    try:
+        losses = [row["loss"] for row in trainer.train() if "loss" in row]
+    finally:
+        trainer.close()
+    params = list(trainer.parts[0].parameters())
+    fp32_dtensors = all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params)
+    ctx = trainer.ctx
+    fused = [g.get("fused") for g in trainer.optimizer.param_groups]
+    report(
+        "one-GPU bf16 through FSDP2",
+        "fsdp" in ctx.applied
+        and ctx.mixed_precision_applied
+        and fp32_dtensors
+        and seen.get("weight") == torch.bfloat16
+        and losses[-1] < losses[0],
+        f"applied {ctx.applied}; fp32 DTensor params {fp32_dtensors}; block weights in forward "
+        f"{seen.get('weight')}; losses {losses[0]:.3f} -> {losses[-1]:.3f}; AdamW fused={fused[0]}; "
+        f"document_mask={trainer.model_args.document_mask}; {time.perf_counter() - t:.0f}s",
+    )
+
+
+def main() -> int:
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    for check in (check_flex_document_mask, check_gqa_backends, check_no_recompile, check_single_gpu_fsdp):
+        try:
+            check()
+        except Exception as exc:  # one failing check must not hide the others
+            report(check.__name__, False, f"{type(exc).__name__}: {str(exc)[:400]}")
+    print(f"{sum(RESULTS)}/{len(RESULTS)} checks passed", flush=True)
+    return 0 if all(RESULTS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

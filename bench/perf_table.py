@@ -1,0 +1,206 @@
+"""The performance table: titan, the hand-written loop and torchtitan 0.3.0 side by side.
+
+``python3 bench/perf_table.py DIR [DIR ...] [--skip N] [--markdown]`` reads the logs that
+``bench/perf.sh`` leaves in each DIR (``titan_<config>.log``, ``hand_<config>.log``,
+``peer/r*.log``; later DIRs win for the same run) and prints one row per run.
+
+Every figure is computed here the same way for the three sources, from each step's tokens/s:
+the mean over steps after ``--skip`` (default 5: compilation and autotuning happen in the first
+steps), its spread (coefficient of variation and min..max over those steps), TFLOP/s and MFU
+from one FLOP formula, torchtitan's (6 x non-embedding parameters + 12 x layers x heads x
+head_dim x seq per token, the full attention square although the mask is causal and
+block-diagonal; titan's ``flops_per_token``) against 989 TFLOP/s (H100/H200 dense bf16).
+Memory is the largest max-reserved / max-allocated figure any step logged (torchtitan's log line
+has reserved memory only). ``ratio`` is tokens/s against torchtitan on the same config; on a
+hand-loop row, titan's tokens/s over the loop's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+PEAK_TFLOPS = 989.0
+
+#: config -> (title, torchtitan log name)
+CONFIGS = {
+    "bench_debugmodel": ("debug model, 2048x8, eager", "r1_debugmodel_ce_loss"),
+    "bench_1b": ("1B shape, eager, 4096x8", "r2_1b_v2k_eager"),
+    "bench_1b_compile": ("1B shape, compiled, 4096x8", "r3_1b_v2k_compile"),
+    "bench_8b_l8_compile": ("8B shape (8 layers), compiled, 8192x4", "r4_8b_l8_v2k_compile"),
+}
+
+_PEER_LINE = re.compile(
+    r"step:\s*(\d+)\s+loss:\s*([\d.naif+-]+)\s+grad_norm:\s*([\d.naif+-]+)\s+memory:\s*(-?[\d.]+)GiB"
+    r"\((-?[\d.]+)%\)\s+tps:\s*([\d,]+)"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def flops_per_token(config: str) -> float:
+    """torchtitan's formula through titan's Llama 3 counts, for the config's shape."""
+    import attrs
+
+    from bench.recipes import CONFIGS as RECIPES
+    from titan_plugins_llama3.flavors import FLAVORS
+    from titan_plugins_llama3.flavors import flops_per_token as fpt
+
+    flavor, overrides, seq, *_ = RECIPES[config]
+    return fpt(attrs.evolve(FLAVORS[flavor], **overrides), seq)
+
+
+def json_steps(path: Path) -> list[dict[str, Any]]:
+    """Step rows of a titan or hand-loop log (JSON lines, possibly after a prefix)."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            record = json.loads(line[start:])
+        except json.JSONDecodeError:
+            continue
+        if record.get("event") == "step" and "loss" in record and "tps" in record:
+            rows.append(record)
+    return rows
+
+
+def peer_steps(path: Path) -> list[dict[str, Any]]:
+    """Step rows of a torchtitan log (its console line)."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = _PEER_LINE.search(_ANSI.sub("", line))
+        if m:
+            step, loss, _gn, mem, _pct, tps = m.groups()
+            rows.append(
+                {
+                    "step": int(step),
+                    "loss": float(loss),
+                    "tps": float(tps.replace(",", "")),
+                    "max_reserved_gib": float(mem),
+                }
+            )
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]], config: str, skip: int) -> dict[str, Any]:
+    steady = [r for r in rows if r["step"] > skip] or rows
+    tps = [float(r["tps"]) for r in steady]
+    mean = statistics.fmean(tps)
+    tflops = flops_per_token(config) * mean / 1e12
+
+    def peak(key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return max(values) if values else None
+
+    return {
+        "steps": rows[-1]["step"],
+        "tps": mean,
+        "cv_pct": 100 * statistics.pstdev(tps) / mean if len(tps) > 1 else 0.0,
+        "min": min(tps),
+        "max": max(tps),
+        "tflops": tflops,
+        "mfu": 100 * tflops / PEAK_TFLOPS,
+        "reserved": peak("max_reserved_gib"),
+        "allocated": peak("max_allocated_gib"),
+        "loss1": rows[0]["loss"],
+        "lossN": rows[-1]["loss"],
+    }
+
+
+def find(dirs: list[Path], name: str) -> Path | None:
+    found = None
+    for d in dirs:
+        for candidate in (d / name, d / "peer" / name):
+            if candidate.is_file():
+                found = candidate
+    return found
+
+
+def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
+    out = []
+    for config, (title, peer_name) in CONFIGS.items():
+        runs = {}
+        for kind, name, parse in (
+            ("titan", f"titan_{config}.log", json_steps),
+            ("hand loop", f"hand_{config}.log", json_steps),
+            ("torchtitan 0.3.0", f"{peer_name}.log", peer_steps),
+        ):
+            path = find(dirs, name)
+            rows = parse(path) if path else []
+            runs[kind] = summarize(rows, config, skip) | {"source": str(path)} if rows else None
+        peer, titan = runs["torchtitan 0.3.0"], runs["titan"]
+        for kind, run in runs.items():
+            if run is None:
+                if kind != "hand loop":
+                    out.append({"config": title, "run": kind, "missing": True})
+                continue
+            ratio = ""
+            if kind == "titan" and peer:
+                ratio = f"{run['tps'] / peer['tps']:.3f} vs torchtitan"
+            elif kind == "hand loop" and titan:
+                ratio = f"titan/loop {titan['tps'] / run['tps']:.3f}"
+            out.append({"config": title, "run": kind, "ratio": ratio, **run})
+    return out
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def render(rows: list[dict[str, Any]], skip: int) -> str:
+    head = [
+        "config",
+        "run",
+        f"tok/s (mean, steps>{skip})",
+        "spread: cv, min..max",
+        "TFLOP/s",
+        "MFU",
+        "max reserved GiB",
+        "max allocated GiB",
+        "loss first -> last",
+        "ratio",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        if r.get("missing"):
+            cells = [r["config"], r["run"], "not measured", *[""] * (len(head) - 3)]
+        else:
+            cells = [
+                r["config"],
+                r["run"],
+                f"{r['tps']:,.0f}",
+                f"{r['cv_pct']:.1f}%, {r['min']:,.0f}..{r['max']:,.0f}",
+                f"{r['tflops']:.1f}",
+                f"{r['mfu']:.1f}%",
+                _gib(r["reserved"]),
+                _gib(r["allocated"]),
+                f"{r['loss1']:.3f} -> {r['lossN']:.3f} ({r['steps']} steps)",
+                r["ratio"],
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    skip = 5
+    if "--skip" in argv:
+        i = argv.index("--skip")
+        skip = int(argv[i + 1])
+        del argv[i : i + 2]
+    dirs = [Path(a) for a in argv] or [Path("/tmp/titan_perf")]
+    print(render(table(dirs, skip), skip))
+    print(
+        f"\nFLOPs/token: 6 x non-embedding params + 12 x layers x heads x head_dim x seq (torchtitan's); "
+        f"MFU against {PEAK_TFLOPS:.0f} TFLOP/s. Logs: {', '.join(map(str, dirs))}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.exit(main(sys.argv[1:]))

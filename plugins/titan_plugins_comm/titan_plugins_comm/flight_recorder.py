@@ -1,0 +1,207 @@
+"""The flight recorder under gloo: every rank dumps its recent collectives when one fails.
+
+PyTorch's gloo process groups record their collectives in the same flight recorder as NCCL
+(``TORCH_FR_BUFFER_SIZE`` entries: process group, sequence number, operator, sizes, dtypes, the
+Python stack), but only NCCL's watchdog dumps it on a timeout. Under gloo a collective that
+times out raises on the rank that waited (``Timed out waiting ...ms``); the rank that stalled is
+typically still busy elsewhere and never notices. This callback closes the gap, as NCCL's
+``TORCH_NCCL_DUMP_ON_TIMEOUT`` does:
+
+- when an exception leaves the training loop on any rank (a collective timeout, a peer that
+  went away, or any other failure that would leave the peers waiting), that rank writes its trace
+  and asks every rank to write theirs through the job's store (key ``titan_fr/dump``), then waits
+  up to :data:`ACK_SECONDS` for them before the error propagates;
+- every rank runs a small watchdog thread that watches that key, so a rank stuck outside
+  collectives (in a slow data loader, a long ``time.sleep``, a Python loop releasing the GIL)
+  still dumps what it last did.
+
+Dumps go to ``<job.dump_folder>/comm_traces/rank_<rank>``, the names NCCL's dumps get there:
+the pickle of ``torch._C._distributed_c10d._dump_fr_trace`` (the NCCL dump format, version 2.x)
+plus a ``titan`` entry (rank, world size, backend, each process group's global ranks, the
+error, the time of the dump), because gloo's own dump leaves the groups' ranks empty.
+``titan fr analyze FOLDER`` reads them (and NCCL's).
+
+Private torch APIs used (no public equivalent in torch 2.11-2.14): ``_dump_fr_trace`` (the
+flight recorder's dump), ``distributed_c10d._get_default_store`` (the job's store) and
+``distributed_c10d._world.pg_names`` (process group names, to record each group's ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import threading
+import time
+from typing import Any
+
+from titan_core.log import get_logger
+
+log = get_logger("titan.comm")
+
+DUMP_KEY = "titan_fr/dump"
+ACK_PREFIX = "titan_fr/dumped/"
+#: How long the failing rank waits for its peers' dumps before the error propagates.
+ACK_SECONDS = 20.0
+#: How often the watchdog thread looks for a dump request.
+POLL_SECONDS = 0.25
+
+
+def dump_path(dump_folder: str, rank: int) -> str:
+    return os.path.join(dump_folder, "comm_traces", f"rank_{rank}")
+
+
+def _group_ranks() -> dict[str, list[int]]:
+    """Global ranks of every process group this rank knows, by the name its trace entries carry."""
+    import torch.distributed as dist
+
+    names = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_names", None) or {}
+    out: dict[str, list[int]] = {}
+    for group, name in list(names.items()):
+        try:
+            out[str(name)] = dist.get_process_group_ranks(group)
+        except Exception:  # a group of a foreign backend, or one being destroyed
+            continue
+    return out
+
+
+def gloo_groups(topology: Any) -> list[Any]:
+    """The real gloo groups of this run: the default group, or a backend's own groups."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return []
+    candidates = [None, *(getattr(topology, "groups", None) or {}).values()]
+    found = []
+    for group in candidates:
+        try:
+            backend = str(dist.get_backend(group))
+        except Exception:
+            continue
+        if "gloo" in backend:
+            found.append(group)
+    return found
+
+
+class GlooFlightRecorder:
+    """The ``flight_recorder`` callback: dumps on failure, and on a peer's request."""
+
+    def __init__(self, dump_folder: str, rank: int, peers: list[int], store: Any) -> None:
+        self.path = dump_path(dump_folder, rank)
+        self.rank = rank
+        #: Global ranks of the processes that really exist (the members of the real gloo group).
+        self.peers = peers
+        self.store = store
+        self.step = 0
+        self._dumped = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # -- the loop's calls ----------------------------------------------------------------------------
+
+    def on_train_start(self, step: int) -> None:
+        self.step = step
+        self._thread = threading.Thread(target=self._watch, name="titan-fr-watchdog", daemon=True)
+        self._thread.start()
+
+    def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
+        self.step = step
+
+    def on_train_end(self, step: int) -> None:
+        self._stop.set()
+
+    def on_failure(self, step: int, exc: BaseException) -> None:
+        """Dump, ask every rank to dump, and wait (bounded) for them."""
+        self.step = step
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ''}"
+        self.dump(reason)
+        try:
+            self.store.set(DUMP_KEY, f"rank {self.rank} at step {step}: {reason}")
+            keys = [f"{ACK_PREFIX}{r}" for r in self.peers if r != self.rank]
+            deadline = time.monotonic() + ACK_SECONDS
+            while keys and time.monotonic() < deadline:
+                keys = [k for k in keys if not self.store.check([k])]
+                if keys:
+                    time.sleep(POLL_SECONDS)
+            if keys:
+                log.warning(
+                    "flight recorder: some ranks did not dump", missing=[k.rsplit("/", 1)[1] for k in keys]
+                )
+        except Exception as store_exc:  # the store went away with a peer: nothing more to ask
+            log.warning("flight recorder: cannot ask the other ranks to dump", error=str(store_exc))
+        finally:
+            self._stop.set()
+
+    # -- dumping -------------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            try:
+                requested = self.store.check([DUMP_KEY])
+            except Exception:  # the store is gone (the job is ending)
+                return
+            if requested:
+                try:
+                    reason = self.store.get(DUMP_KEY).decode(errors="replace")
+                except Exception:
+                    reason = "requested by a peer"
+                self.dump(f"requested: {reason}")
+                return
+
+    def dump(self, reason: str) -> str | None:
+        """Write this rank's trace once; returns its path (``None`` if torch cannot dump)."""
+        with self._lock:
+            if self._dumped.is_set():
+                return self.path
+            import torch._C._distributed_c10d as c10d
+
+            dump = getattr(c10d, "_dump_fr_trace", None)
+            if dump is None:
+                log.warning("this torch has no flight-recorder dump for gloo; nothing written")
+                return None
+            data = pickle.loads(dump(True, True, False))
+            data["titan"] = {
+                "rank": self.rank,
+                "ranks": self.peers,
+                "backend": "gloo",
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "step": self.step,
+                "reason": reason,
+                "dump_time_ns": time.time_ns(),
+                "pg_ranks": _group_ranks(),
+            }
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.tmp{os.getpid()}"
+            with open(tmp, "wb") as f:
+                pickle.dump(data, f)
+            os.replace(tmp, self.path)
+            self._dumped.set()
+        with contextlib.suppress(Exception):  # the store may be gone with a peer
+            self.store.set(f"{ACK_PREFIX}{self.rank}", "1")
+        log.error(
+            "flight recorder trace written",
+            path=self.path,
+            entries=len(data.get("entries", [])),
+            reason=reason,
+        )
+        return self.path
+
+
+def build(trainer: Any) -> GlooFlightRecorder | None:
+    """The recorder for CPU runs with real gloo groups and ``comm.trace_buf_size > 0``.
+
+    On CUDA, NCCL's own watchdog dumps to the same files (``TORCH_FR_DUMP_TEMP_FILE``).
+    """
+    if trainer.config.comm.trace_buf_size <= 0 or trainer.topology.device.type == "cuda":
+        return None
+    groups = gloo_groups(trainer.topology)
+    if not groups:
+        return None
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    peers = sorted({r for group in groups for r in dist.get_process_group_ranks(group or dist.group.WORLD)})
+    return GlooFlightRecorder(trainer.config.job.dump_folder, dist.get_rank(), peers, store)

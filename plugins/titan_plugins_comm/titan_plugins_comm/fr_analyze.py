@@ -1,0 +1,307 @@
+"""``titan fr analyze FOLDER [--json]``: which ranks are behind, per process group, in flight
+recorder dumps.
+
+Reads every dump in FOLDER (``comm_traces/rank_<r>``): NCCL's (written by torch's watchdog on a
+timeout) and gloo's (written by :mod:`titan_plugins_comm.flight_recorder`), as pickles or JSON.
+Both carry, per rank, the last collectives of every process group with their sequence number
+(``collective_seq_id``, the same on every member for the same collective), operator and sizes,
+and each group's last enqueued / completed sequence number.
+
+Per process group, the members that enqueued fewer collectives than the others are *behind*:
+they never reached the collective the others are waiting in (or failed in, once it timed out).
+When every member reached the same collective, a member whose operator or sizes differ is a
+*mismatch*; one that has not completed it (NCCL records completion) is *stuck in* it. Ranks
+without a dump are listed as missing (a rank that hung hard, or was killed first).
+
+torch's ``fr_trace`` expects NCCL-only fields and stops on gloo dumps; this reader needs only the
+fields both have. It reads pickled plain data and does not import torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pickle
+import re
+from typing import Any
+
+from titan_core.errors import UsageError
+
+
+def _load(path: str) -> dict[str, Any] | None:
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = pickle.loads(raw)
+    except Exception:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return None
+    if isinstance(data, dict) and ("entries" in data or "pg_status" in data):
+        return data
+    return None
+
+
+def _rank_of(path: str, data: dict[str, Any]) -> int | None:
+    titan = data.get("titan") or {}
+    if isinstance(titan.get("rank"), int):
+        return titan["rank"]
+    if isinstance(data.get("rank"), int):
+        return data["rank"]
+    match = re.search(r"(\d+)$", os.path.basename(path))
+    return int(match.group(1)) if match else None
+
+
+def load_dumps(folder: str) -> dict[int, dict[str, Any]]:
+    """Rank -> dump, for every flight-recorder dump in ``folder``."""
+    if not os.path.isdir(folder):
+        raise UsageError(
+            f"{folder}: not a folder; give the comm_traces folder of a run (job.dump_folder/comm_traces)"
+        )
+    dumps: dict[int, dict[str, Any]] = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) or ".tmp" in name:
+            continue
+        data = _load(path)
+        rank = None if data is None else _rank_of(path, data)
+        if data is not None and rank is not None:
+            data["_path"] = path
+            dumps[rank] = data
+    if not dumps:
+        raise UsageError(
+            f"{folder}: no flight-recorder dumps (rank_<r> files); they are written when a collective "
+            "times out with comm.trace_buf_size > 0"
+        )
+    return dumps
+
+
+def _ranks_list(value: Any) -> list[int]:
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    if isinstance(value, str) and value.strip():
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return []
+        return [int(v) for v in parsed] if isinstance(parsed, (list, tuple)) else []
+    return []
+
+
+def _op(entry: dict[str, Any]) -> str:
+    name = str(entry.get("profiling_name", "?"))
+    return name.split(":", 1)[1] if ":" in name else name
+
+
+def _describe(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    frames = entry.get("frames") or []
+    user = [f for f in frames if "/torch/" not in str(f.get("filename", ""))]  # the caller's code
+    return {
+        "seq": entry.get("collective_seq_id"),
+        "op": _op(entry),
+        "input_sizes": entry.get("input_sizes"),
+        "input_dtypes": entry.get("input_dtypes"),
+        "state": entry.get("state"),
+        "time_created_ns": entry.get("time_created_ns"),
+        "where": [f"{f.get('name')} {f.get('filename')}:{f.get('line')}" for f in user[:3]],
+    }
+
+
+def _backend(dumps: dict[int, dict[str, Any]]) -> str:
+    names = set()
+    for d in dumps.values():
+        titan = d.get("titan") or {}
+        if titan.get("backend"):
+            names.add(titan["backend"])
+        for e in d.get("entries", [])[:1]:
+            names.add(str(e.get("profiling_name", "?")).split(":", 1)[0])
+    return ", ".join(sorted(names)) or "?"
+
+
+def analyze(dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per process group: members, who is behind, on which collective (plain data)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for rank, d in dumps.items():
+        titan = d.get("titan") or {}
+        for key, cfg in (d.get("pg_config") or {}).items():
+            name = str(cfg.get("name", key)) if isinstance(cfg, dict) else str(key)
+            g = groups.setdefault(name, {"name": name, "desc": "", "members": set(), "ranks": {}})
+            if isinstance(cfg, dict):
+                g["desc"] = g["desc"] or cfg.get("desc", "")
+                g["members"] |= set(_ranks_list(cfg.get("ranks")))
+        for name, ranks in (titan.get("pg_ranks") or {}).items():
+            groups.setdefault(str(name), {"name": str(name), "desc": "", "members": set(), "ranks": {}})
+            groups[str(name)]["members"] |= set(ranks)
+        for e in d.get("entries", []):
+            pg = e.get("process_group") or (str(e.get("pg_id")), "")
+            name, desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+            g = groups.setdefault(name, {"name": name, "desc": desc, "members": set(), "ranks": {}})
+            g["desc"] = g["desc"] or desc
+            g["ranks"].setdefault(rank, []).append(e)
+        for key, status in (d.get("pg_status") or {}).items():
+            if str(key) in groups:
+                groups[str(key)].setdefault("status", {})[rank] = status
+    results = []
+    for name, g in groups.items():
+        if not g["ranks"] and not g.get("status"):
+            continue  # a group this job never used
+        members = sorted(g["members"] | set(g["ranks"]))
+        per_rank: dict[int, dict[str, Any]] = {}
+        for rank in members:
+            if rank not in dumps:
+                continue
+            entries = [e for e in g["ranks"].get(rank, []) if not e.get("is_p2p")]
+            status = (g.get("status") or {}).get(rank, {})
+            last_seq = max([e.get("collective_seq_id", 0) for e in entries], default=0)
+            last_seq = max(last_seq, int(status.get("last_enqueued_collective", 0) or 0))
+            by_seq = {e.get("collective_seq_id"): e for e in entries}
+            completed = status.get("last_completed_collective")
+            per_rank[rank] = {
+                "last_seq": last_seq,
+                "last": _describe(by_seq.get(last_seq)),
+                "last_completed": completed,
+                "_by_seq": by_seq,
+            }
+        missing = [r for r in members if r not in dumps]
+        if not per_rank:
+            continue
+        top = max(p["last_seq"] for p in per_rank.values())
+        waiting = sorted(r for r, p in per_rank.items() if p["last_seq"] == top)
+        behind = sorted(r for r, p in per_rank.items() if p["last_seq"] < top)
+        collective = next((_describe(per_rank[r]["_by_seq"].get(top)) for r in waiting), None)
+        mismatch: list[int] = []
+        stuck: list[int] = []
+        if not behind and collective is not None:
+            for r in waiting:
+                e = per_rank[r]["_by_seq"].get(top)
+                if e is not None and (_op(e), e.get("input_sizes")) != (
+                    collective["op"],
+                    collective["input_sizes"],
+                ):
+                    mismatch.append(r)
+                completed = per_rank[r]["last_completed"]
+                nccl_states = e is not None and e.get("state") in ("scheduled", "started")
+                if completed is not None and int(completed) < top and nccl_states:
+                    stuck.append(r)
+        results.append(
+            {
+                "name": name,
+                "desc": g["desc"],
+                "ranks": members,
+                "dumps": sorted(per_rank),
+                "missing_dumps": missing,
+                "collective": collective,
+                "waiting": waiting if behind else [],
+                "behind": behind,
+                "behind_last": {r: per_rank[r]["last"] for r in behind},
+                "mismatch": mismatch,
+                "stuck": stuck,
+                "ok": not (behind or mismatch or stuck or missing),
+            }
+        )
+    results.sort(key=lambda g: (g["ok"], -len(g["behind"]), g["name"]))
+    reasons = {
+        r: (d.get("titan") or {}).get("reason")
+        for r, d in dumps.items()
+        if (d.get("titan") or {}).get("reason")
+    }
+    return {
+        "ranks": sorted(dumps),
+        "backend": _backend(dumps),
+        "process_groups": results,
+        "reasons": reasons,
+        "verdict": _verdict(results),
+    }
+
+
+def _collective_text(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "an unrecorded collective"
+    sizes = f" {c['input_sizes']}" if c.get("input_sizes") else ""
+    return f"#{c['seq']} {c['op']}{sizes}"
+
+
+def _group_text(g: dict[str, Any]) -> str:
+    return f"process group {g['name']}" + (f" ({g['desc']})" if g["desc"] else "")
+
+
+def _verdict(groups: list[dict[str, Any]]) -> str:
+    for g in groups:
+        if g["behind"]:
+            ranks = ", ".join(map(str, g["behind"]))
+            noun = "rank" if len(g["behind"]) == 1 else "ranks"
+            verb = "is" if len(g["behind"]) == 1 else "are"
+            waiting = ", ".join(map(str, g["waiting"]))
+            return (
+                f"{noun} {ranks} {verb} behind in {_group_text(g)}: never joined collective "
+                f"{_collective_text(g['collective'])} that rank(s) {waiting} waited in"
+            )
+    for g in groups:
+        collective = _collective_text(g["collective"])
+        if g["mismatch"]:
+            return f"{_group_text(g)}: ranks {g['mismatch']} called a different collective at {collective}"
+        if g["stuck"]:
+            return f"{_group_text(g)}: ranks {g['stuck']} never completed {collective}"
+        if g["missing_dumps"]:
+            return f"{_group_text(g)}: no dump from ranks {g['missing_dumps']} (hung hard or killed first?)"
+    return "every process group agrees: no rank is behind"
+
+
+def format_report(result: dict[str, Any], folder: str) -> str:
+    lines = [
+        f"flight recorder: {len(result['ranks'])} dump(s) in {folder} (ranks "
+        f"{', '.join(map(str, result['ranks']))}; {result['backend']})",
+        result["verdict"],
+    ]
+    for g in result["process_groups"]:
+        lines.append(f"{_group_text(g)}, ranks {g['ranks']}:")
+        if g["behind"]:
+            waiting = ", ".join(map(str, g["waiting"]))
+            lines.append(f"  waiting in {_collective_text(g['collective'])}: rank(s) {waiting}")
+            if g["collective"] and g["collective"]["where"]:
+                lines.append(f"    at {g['collective']['where'][0]}")
+            for r in g["behind"]:
+                last = g["behind_last"][r]
+                done = f"last collective {_collective_text(last)}" if last else "no collective in this group"
+                lines.append(f"  BEHIND rank {r}: {done}")
+        elif g["mismatch"]:
+            lines.append(f"  MISMATCH at {_collective_text(g['collective'])}: ranks {g['mismatch']}")
+        elif g["stuck"]:
+            lines.append(f"  STUCK in {_collective_text(g['collective'])}: ranks {g['stuck']}")
+        else:
+            lines.append(f"  all members at {_collective_text(g['collective'])}")
+        if g["missing_dumps"]:
+            lines.append(f"  no dump from ranks {g['missing_dumps']}")
+    for rank, reason in sorted(result["reasons"].items()):
+        lines.append(f"rank {rank} dumped because: {reason}")
+    return "\n".join(lines)
+
+
+def configure(parser: Any) -> None:
+    sub = parser.add_subparsers(dest="fr_command", metavar="{analyze}")
+    analyze_parser = sub.add_parser(
+        "analyze",
+        help="which ranks are behind, per process group, in flight-recorder dumps",
+        description="Read the flight-recorder dumps of a run (NCCL's or gloo's, "
+        "job.dump_folder/comm_traces) and say, per process group, which ranks are behind and on "
+        "which collective and sequence number.",
+    )
+    analyze_parser.add_argument("folder", metavar="FOLDER", help="e.g. outputs/comm_traces")
+    analyze_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(_fr_parser=parser)
+
+
+def run(args: Any) -> int:
+    if args.fr_command != "analyze":
+        args._fr_parser.print_help()
+        return 2
+    result = analyze(load_dumps(args.folder))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_report(result, args.folder))
+    return 0

@@ -1,0 +1,41 @@
+"""Out-of-memory errors, on every device: what counts as one, and the one line that says so.
+
+CUDA raises ``torch.OutOfMemoryError``; the CPU allocator raises a plain ``RuntimeError``
+("DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes", or "not enough
+memory" on some builds). Both are out-of-memory errors for titan: the profiler writes the
+``_exit`` snapshot and logs :func:`oom_message`.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CPU_OOM = re.compile(r"DefaultCPUAllocator: (can't allocate memory|not enough memory)")
+_TRIED = re.compile(r"you tried to allocate (\d+) bytes")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocator's out-of-memory error (CUDA or CPU)."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and _CPU_OOM.search(str(exc)) is not None
+
+
+def requested_bytes(exc: BaseException) -> int | None:
+    """The allocation that failed, when the error says ("you tried to allocate N bytes")."""
+    asked = _TRIED.search(str(exc))
+    return int(asked.group(1)) if asked else None
+
+
+def oom_message(exc: BaseException, step: int, device: str, rank: int, snapshot: str | None) -> str:
+    """One line: where memory ran out, how much was asked, where the snapshot is, what to change."""
+    asked = requested_bytes(exc)
+    size = f" allocating {asked / 1024**2:,.1f} MiB" if asked is not None else ""
+    where = f"; memory snapshot: {snapshot}" if snapshot else ""
+    return (
+        f"out of memory on {device} (rank {rank}) at step {step}{size}{where}; lower "
+        "training.local_batch_size or training.seq_len, turn on activation_checkpoint.mode, or "
+        "shard more (parallelism.dp_shard, tp, pp)"
+    )

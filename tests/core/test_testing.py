@@ -1,0 +1,82 @@
+"""``titan_core.testing.check_model_spec`` on titan's own models and on broken fixture models."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+from torch import nn
+
+from titan_core.records import ModelSpec
+from titan_core.testing import ModelCheckError, check_model_spec
+from titan_plugins_llama3.plugin import titan_models as llama3_models
+from titan_plugins_moe.plugin import titan_models as moe_models
+
+TIED = [("output.weight", "tok_embeddings.weight")]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_llama3_passes(tie: bool) -> None:
+    (spec,) = llama3_models()
+    overrides = {"dim": 64, "n_layers": 2, "n_heads": 4, "tie_embeddings": tie}
+    check_model_spec(spec, "debugmodel", overrides=overrides, tied=TIED if tie else ())
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_moe_passes(tie: bool) -> None:
+    spec = next(s for s in moe_models() if s.name == "moe")
+    check_model_spec(spec, "debugmodel", overrides={"tie_embeddings": tie}, tied=TIED if tie else ())
+
+
+class _Toy(nn.Module):
+    """A decoder-protocol toy with an optional bug: an untied head, a skipped init, a wrong count."""
+
+    def __init__(self, vocab: int, dim: int, bug: str) -> None:
+        super().__init__()
+        self.bug = bug
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleDict({"0": nn.Linear(dim, dim)})
+        self.output = nn.Linear(dim, vocab, bias=False)
+        if bug != "untied":  # the bug: says it ties, keeps two weights
+            self.output.weight = self.tok_embeddings.weight
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        nn.init.normal_(self.tok_embeddings.weight, std=0.02)
+        if self.bug != "skipped_init":
+            nn.init.normal_(self.layers["0"].weight, std=0.02)
+        nn.init.zeros_(self.layers["0"].bias)
+        if self.bug == "untied":
+            nn.init.normal_(self.output.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.output(self.layers["0"](self.tok_embeddings(tokens)))
+
+
+def _spec(bug: str, miscount: int = 0) -> ModelSpec:
+    @attrs.frozen
+    class Args:
+        vocab_size: int = 32
+        dim: int = 8
+
+    def count(args: Args, include_embedding: bool) -> int:
+        return args.vocab_size * args.dim + args.dim * args.dim + args.dim + miscount
+
+    return ModelSpec("toy", {"t": Args()}, lambda a: _Toy(a.vocab_size, a.dim, bug), count, lambda a, s: 0.0)
+
+
+def test_a_sound_toy_passes() -> None:
+    check_model_spec(_spec("none"), "t", tied=TIED)
+
+
+@pytest.mark.parametrize(
+    ("bug", "miscount", "expected"),
+    [
+        ("untied", 0, "output.weight and tok_embeddings.weight: expected one tied parameter"),
+        ("skipped_init", 0, "layers.0.weight: not initialised by init_weights"),
+        ("none", 5, "num_params(args, True) = 333 but the model has 328 parameters"),
+    ],
+)
+def test_a_broken_toy_fails_naming_the_problem(bug: str, miscount: int, expected: str) -> None:
+    with pytest.raises(ModelCheckError) as info:
+        check_model_spec(_spec(bug, miscount), "t", tied=TIED)
+    assert expected in str(info.value)

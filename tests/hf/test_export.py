@@ -1,0 +1,213 @@
+"""``titan export CHECKPOINT_DIR --to hf OUT_DIR``: a trained checkpoint, read by ``transformers``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.hf.conftest import TITAN_OVERRIDES, llama3, max_diff, titan_model, tokens, transformers
+from tests.parallel_harness import tiny_config, write_recipe_module
+from titan_core import hookimpl
+from titan_core._registry import Registry, get_registry
+from titan_core.cli import main
+from titan_core.data.loader import load_tokenizer
+from titan_core.trainer import train
+
+
+def _train(folder: Path, **overrides: Any) -> Path:
+    """A 2-step run with checkpoints at steps 1 and 2; returns its dump folder."""
+    config = tiny_config(
+        **{
+            "job.dump_folder": str(folder),
+            "checkpoint.enable": True,
+            "checkpoint.interval": 1,
+            "training.steps": 2,
+            "training.lr": 0.01,  # a visible step: the checkpoints differ from the initial weights
+            "model.overrides": TITAN_OVERRIDES,
+            **overrides,
+        }
+    )
+    train(config, get_registry())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train(tmp_path_factory.mktemp("run"))
+
+
+def export(*args: str | Path) -> int:
+    return main(["export", *map(str, args)])
+
+
+def error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _console_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TITAN_LOG_FORMAT", raising=False)  # errors as the one plain line users see
+
+
+def test_exported_checkpoint_gives_titans_logits_in_transformers(run: Path, tmp_path: Path) -> None:
+    step = run / "checkpoint" / "step-2"
+    out = tmp_path / "hf"
+    assert export(step, "--to", "hf", out) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    spec, args = llama3()
+    trained = titan_model(spec, args, step)
+    with torch.no_grad():  # the checkpoint is not the initial weights
+        assert (trained(tokens()) - titan_model(spec, args)(tokens())).abs().max() > 1e-2
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    assert max_diff(trained, hf, tokens()) < 1e-4
+    # And back: the exported folder as initial weights of titan.
+    with torch.no_grad():
+        assert torch.allclose(titan_model(spec, args, out)(tokens()), trained(tokens()), atol=1e-6)
+    # The tokenizer travels with the model, with titan's BOS/EOS.
+    ours = load_tokenizer(None)
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    text = "The quick brown fox jumps over the lazy dog."
+    assert theirs(text, add_special_tokens=False)["input_ids"] == ours.encode_batch([text])[0]
+    assert (theirs.bos_token_id, theirs.eos_token_id) == (ours.bos_id, ours.eos_id)
+    assert (hf.config.bos_token_id, hf.config.eos_token_id) == (ours.bos_id, ours.eos_id)
+
+
+def test_sharded_bfloat16_export(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "hf"
+    assert export(run / "checkpoint", "--to", "hf", out, "--max-shard-size", "100KB", "--dtype", "bfloat16") == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and all((out / s).is_file() for s in shards)
+    assert all(t.dtype == torch.bfloat16 for t in load_file(out / shards[0]).values())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert hf.dtype == torch.bfloat16
+    # The newest checkpoint (step-2) of the folder, rounded to bfloat16, is what was written.
+    spec, args = llama3()
+    rounded = titan_model(spec, args, run / "checkpoint" / "step-2")
+    rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in rounded.state_dict().items()})
+    with torch.no_grad():
+        assert torch.allclose(titan_model(spec, args, out)(tokens()), rounded(tokens()), atol=1e-5)
+
+
+def test_tied_embeddings_export(tmp_path: Path) -> None:
+    run = _train(tmp_path / "run", **{"model.overrides": {**TITAN_OVERRIDES, "tie_embeddings": True}})
+    out = tmp_path / "hf"
+    assert export(run / "checkpoint" / "step-2", "--to", "hf", out) == 0
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in load_file(out / "model.safetensors")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    spec, args = llama3({**TITAN_OVERRIDES, "tie_embeddings": True})
+    assert max_diff(titan_model(spec, args, run / "checkpoint" / "step-2"), hf, tokens()) < 1e-4
+
+
+def test_model_from_a_recipe_module(
+    run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = tmp_path / "elsewhere" / "step-2"
+    shutil.copytree(run / "checkpoint" / "step-2", step)  # no config.toml above it
+    out = tmp_path / "hf"
+    capsys.readouterr()
+    assert export(step, "--to", "hf", out) == 2
+    assert "no config.toml in the folders above" in error_line(capsys)
+    module = write_recipe_module(tmp_path / "recipes", {"model.overrides": TITAN_OVERRIDES}, name="hf_export_recipes")
+    monkeypatch.syspath_prepend(str(tmp_path / "recipes"))
+    assert export(step, "--to", "hf", out, "--recipe", "layout", "--module", module) == 0
+    spec, args = llama3()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert max_diff(titan_model(spec, args, step), hf, tokens()) < 1e-4
+
+
+def test_non_empty_out_dir_is_refused_unless_overwrite(run: Path, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "hf"
+    assert export(run / "checkpoint", "--to", "hf", out, "--max-shard-size", "100KB") == 0
+    (out / "README.md").write_text("my notes")
+    capsys.readouterr()
+    assert export(run / "checkpoint", "--to", "hf", out) == 2
+    assert error_line(capsys) == (
+        f"titan: error: export: OUT_DIR {str(out)!r} exists and is not empty; choose a new folder, or "
+        "pass --overwrite to replace an earlier export there"
+    )
+    assert export(run / "checkpoint", "--to", "hf", out, "--overwrite") == 0
+    # The earlier shards are gone (no mix of two exports); other files stay.
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    transformers.AutoModelForCausalLM.from_pretrained(out)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing", "export: no checkpoint folder at"),
+        ("not_a_checkpoint", "is not a DCP checkpoint (no .metadata) and holds no step-N checkpoint"),
+        ("module_only", "export: --module needs --recipe NAME"),
+        ("bad_size", "export: --max-shard-size 'lots': expected a size such as 5GB or 500MB"),
+        ("other_model", "does not hold the model llama3/debugmodel with overrides"),
+    ],
+)
+def test_bad_input_is_one_error_line(run: Path, tmp_path: Path, capsys: Any, case: str, message: str) -> None:
+    step = run / "checkpoint" / "step-2"
+    args: list[Any] = [step, "--to", "hf", tmp_path / "out"]
+    if case == "missing":
+        args[0] = tmp_path / "nowhere"
+    elif case == "not_a_checkpoint":
+        args[0] = tmp_path
+        (tmp_path / "notes.txt").write_text("x")
+    elif case == "module_only":
+        args += ["--module", "some_module"]
+    elif case == "bad_size":
+        args += ["--max-shard-size", "lots"]
+    elif case == "other_model":
+        dump = tmp_path / "dump"
+        shutil.copytree(run / "checkpoint", dump / "checkpoint")
+        config = (run / "config.toml").read_text().replace('"n_layers" = 2', '"n_layers" = 4')
+        assert config != (run / "config.toml").read_text()
+        (dump / "config.toml").write_text(config)
+        args[0] = dump / "checkpoint" / "step-2"
+    capsys.readouterr()
+    assert export(*args) == 2
+    line = error_line(capsys)
+    assert line.startswith("titan: error: ") and message in line
+    if case == "other_model":
+        assert "tensors of the model missing (layers.2." in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_without_adapter(run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    llama = get_registry().get("models", "llama3")
+
+    class Plain:
+        @hookimpl
+        def titan_models(self) -> list[Any]:
+            return [attrs.evolve(llama, name="plain", state_dict_adapter=None)]
+
+    registry = Registry().load_entry_points()
+    registry.register(Plain(), "plain")
+    monkeypatch.setattr("titan_core._registry.get_registry", lambda disabled=None: registry)
+    dump = tmp_path / "dump"
+    shutil.copytree(run / "checkpoint", dump / "checkpoint")
+    (dump / "config.toml").write_text((run / "config.toml").read_text().replace('name = "llama3"', 'name = "plain"'))
+    capsys.readouterr()
+    assert export(dump / "checkpoint", "--to", "hf", tmp_path / "out") == 2
+    assert "export: model 'plain' has no Hugging Face adapter" in error_line(capsys)

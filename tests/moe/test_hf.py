@@ -1,0 +1,213 @@
+"""Reference numerics: tiny random Hugging Face Qwen3-MoE / DeepSeek-V3 / DeepSeek-V2 models and
+titan's MoE give the same logits (CPU, fp32) with weights mapped through the plugin's adapter,
+in both directions; the exported config and Hub-layout weights load with ``from_pretrained``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from titan_core.errors import UsageError
+from titan_plugins_moe import hf
+from titan_plugins_moe.flavors import FLAVORS, MoEArgs
+from titan_plugins_moe.model import MoETransformer
+
+transformers = pytest.importorskip("transformers")
+
+QWEN3 = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,  # not hidden_size / heads: Qwen3's explicit head width
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [0],
+    "decoder_sparse_step": 1,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 64,
+}
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 128,
+    "rope_interleave": True,
+}
+DEEPSEEK_V2 = {
+    **{k: v for k, v in DEEPSEEK_V3.items() if k not in ("rope_interleave", "n_group", "topk_group")},
+    "model_type": "deepseek_v2",
+    "q_lora_rank": None,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 3,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": False,
+    "topk_method": "greedy",
+}
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+}
+CASES = {
+    "qwen3_moe": QWEN3,
+    "qwen3_moe_top1": {**QWEN3, "num_experts_per_tok": 1},
+    "qwen3_moe_yarn": {**QWEN3, "rope_scaling": YARN},
+    "deepseek_v3": DEEPSEEK_V3,
+    "deepseek_v3_yarn": {**DEEPSEEK_V3, "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 1.0}},
+    "deepseek_v2_yarn": {**DEEPSEEK_V2, "rope_scaling": {**YARN, "mscale": 0.707, "mscale_all_dim": 0.707}},
+    # mscale != mscale_all_dim: Hugging Face scales the rotated part and the logits differently.
+    "deepseek_v3_yarn_mscales": {**DEEPSEEK_V3, "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 0.5}},
+}
+
+
+def hf_model(config: dict[str, Any], seed: int = 0) -> Any:
+    """A random Hugging Face model with weights large enough that routing depends on them."""
+    cfg = transformers.AutoConfig.for_model(**config)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn_like(b))  # the selection bias must matter
+    return model
+
+
+def titan_model(args: MoEArgs) -> MoETransformer:
+    with torch.device("meta"):
+        model = MoETransformer(args)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    return model.eval()
+
+
+def hf_logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=tokens, use_cache=False).logits
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hf_weights_give_the_reference_logits(case: str) -> None:
+    config = CASES[case]
+    reference = hf_model(config)
+    args = hf.args_from_hf(reference.config.to_dict())
+    model = titan_model(args)
+    state = hf.from_hf(dict(reference.state_dict()), args)
+    model.load_state_dict(state, strict=True)
+    tokens = torch.randint(0, config["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(tokens)
+    torch.testing.assert_close(ours, hf_logits(reference, tokens), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("flavor", ["qwen3_debugmodel", "deepseek_v3_debugmodel"])
+def test_export_loads_in_transformers_with_the_same_logits(flavor: str, tmp_path: Path) -> None:
+    """titan -> Hub-layout safetensors + config.json -> from_pretrained: the same logits."""
+    from safetensors.torch import save_file
+
+    args = attrs.evolve(FLAVORS[flavor], vocab_size=256, max_seq_len=64)
+    torch.manual_seed(3)
+    model = titan_model(args)
+    if args.score_func == "sigmoid":  # a trained selection bias: DeepSeek-V3 exports it
+        with torch.no_grad():
+            for module in model.modules():
+                if hasattr(module, "expert_bias"):
+                    module.expert_bias.normal_(0.0, 0.05)
+    exported = hf.to_hf(model.state_dict(), args)
+    assert any(".mlp.experts.0.gate_proj.weight" in k for k in exported)  # the Hub layout
+    save_file({k: v.contiguous() for k, v in exported.items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(hf.hf_config(args)))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    tokens = torch.randint(0, args.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = model(tokens)
+    torch.testing.assert_close(ours, hf_logits(reference, tokens), rtol=1e-4, atol=1e-4)
+    # And back: the config gives the same arguments, the weights the same tensors.
+    assert hf.args_from_hf(hf.hf_config(args)) == attrs.evolve(args, dense_hidden_dim=args.ffn_hidden_dim)
+    back = hf.from_hf(exported, args)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(back[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_top1_routing_weight_is_one_like_the_references() -> None:
+    """With route_norm (norm_topk_prob) and top_k = 1 the expert output is not scaled by its
+    probability, as in Hugging Face's Qwen3-MoE (and Mixtral, torchtitan)."""
+    args = hf.args_from_hf({**QWEN3, "num_experts_per_tok": 1})
+    moe = titan_model(args).layers["1"].feed_forward
+    x = torch.randn(7, args.dim)
+    weights, experts, scores = moe.router(x)
+    torch.testing.assert_close(weights, torch.ones(7, 1))
+    off = attrs.evolve(args, route_norm=False)
+    router = titan_model(off).layers["1"].feed_forward.router
+    router.load_state_dict(moe.router.state_dict())
+    weights, experts, scores = router(x)
+    torch.testing.assert_close(weights, scores.gather(1, experts))  # Switch-style: the probability
+
+
+def test_args_without_a_counterpart_are_refused_with_the_fields() -> None:
+    with pytest.raises(UsageError, match=r"Qwen3MoeForCausalLM counterpart: qk_norm=False .*shared_expert_hidden_dim=256"):
+        hf.hf_config(FLAVORS["debugmodel"])
+    with pytest.raises(UsageError, match=r"model_type 'llama' has no titan counterpart"):
+        hf.args_from_hf({"model_type": "llama"})
+
+
+def test_a_missing_tensor_is_named() -> None:
+    args = FLAVORS["qwen3_debugmodel"]
+    state = titan_model(args).state_dict()
+    del state["layers.2.attention.wk.weight"]
+    with pytest.raises(UsageError, match=r"lacks: layers\.2\.attention\.wk\.weight"):
+        hf.to_hf(state, args)
+
+
+def test_a_trained_bias_is_not_dropped_silently_by_a_qwen3_export() -> None:
+    args = FLAVORS["qwen3_debugmodel"]
+    state = titan_model(args).state_dict()
+    state["layers.1.feed_forward.router.expert_bias"][0] = 0.5
+    with pytest.raises(UsageError, match="layer 1 has a non-zero expert selection bias"):
+        hf.to_hf(state, args)
+
+
+@pytest.mark.parametrize("flavor", ["qwen3_30b_a3b", "deepseek_v3_671b", "deepseek_v2_lite"])
+def test_real_flavors_have_a_counterpart(flavor: str) -> None:
+    config = hf.hf_config(FLAVORS[flavor])
+    assert hf.args_from_hf(config) == FLAVORS[flavor]

@@ -1,0 +1,107 @@
+"""``titan fr analyze`` on NCCL-format dumps (pickle and JSON): behind, mismatched and missing ranks."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import run_titan
+
+
+def _entry(pg: tuple[str, str], seq: int, op: str, sizes: list[list[int]], state: str) -> dict[str, Any]:
+    return {
+        "process_group": pg,
+        "pg_id": int(pg[0]),
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "profiling_name": f"nccl:{op}",
+        "input_sizes": sizes,
+        "input_dtypes": ["Float"],
+        "state": state,
+        "is_p2p": False,
+        "time_created_ns": 1_000 * seq,
+        "frames": [{"name": "clip_grad_norm", "filename": "/work/titan_core/grad_norm.py", "line": 40}],
+    }
+
+
+def nccl_dump(rank: int, last_seq: int, op_at_last: str = "all_reduce", completed: int | None = None) -> dict:
+    """Rank ``rank`` of 4 in the world group '0' and a dp group '1' (ranks 0-3)."""
+    world = ("0", "default_pg")
+    dp = ("1", "dp_shard")
+    entries = [_entry(world, 1, "barrier", [[1]], "completed")]
+    entries += [_entry(dp, s, "_allgather_base", [[64]], "completed") for s in range(1, last_seq)]
+    entries.append(_entry(dp, last_seq, op_at_last, [[64]], "started"))
+    done = last_seq - 1 if completed is None else completed
+    return {
+        "version": "2.10",
+        "nccl_version": "2.27.5",
+        "pg_config": {
+            "0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+            "1": {"name": "1", "desc": "dp_shard", "ranks": "[0, 1, 2, 3]"},
+        },
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": 1,
+                "last_started_collective": 1,
+                "last_completed_collective": 1,
+            },
+            "1": {
+                "last_enqueued_collective": last_seq,
+                "last_started_collective": last_seq,
+                "last_completed_collective": done,
+            },
+        },
+        "entries": entries,
+    }
+
+
+def _write(folder: Path, dumps: dict[int, dict], as_json: tuple[int, ...] = ()) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, d in dumps.items():
+        path = folder / f"rank_{rank}"
+        path.write_bytes(json.dumps(d).encode() if rank in as_json else pickle.dumps(d))
+
+
+def test_nccl_dumps_name_the_rank_behind_and_the_collective(tmp_path: Path) -> None:
+    # ranks 0, 1 and 3 wait in seq 6 of the dp group; rank 2 never got past seq 5
+    dumps = {r: nccl_dump(r, 6) for r in (0, 1, 3)}
+    dumps[2] = nccl_dump(2, 5, op_at_last="_allgather_base")
+    _write(tmp_path, dumps, as_json=(3,))
+    result = run_titan("fr", "analyze", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("flight recorder: 4 dump(s)") and "nccl" in lines[0]
+    assert lines[1] == (
+        "rank 2 is behind in process group 1 (dp_shard): never joined collective #6 all_reduce [[64]] "
+        "that rank(s) 0, 1, 3 waited in"
+    )
+    assert "at clip_grad_norm /work/titan_core/grad_norm.py:40" in result.stdout
+    assert "BEHIND rank 2: last collective #5 _allgather_base [[64]]" in result.stdout
+    data = json.loads(run_titan("fr", "analyze", str(tmp_path), "--json").stdout)
+    dp = next(g for g in data["process_groups"] if g["name"] == "1")
+    assert dp["behind"] == [2] and dp["waiting"] == [0, 1, 3] and dp["collective"]["seq"] == 6
+    world = next(g for g in data["process_groups"] if g["name"] == "0")
+    assert world["ok"] and not world["behind"]
+
+
+def test_mismatch_stuck_and_missing_dumps(tmp_path: Path) -> None:
+    mismatch = {r: nccl_dump(r, 4) for r in (0, 1, 2, 3)}
+    mismatch[1] = nccl_dump(1, 4, op_at_last="reduce_scatter")
+    _write(tmp_path / "mismatch", mismatch)
+    result = run_titan("fr", "analyze", str(tmp_path / "mismatch"))
+    assert "ranks [1] called a different collective at #4 all_reduce" in result.stdout.splitlines()[1]
+
+    missing = {r: nccl_dump(r, 4) for r in (0, 1, 2)}  # rank 3 left no dump
+    _write(tmp_path / "missing", missing)
+    result = run_titan("fr", "analyze", str(tmp_path / "missing"))
+    assert "never completed #4 all_reduce" in result.stdout.splitlines()[1]
+    assert "no dump from ranks [3]" in result.stdout
+
+
+def test_no_dumps_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("nothing here")
+    result = run_titan("fr", "analyze", str(tmp_path))
+    assert result.returncode == 2 and "no flight-recorder dumps" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,136 @@
+"""Run under torchrun (2 ranks, gloo) by test_checkpoint_ranks.py: the checkpointer's faults
+when several ranks write and read one checkpoint. Each rank writes ``<out>/rank<R>.json``.
+
+Scenarios, in one launch (each in its own folder under ``<out>``):
+
+``fsdp``
+    FSDP-sharded model saves step 2 and 4; one shard file of step 4 is then truncated, so both
+    ranks fall back to step 2; then a full disk on rank 1 only while saving step 6 fails both
+    ranks with one message and leaves no partial folder.
+``stages``
+    Each rank holds different layers (as pipeline stages do): a load sees the whole model across
+    ranks (no false "unexpected key"), and a checkpoint of 6 layers refused by a 4-layer split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from tests.plugins.dcp.checkpoint_kit import META, Net, Run, checkpointer, same
+from titan_core.errors import TitanError, UsageError
+
+_REAL = FileSystem.create_stream
+
+
+@contextlib.contextmanager
+def _full(self: FileSystem, path: Any, mode: str):
+    if str(path).endswith(".distcp") and "w" in mode:
+        with open("/dev/full", "wb", buffering=0) as stream:
+            yield stream
+    else:
+        with _REAL(self, path, mode) as stream:
+            yield stream
+
+
+def _sharded(seed: int) -> Run:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = Net(3, 8)
+    mesh = init_device_mesh("cpu", (2,))
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return Run(width=8, seed=seed, model=model)
+
+
+def _stage(layers: int, rank: int, seed: int) -> Run:
+    """Rank 0 holds the first half of ``layers``, rank 1 the rest (global block indices kept)."""
+    torch.manual_seed(seed)
+    model = Net(layers, 4)
+    half = layers // 2
+    own = range(half) if rank == 0 else range(half, layers)
+    model.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in own})
+    return Run(seed=seed, model=model)
+
+
+def _save(ck: Any, run: Run, step: int) -> None:
+    ck.save(step, run.parts, run.optimizer, run.scheduler, last=False, meta={**META, "step": step})
+
+
+def fsdp(out: Path, rank: int) -> dict[str, Any]:
+    ck = checkpointer(out, world_size=2, rank=rank, **{"checkpoint.interval": 1000})
+    run = _sharded(0)
+    result: dict[str, Any] = {}
+    for step in (1, 2):
+        run.step(step)
+    _save(ck, run, 2)
+    at2 = run.weights()
+    for step in (3, 4):
+        run.step(step)
+    _save(ck, run, 4)
+    dist.barrier()
+    if rank == 0:
+        shard = out / "checkpoint" / "step-4" / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    dist.barrier()
+    fresh = _sharded(5)
+    result["loaded"] = ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0]
+    result["weights_of_step_2"] = same(fresh.weights(), at2)
+
+    fresh.step(3)
+    original = FileSystem.create_stream
+    if rank == 1:
+        FileSystem.create_stream = _full  # type: ignore[method-assign]
+    try:
+        _save(ck, fresh, 6)
+        result["full_disk"] = None
+    except TitanError as exc:
+        result["full_disk"] = str(exc)
+    finally:
+        FileSystem.create_stream = original  # type: ignore[method-assign]
+    dist.barrier()
+    result["listing"] = sorted(os.listdir(out / "checkpoint"))
+    return result
+
+
+def stages(out: Path, rank: int) -> dict[str, Any]:
+    ck = checkpointer(out, world_size=2, rank=rank, **{"checkpoint.interval": 1000})
+    run = _stage(6, rank, 0)
+    run.step(1)
+    _save(ck, run, 1)
+    fresh = _stage(6, rank, 3)
+    result: dict[str, Any] = {"loaded": ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0]}
+    result["same"] = same(fresh.weights(), run.weights())
+    smaller = _stage(4, rank, 3)
+    try:
+        ck.load(smaller.parts, smaller.optimizer, smaller.scheduler)
+        result["refused"] = None
+    except UsageError as exc:
+        result["refused"] = str(exc)
+    return result
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results = {"fsdp": fsdp(out / "fsdp", rank), "stages": stages(out / "stages", rank)}
+    (out / f"rank{rank}.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Checks for model-plugin authors, in the spirit of pytest's ``pytester``: is my ModelSpec sound?
+
+:func:`check_model_spec` goes the way the trainer goes and fails with every problem it finds::
+
+    from titan_core.testing import check_model_spec
+    from my_plugin.plugin import titan_models
+
+    def test_my_model_is_sound():
+        (spec,) = titan_models()
+        check_model_spec(spec, "debug", tied=[("output.weight", "tok_embeddings.weight")])
+
+It builds the flavor on the meta device, materialises it with ``to_empty`` (restoring parameter
+sharing, as the trainer does), fills every parameter and buffer with NaN and runs
+``init_weights``: anything still NaN was never initialised. It checks that sharing survived
+``init_weights`` and that the ``tied`` pairs share one parameter, compares ``num_params`` with the
+real count, runs a forward pass, and applies the TP plan on a fake mesh (one process) to check
+that every parameter became a DTensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from titan_core.records import ModelSpec
+from titan_core.tied import retie, shared_parameters
+
+__all__ = ["ModelCheckError", "check_model_spec"]
+
+
+class ModelCheckError(AssertionError):
+    """A model spec failed :func:`check_model_spec`; the message lists every problem."""
+
+
+def _materialise(spec: ModelSpec, args: Any) -> tuple[nn.Module, list[list[str]]]:
+    with torch.device("meta"):
+        model = spec.build(args)
+    groups = shared_parameters(model)
+    model.to_empty(device="cpu")
+    retie([model], groups)
+    return model, groups
+
+
+def check_model_spec(
+    spec: ModelSpec,
+    flavor: str,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    tied: Sequence[tuple[str, str]] = (),
+    tp_degree: int = 2,
+    seq_len: int = 16,
+    batch_size: int = 2,
+) -> None:
+    """Raise :class:`ModelCheckError` naming every problem of ``spec``'s ``flavor``."""
+    args = spec.flavor(flavor, overrides)
+    problems: list[str] = []
+    model, groups = _materialise(spec, args)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+        torch.manual_seed(0)
+        model.init_weights(buffer_device=torch.device("cpu"))
+    names = dict(model.named_parameters(remove_duplicate=False))
+    for name, param in names.items():
+        if param.is_floating_point() and torch.isnan(param).any():
+            problems.append(f"{name}: not initialised by init_weights (NaN left after to_empty)")
+    for name, buffer in model.named_buffers():
+        if buffer.is_floating_point() and torch.isnan(buffer).any():
+            problems.append(f"buffer {name}: not initialised by init_weights (NaN left)")
+    after = {frozenset(g) for g in shared_parameters(model)}
+    for group in groups:
+        if frozenset(group) not in after:
+            problems.append(f"{' and '.join(group)}: shared on meta, untied by init_weights")
+    for a, b in tied:
+        if a not in names or b not in names:
+            problems.append(f"tied pair {a} / {b}: no such parameter ({', '.join(sorted(names))[:200]})")
+        elif names[a] is not names[b]:
+            problems.append(f"{a} and {b}: expected one tied parameter, found two independent ones")
+    counted = sum(p.numel() for p in model.parameters())
+    declared = spec.num_params(args, True)
+    if counted != declared:
+        problems.append(f"num_params(args, True) = {declared:,} but the model has {counted:,} parameters")
+    vocab = getattr(args, "vocab_size", None) or (args.get("vocab_size") if isinstance(args, dict) else None)
+    if vocab:
+        tokens = torch.randint(0, vocab, (batch_size, seq_len))
+        try:
+            logits = model(tokens)
+        except Exception as exc:
+            problems.append(f"forward pass failed: {type(exc).__name__}: {exc}")
+        else:
+            if tuple(logits.shape) != (batch_size, seq_len, vocab):
+                problems.append(f"forward returned shape {tuple(logits.shape)}, expected {(batch_size, seq_len, vocab)}")
+            elif not torch.isfinite(logits).all():
+                problems.append("forward returned non-finite logits after init_weights")
+    if spec.tp_plan is not None:
+        problems += _check_tp_plan(spec, args, tp_degree)
+    if problems:
+        raise ModelCheckError(f"model {spec.name!r} flavor {flavor!r}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _check_tp_plan(spec: ModelSpec, args: Any, tp: int) -> list[str]:
+    """Apply the TP plan on a one-process fake mesh of ``tp`` ranks; every parameter a DTensor."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    if dist.is_initialized():
+        return []  # a process group exists already (a distributed test): do not replace it
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+        with torch.device("meta"):
+            model = spec.build(args)
+        try:
+            spec.tp_plan(model, mesh["tp"], False)
+        except Exception as exc:
+            return [f"tp_plan failed on a {tp}-rank mesh: {type(exc).__name__}: {exc}"]
+        plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
+        if plain:
+            return [f"tp_plan left plain (non-DTensor) parameters: {', '.join(plain[:5])}"]
+        return []
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,131 @@
+"""The router callback: balancing settings, the expert-bias update and router statistics.
+
+Built once per run (``titan_callbacks``) from the ``moe`` config section, it
+
+* hands the sequence-wise balance loss its weight and the local batch size (so the terms of
+  pipeline microbatches add up to the batch mean) on every MoE layer of this rank's parts;
+* after each optimizer step, takes the layers' token counts (``MoE.tokens_per_expert``, filled by
+  the forwards of the step) and, with ``moe.bias_update_rate > 0``, sums them over the
+  data-parallel and context ranks (one small all-reduce for all layers) and moves each expert's
+  selection bias by ``rate * sign(mean - count)``, centred so the biases keep a zero mean (a common
+  shift changes no choice); all on the device, nothing is read on the host;
+* on logging steps (``metrics``, called on every rank), sums the counts accumulated since the
+  last log over the data-parallel ranks and reads them once: per MoE layer the imbalance
+  ``max / mean`` of tokens per expert and the fewest / most tokens an expert got per step, the
+  worst and mean imbalance over layers, the balance loss added per step and the largest bias.
+
+Under pipeline parallelism a rank sees its own stages' layers: the logging rank (the last stage)
+reports those; ``LOG_RANK`` picks another rank to see earlier layers.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from titan_plugins_moe.moe import MoE
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def moe_layers(parts: list[torch.nn.Module]) -> list[tuple[int, MoE]]:
+    """``(block index, MoE)`` of every MoE layer in ``parts``, by block index (whatever wraps them:
+    FSDP, activation checkpointing, compile)."""
+    found = {}
+    for part in parts:
+        for name, module in part.named_modules():
+            if isinstance(module, MoE):
+                match = _LAYER.search(name)
+                found[int(match.group(1)) if match else len(found)] = module
+    return sorted(found.items())
+
+
+def _dp_group(trainer: Any) -> Any:
+    """The process group that sees other tokens for the same layers: ``dp_cp`` (None: alone)."""
+    pd = trainer.parallel_dims
+    if trainer.mesh is None or pd.dp * pd.cp == 1:
+        return None
+    return trainer.mesh["dp_cp"].get_group()
+
+
+class RouterCallback:
+    def __init__(self, layers: list[tuple[int, MoE]], settings: Any, group: Any, device: torch.device) -> None:
+        self.index = [i for i, _ in layers]
+        self.layers = [m for _, m in layers]
+        self.rate = settings.bias_update_rate
+        self.stats = settings.router_stats
+        self.aux = settings.aux_loss_weight > 0
+        self.group = group
+        n_experts = self.layers[0].num_experts
+        self.window = torch.zeros(len(self.layers), n_experts, dtype=torch.int64, device=device)
+        self.aux_window = torch.zeros(len(self.layers), dtype=torch.float32, device=device)
+        self.steps = 0
+
+    @classmethod
+    def build(cls, trainer: Any) -> RouterCallback | None:
+        layers = moe_layers(trainer.parts)
+        settings = trainer.config.moe
+        if not layers:
+            return None
+        for _, moe in layers:
+            moe.aux_loss_weight = settings.aux_loss_weight
+            moe.aux_batch_size = trainer.config.training.local_batch_size
+        if settings.bias_update_rate == 0 and settings.router_stats == "off" and settings.aux_loss_weight == 0:
+            return None
+        return cls(layers, settings, _dp_group(trainer), trainer.device)
+
+    def _all_reduce(self, counts: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts, group=self.group)
+        return counts
+
+    @torch.no_grad()
+    def after_optimizer_step(self, step: int) -> None:
+        counts = torch.stack([m.tokens_per_expert for m in self.layers])
+        for m in self.layers:
+            m.tokens_per_expert.zero_()
+        if self.rate > 0:
+            load = self._all_reduce(counts.clone()).float()
+            delta = self.rate * torch.sign(load.mean(dim=1, keepdim=True) - load)
+            delta -= delta.mean(dim=1, keepdim=True)
+            for m, d in zip(self.layers, delta, strict=True):
+                m.router.expert_bias.add_(d)
+        self.window += counts
+        if self.aux:
+            self.aux_window += torch.stack([m.aux_loss_sum for m in self.layers])
+            for m in self.layers:
+                m.aux_loss_sum.zero_()
+        self.steps += 1
+
+    @torch.no_grad()
+    def metrics(self, step: int) -> dict[str, float]:
+        steps, self.steps = max(self.steps, 1), 0
+        counts = self._all_reduce(self.window.clone()).double().cpu() / steps  # the one host read
+        self.window.zero_()
+        row: dict[str, float] = {}
+        if self.aux:
+            row["moe/aux_loss"] = float(self.aux_window.sum()) / steps
+            self.aux_window.zero_()
+        if self.rate > 0:
+            row["moe/expert_bias_absmax"] = max(float(m.router.expert_bias.abs().max()) for m in self.layers)
+        if self.stats == "off":
+            return row
+        mean = counts.mean(dim=1)
+        imbalance = torch.where(mean > 0, counts.max(dim=1).values / mean.clamp_min(1e-12), 0.0)
+        row["moe/imbalance_max"] = round(float(imbalance.max()), 4)
+        row["moe/imbalance_mean"] = round(float(imbalance.mean()), 4)
+        if self.stats == "per_layer":
+            lows, highs = counts.min(dim=1).values, counts.max(dim=1).values
+            for i, layer in enumerate(self.index):
+                row[f"moe/layer{layer}/imbalance"] = round(float(imbalance[i]), 4)
+                row[f"moe/layer{layer}/tokens_min"] = round(float(lows[i]), 2)
+                row[f"moe/layer{layer}/tokens_max"] = round(float(highs[i]), 2)
+        return row
+
+
+def build(trainer: Any) -> RouterCallback | None:
+    return RouterCallback.build(trainer)

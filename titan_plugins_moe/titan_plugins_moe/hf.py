@@ -1,0 +1,363 @@
+"""State-dict and config conversion to and from Hugging Face ``transformers``.
+
+Three counterparts, chosen from the model arguments (:func:`hf_architecture`):
+
+* ``Qwen3MoeForCausalLM`` (``qwen3_moe``): grouped-query attention with q/k norm, softmax
+  scores, no shared expert, leading dense layers as ``mlp_only_layers``;
+* ``DeepseekV3ForCausalLM`` (``deepseek_v3``): MLA with sigmoid scores, the selection bias
+  (``e_score_correction_bias``), group-limited routing, routed scaling factor, shared experts;
+* ``DeepseekV2ForCausalLM`` (``deepseek_v2``): MLA with softmax scores, greedy top-k, no
+  renormalisation (DeepSeek-V2-Lite).
+
+Expert weights are written in the Hub layout (``mlp.experts.{j}.gate_proj.weight`` ...), the one
+``from_pretrained`` of every transformers release reads; :func:`from_hf` also takes the fused
+in-memory layout of transformers 5 (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``).
+Qwen3's Hugging Face RoPE rotates the two halves of a head where titan rotates interleaved
+pairs: the query/key rows and the q/k norm weights are permuted on the way (DeepSeek's MLA
+rotates interleaved pairs in both, with ``rope_interleave = true``).
+
+The functions work on ``{name: tensor}`` dicts of full tensors and import nothing heavy at
+module level (the plugin module imports this one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from titan_core.errors import UsageError
+from titan_plugins_moe.flavors import MoEArgs
+
+_ARCHITECTURES = {
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+}
+
+
+def hf_architecture(args: MoEArgs) -> str:
+    """The Hugging Face ``model_type`` equal to ``args``; a :class:`UsageError` when none is."""
+    if args.attention == "gqa":
+        mismatches = {
+            "qk_norm": (args.qk_norm, True),
+            "shared_expert_hidden_dim": (args.shared_expert_hidden_dim, 0),
+            "score_func": (args.score_func, "softmax"),
+            "route_scale": (args.route_scale, 1.0),
+            "n_expert_groups": (args.n_expert_groups, 1),
+        }
+        kind = "qwen3_moe"
+    elif args.score_func == "sigmoid":
+        shared_ok = args.shared_expert_hidden_dim % args.expert_hidden_dim == 0
+        mismatches = {"shared_expert_hidden_dim (a multiple of expert_hidden_dim)": (shared_ok, True)}
+        kind = "deepseek_v3"
+    else:
+        shared_ok = args.shared_expert_hidden_dim % args.expert_hidden_dim == 0
+        mismatches = {
+            "route_norm": (args.route_norm, False),
+            "route_scale": (args.route_scale, 1.0),
+            "n_expert_groups": (args.n_expert_groups, 1),
+            "shared_expert_hidden_dim (a multiple of expert_hidden_dim)": (shared_ok, True),
+        }
+        kind = "deepseek_v2"
+    mismatches["rope_scaling ('none' or 'yarn')"] = (args.rope_scaling != "llama3", True)
+    bad = [f"{name}={have!r} (needs {want!r})" for name, (have, want) in mismatches.items() if have != want]
+    if bad:
+        raise UsageError(
+            f"model moe: these arguments have no Hugging Face {_ARCHITECTURES[kind]} counterpart: "
+            f"{', '.join(bad)}; export a flavor that matches it (qwen3_*, deepseek_*)"
+        )
+    return kind
+
+
+# -- Qwen3's RoPE layout: halves in Hugging Face, interleaved pairs in titan ------------------------
+
+
+def _to_halves(w: Any, head_dim: int) -> Any:
+    """Rows of each head from interleaved pairs ``(2i, 2i+1)`` to halves ``(i, i + hd/2)``."""
+    shape = w.shape
+    return w.reshape(-1, head_dim // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+
+
+def _to_pairs(w: Any, head_dim: int) -> Any:
+    shape = w.shape
+    return w.reshape(-1, 2, head_dim // 2, *shape[1:]).transpose(1, 2).reshape(shape)
+
+
+# -- name maps -------------------------------------------------------------------------------------
+
+
+def _attention_names(args: MoEArgs) -> dict[str, str]:
+    """titan attention suffix -> Hugging Face ``self_attn`` suffix."""
+    if args.attention == "gqa":
+        names = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}
+        if args.qk_norm:
+            names.update({"q_norm": "q_norm", "k_norm": "k_norm"})
+        return names
+    names = {"wkv_a": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "wkv_b": "kv_b_proj", "wo": "o_proj"}
+    if args.q_lora_rank:
+        names.update({"wq_a": "q_a_proj", "q_norm": "q_a_layernorm", "wq_b": "q_b_proj"})
+    else:
+        names["wq"] = "q_proj"
+    return names
+
+
+_SWIGLU = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def _plain_names(args: MoEArgs, kind: str) -> dict[str, str]:
+    """Every one-to-one tensor: titan name -> Hugging Face name."""
+    names = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    if not args.tie_embeddings:
+        names["output.weight"] = "lm_head.weight"
+    for i in range(args.n_layers):
+        t, h = f"layers.{i}.", f"model.layers.{i}."
+        names[t + "attention_norm.weight"] = h + "input_layernorm.weight"
+        names[t + "ffn_norm.weight"] = h + "post_attention_layernorm.weight"
+        for ours, theirs in _attention_names(args).items():
+            names[f"{t}attention.{ours}.weight"] = f"{h}self_attn.{theirs}.weight"
+        if i < args.n_dense_layers:
+            for ours, theirs in _SWIGLU.items():
+                names[f"{t}feed_forward.{ours}.weight"] = f"{h}mlp.{theirs}.weight"
+            continue
+        names[t + "feed_forward.router.gate.weight"] = h + "mlp.gate.weight"
+        if kind == "deepseek_v3":
+            names[t + "feed_forward.router.expert_bias"] = h + "mlp.gate.e_score_correction_bias"
+        if args.shared_expert_hidden_dim:
+            for ours, theirs in _SWIGLU.items():
+                names[f"{t}feed_forward.shared_expert.{ours}.weight"] = f"{h}mlp.shared_experts.{theirs}.weight"
+    return names
+
+
+def _permuted(args: MoEArgs, kind: str) -> set[str]:
+    """titan names whose rows Qwen3's Hugging Face layout orders by RoPE halves."""
+    if kind != "qwen3_moe":
+        return set()
+    suffixes = ["wq.weight", "wk.weight", *(["q_norm.weight", "k_norm.weight"] if args.qk_norm else [])]
+    return {f"layers.{i}.attention.{s}" for i in range(args.n_layers) for s in suffixes}
+
+
+def _missing(what: str, names: list[str]) -> UsageError:
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return UsageError(f"Hugging Face conversion: {what}: {shown}")
+
+
+# -- the adapter ------------------------------------------------------------------------------------
+
+
+def to_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
+    """titan state dict -> Hugging Face (Hub layout)."""
+    kind = hf_architecture(args)
+    names, permuted = _plain_names(args, kind), _permuted(args, kind)
+    absent = [k for k in names if k not in state_dict]
+    if absent:
+        raise _missing("the state dict lacks", absent)
+    out = {}
+    for ours, theirs in names.items():
+        value = state_dict[ours]
+        out[theirs] = _to_halves(value, args.attn_head_dim) if ours in permuted else value
+    for i in range(args.n_dense_layers, args.n_layers):
+        t, h = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp."
+        bias = state_dict.get(t + "router.expert_bias")
+        if kind != "deepseek_v3" and bias is not None and bool((bias != 0).any()):
+            raise UsageError(
+                f"Hugging Face conversion: layer {i} has a non-zero expert selection bias (trained "
+                f"with moe.bias_update_rate > 0), which {_ARCHITECTURES[kind]} has no place for; "
+                "exporting would change the routing"
+            )
+        for ours, theirs in _SWIGLU.items():
+            stacked = state_dict[f"{t}experts.{ours}"]
+            for j in range(args.n_experts):
+                out[f"{h}experts.{j}.{theirs}.weight"] = stacked[j]
+    return out
+
+
+def from_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
+    """Hugging Face state dict (Hub layout or transformers 5's fused experts) -> titan."""
+    import torch
+
+    kind = hf_architecture(args)
+    names, permuted = _plain_names(args, kind), _permuted(args, kind)
+    absent = [theirs for theirs in names.values() if theirs not in state_dict]
+    if absent:
+        raise _missing("the Hugging Face state dict lacks", absent)
+    out = {}
+    for ours, theirs in names.items():
+        value = state_dict[theirs]
+        out[ours] = _to_pairs(value, args.attn_head_dim) if ours in permuted else value
+    for i in range(args.n_dense_layers, args.n_layers):
+        t, h = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp.experts."
+        if kind != "deepseek_v3":
+            out[t + "router.expert_bias"] = torch.zeros(args.n_experts, dtype=torch.float32)
+        if h + "gate_up_proj" in state_dict:  # transformers 5's in-memory layout
+            w1, w3 = state_dict[h + "gate_up_proj"].chunk(2, dim=1)
+            out.update({t + "experts.w1": w1, t + "experts.w3": w3, t + "experts.w2": state_dict[h + "down_proj"]})
+            continue
+        for ours, theirs in _SWIGLU.items():
+            keys = [f"{h}{j}.{theirs}.weight" for j in range(args.n_experts)]
+            absent = [k for k in keys if k not in state_dict]
+            if absent:
+                raise _missing("the Hugging Face state dict lacks", absent)
+            out[f"{t}experts.{ours}"] = torch.stack([state_dict[k] for k in keys])
+    return out
+
+
+def _rope_scaling(args: MoEArgs) -> dict[str, Any] | None:
+    if args.rope_scaling != "yarn":
+        return None
+    scaling: dict[str, Any] = {
+        "rope_type": "yarn",
+        "type": "yarn",
+        "factor": args.rope_scaling_factor,
+        "original_max_position_embeddings": args.rope_original_max_len,
+        "beta_fast": args.yarn_beta_fast,
+        "beta_slow": args.yarn_beta_slow,
+    }
+    if args.yarn_mscale_all_dim:
+        scaling.update({"mscale": args.yarn_mscale, "mscale_all_dim": args.yarn_mscale_all_dim})
+    return scaling
+
+
+def hf_config(args: MoEArgs) -> dict[str, Any]:
+    """The ``config.json`` of the exported model."""
+    kind = hf_architecture(args)
+    common: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[kind]],
+        "model_type": kind,
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim,
+        "moe_intermediate_size": args.expert_hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_experts_per_tok": args.top_k,
+        "hidden_act": "silu",
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "tie_word_embeddings": args.tie_embeddings,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": _rope_scaling(args),
+        "attention_bias": False,
+    }
+    if kind == "qwen3_moe":
+        return {
+            **common,
+            "num_key_value_heads": args.kv_heads,
+            "head_dim": args.attn_head_dim,
+            "num_experts": args.n_experts,
+            "norm_topk_prob": args.route_norm,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": list(range(min(args.n_dense_layers, args.n_layers))),
+        }
+    deepseek = {
+        **common,
+        "num_key_value_heads": args.n_heads,
+        "n_routed_experts": args.n_experts,
+        "n_shared_experts": args.shared_expert_hidden_dim // args.expert_hidden_dim,
+        "routed_scaling_factor": args.route_scale,
+        "kv_lora_rank": args.kv_lora_rank,
+        "q_lora_rank": args.q_lora_rank or None,
+        "qk_nope_head_dim": args.qk_nope_head_dim,
+        "qk_rope_head_dim": args.qk_rope_head_dim,
+        "v_head_dim": args.v_head_dim,
+        "n_group": args.n_expert_groups,
+        "topk_group": args.n_limited_groups,
+        "first_k_dense_replace": args.n_dense_layers,
+        "norm_topk_prob": args.route_norm,
+    }
+    if kind == "deepseek_v3":
+        return {**deepseek, "rope_interleave": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+    return {**deepseek, "topk_method": "greedy", "scoring_func": "softmax"}
+
+
+def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE arguments from either ``rope_theta``/``rope_scaling`` or transformers 5's ``rope_parameters``."""
+    params = config.get("rope_parameters") or {}
+    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
+    scaling = config.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    fields: dict[str, Any] = {"rope_theta": float(theta)}
+    if not scaling:
+        return fields
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "yarn":
+        raise UsageError(f"Hugging Face config: rope scaling {kind!r} is not supported (only yarn)")
+    fields.update(
+        rope_scaling="yarn",
+        rope_scaling_factor=float(scaling["factor"]),
+        rope_original_max_len=int(scaling["original_max_position_embeddings"]),
+        yarn_beta_fast=float(scaling.get("beta_fast") or 32.0),
+        yarn_beta_slow=float(scaling.get("beta_slow") or 1.0),
+        yarn_mscale=float(scaling.get("mscale") or 0.0),
+        yarn_mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0),
+    )
+    return fields
+
+
+def args_from_hf(config: dict[str, Any]) -> MoEArgs:
+    """Model arguments equal to a Hugging Face ``config.json`` (Qwen3-MoE, DeepSeek-V2/V3)."""
+    kind = config.get("model_type")
+    if kind not in _ARCHITECTURES:
+        raise UsageError(
+            f"Hugging Face config: model_type {kind!r} has no titan counterpart in the moe plugin; "
+            f"supported: {', '.join(_ARCHITECTURES)}"
+        )
+    common: dict[str, Any] = {
+        "dim": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": config["num_attention_heads"],
+        "vocab_size": config["vocab_size"],
+        "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "max_seq_len": config.get("max_position_embeddings", 4096),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "top_k": config["num_experts_per_tok"],
+        "expert_hidden_dim": config["moe_intermediate_size"],
+        "dense_hidden_dim": config.get("intermediate_size", 0),
+        **_rope_fields(config),
+    }
+    if kind == "qwen3_moe":
+        dense = list(config.get("mlp_only_layers") or [])
+        if dense != list(range(len(dense))) or config.get("decoder_sparse_step", 1) != 1:
+            raise UsageError(
+                "Hugging Face config: titan's dense layers lead the model; mlp_only_layers must be "
+                f"0, 1, ... and decoder_sparse_step 1 (got {dense}, {config.get('decoder_sparse_step')})"
+            )
+        n_experts = config.get("num_experts", config.get("num_local_experts"))
+        return MoEArgs(
+            **common,
+            n_kv_heads=config.get("num_key_value_heads"),
+            head_dim=config.get("head_dim"),
+            qk_norm=True,
+            n_experts=n_experts,
+            shared_expert_hidden_dim=0,
+            route_norm=bool(config.get("norm_topk_prob", False)),
+            n_dense_layers=len(dense),
+        )
+    if config.get("num_key_value_heads", config["num_attention_heads"]) != config["num_attention_heads"]:
+        raise UsageError("Hugging Face config: MLA needs num_key_value_heads = num_attention_heads")
+    if kind == "deepseek_v3" and config.get("rope_interleave", True) is False:
+        raise UsageError("Hugging Face config: rope_interleave = false is not supported (titan rotates pairs)")
+    n_experts = config.get("n_routed_experts", config.get("num_local_experts"))
+    args = MoEArgs(
+        **common,
+        attention="mla",
+        q_lora_rank=config.get("q_lora_rank") or 0,
+        kv_lora_rank=config["kv_lora_rank"],
+        qk_nope_head_dim=config["qk_nope_head_dim"],
+        qk_rope_head_dim=config["qk_rope_head_dim"],
+        v_head_dim=config["v_head_dim"],
+        n_experts=n_experts,
+        shared_expert_hidden_dim=config.get("n_shared_experts", 0) * config["moe_intermediate_size"],
+        n_dense_layers=config.get("first_k_dense_replace", 0),
+        route_scale=float(config.get("routed_scaling_factor", 1.0)),
+    )
+    if kind == "deepseek_v3":
+        return attrs.evolve(
+            args,
+            score_func="sigmoid",
+            route_norm=bool(config.get("norm_topk_prob", True)),
+            n_expert_groups=config.get("n_group") or 1,
+            n_limited_groups=config.get("topk_group") or 1,
+        )
+    if config.get("topk_method", "greedy") != "greedy":
+        raise UsageError("Hugging Face config: DeepSeek-V2's group_limited_greedy routing is not supported")
+    return attrs.evolve(args, score_func="softmax", route_norm=False)
