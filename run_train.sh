@@ -11,7 +11,8 @@
 #   COMM_BACKEND  empty (torchrun, real communication) or "fake": one plain process standing
 #                 for one rank of an NGPU-rank job, limited to one step unless the recipe sets
 #                 debug.max_steps (docs/debugging.md).
-# Further arguments go to `python -m titan_core.train` (e.g. --print-config, --dump-folder DIR).
+# Further arguments go to `python -m titan_core.train` (e.g. --dump-folder DIR); with --print-config
+# (or --help) one plain process prints and exits, without torchrun.
 #
 # Bad input stops here, before torchrun starts any process: one error line and exit status 2
 # (the environment above, the recipe and its config, the parallel degrees against NGPU, and the
@@ -72,14 +73,17 @@ if [ -n "${MODULE:-}" ]; then
 fi
 args+=(--config "${CONFIG}")
 
-# What the extra arguments ask for: --comm-backend (its last value wins, as in argparse), help.
+# What the extra arguments ask for: --comm-backend (its last value wins, as in argparse), help,
+# or only the resolved config (printed by one process: it is the same on every rank).
 cli_backend=""
 wants_help=0
+prints_config=0
 previous=""
 for arg in "$@"; do
   case "${arg}" in
     --comm-backend=*) cli_backend="${arg#*=}" ;;
     -h | --help) wants_help=1 ;;
+    --print-config | --print-config=*) prints_config=1 ;;
   esac
   [ "${previous}" = "--comm-backend" ] && cli_backend="${arg}"
   previous="${arg}"
@@ -143,7 +147,10 @@ launch_check() {
 
 case "${COMM_BACKEND:-}" in
   "" | default)
-    [ "${wants_help}" = 1 ] || launch_check "$@"
+    if [ "${wants_help}" = 1 ] || [ "${prints_config}" = 1 ]; then
+      exec python -m titan_core.train "${args[@]}" "$@"
+    fi
+    launch_check "$@"
     exec torchrun \
       --nproc_per_node="${NGPU}" \
       --rdzv_backend c10d \

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bench.recipes import CONFIGS, bos_id
+from bench.recipes import CONFIGS, document_masking
 from titan_plugins_llama3.flavors import FLAVORS, flops_per_token
 from titan_plugins_llama3.model import Llama3
 
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    args = attrs.evolve(FLAVORS[flavor], **overrides, document_mask=True, bos_id=bos_id(tokenizer))
+    args = attrs.evolve(FLAVORS[flavor], **{**overrides, **document_masking(tokenizer)})
     torch.manual_seed(0)
 
     # FSDP2 needs a process group and a mesh, even for one GPU.

@@ -7,6 +7,7 @@ step. Run with ``--module bench.recipes`` from the repository root.
 The data and tokenizer are the peer kit's when ``bench/perf.sh`` sets ``TITAN_BENCH_DATA`` (a
 ``.jsonl`` file from ``.peer/make_data.py``) and ``TITAN_BENCH_TOKENIZER`` (torchtitan's test
 tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
+``TITAN_BENCH_DOCUMENT_MASK=0`` turns document masking off (plain causal attention).
 """
 
 from __future__ import annotations
@@ -49,12 +50,19 @@ def bos_id(tokenizer_path: str | None) -> int:
     return bos
 
 
+def document_masking(tokenizer_path: str | None) -> dict[str, Any]:
+    """Model overrides of document masking; ``TITAN_BENCH_DOCUMENT_MASK=0`` measures without it."""
+    if os.environ.get("TITAN_BENCH_DOCUMENT_MASK", "1") == "0":
+        return {"document_mask": False}
+    return {"document_mask": True, "bos_id": bos_id(tokenizer_path)}
+
+
 def _bench(name: str) -> TrainerConfig:
     flavor, overrides, seq_len, batch, steps, compiled = CONFIGS[name]
     data, tokenizer = os.environ.get("TITAN_BENCH_DATA"), os.environ.get("TITAN_BENCH_TOKENIZER")
     config = llama3_debugmodel()
     config.model.flavor = flavor
-    config.model.overrides = {**overrides, "document_mask": True, "bos_id": bos_id(tokenizer)}
+    config.model.overrides = {**overrides, **document_masking(tokenizer)}
     config.job.dump_folder = f"./outputs/bench/{name}"
     if data:
         config.data.dataset = "text"

@@ -49,7 +49,7 @@ def step_rows(stdout: str) -> list[dict]:
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder where the fixture plugins are really installed by pip (put it on PYTHONPATH)."""
     target = tmp_path_factory.mktemp("site")
-    for name in ("titan_toy_plugin", "titan_broken_plugin", "titan_zloss_plugin"):
+    for name in ("titan_toy_plugin", "titan_broken_plugin", "titan_zloss_plugin", "titan_heavy_plugin"):
         subprocess.run(
             [
                 sys.executable,

@@ -18,7 +18,7 @@ SCRIPT = REPO / "run_train.sh"
 def launch(folder: Path, overrides: dict, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     """``./run_train.sh`` with the recipe ``overrides`` (over the tiny config) as MODULE/CONFIG."""
     module = write_recipe_module(folder, {"training.steps": 2, **overrides})
-    full_env = child_env(folder, MODULE=module, CONFIG="layout", **env)
+    full_env = child_env(folder, **{"MODULE": module, "CONFIG": "layout", **env})
     # This interpreter's python and torchrun come first, as in an activated environment.
     full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full_env.get("PATH", "")])
     return subprocess.run(
@@ -42,14 +42,98 @@ def test_log_rank_shows_only_that_ranks_output(tmp_path: Path) -> None:
     assert "[rank1]:" in result.stdout and "[rank0]:" not in result.stdout
 
 
-@pytest.mark.slow
-def test_bad_layout_stops_with_the_degree_error_before_building(tmp_path: Path) -> None:
-    result = launch(tmp_path, {"parallelism.dp_shard": 3}, NGPU="4", LOG_RANK="0,1,2,3")
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert "exitcode: 2" in result.stderr  # torchrun reports the workers' exit status
-    assert "dp_shard=3" in output and "world size 4" in output and "Fix:" in output
+def one_error_line(result: subprocess.CompletedProcess, prefix: str = "titan: error: ") -> str:
+    """The launch stopped before torchrun with exit 2 and one error line; returns that line."""
+    assert result.returncode == 2, (
+        f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    )
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-3000:]  # no traceback, no torchrun report
+    assert lines[0].startswith(prefix), lines[0]
     assert not [r for r in log_records(result.stdout) if r.get("event") == "built"]
+    return lines[0]
+
+
+def test_bad_layout_stops_with_the_degree_error_before_torchrun(tmp_path: Path) -> None:
+    result = launch(tmp_path, {"parallelism.dp_shard": 3}, NGPU="4", LOG_RANK="0,1,2,3")
+    line = one_error_line(result)
+    assert "dp_shard=3" in line and "world size 4" in line and "Fix:" in line
+
+
+@pytest.mark.parametrize("ngpu", ["0", "-1", "two", "1.5", "2 ", "01"])
+def test_ngpu_must_be_a_positive_integer(tmp_path: Path, ngpu: str) -> None:
+    line = one_error_line(launch(tmp_path, {}, NGPU=ngpu), "run_train.sh: error: ")
+    assert f"NGPU='{ngpu}' is not a positive integer" in line
+
+
+@pytest.mark.parametrize(
+    ("log_rank", "expected"),
+    [
+        ("2", "names local rank 2, but NGPU=2 starts ranks 0..1"),
+        ("0,3", "names local rank 3, but NGPU=2"),
+        ("0,,1", "is not a comma-separated list of local ranks"),
+        ("rank0", "is not a comma-separated list of local ranks"),
+        ("-1", "is not a comma-separated list of local ranks"),
+        ("99999999999999999999", "names local rank 99999999999999999999"),
+    ],
+)
+def test_log_rank_must_name_existing_local_ranks(tmp_path: Path, log_rank: str, expected: str) -> None:
+    line = one_error_line(launch(tmp_path, {}, NGPU="2", LOG_RANK=log_rank), "run_train.sh: error: ")
+    assert expected in line
+
+
+def test_module_without_config_is_an_error(tmp_path: Path) -> None:
+    env = child_env(tmp_path, MODULE="my_recipes", NGPU="1")
+    env.pop("CONFIG", None)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    result = subprocess.run([str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    line = one_error_line(result, "run_train.sh: error: ")
+    assert "MODULE=my_recipes is set but CONFIG is not" in line
+
+
+def test_unknown_recipe_and_bad_config_stop_before_torchrun(tmp_path: Path) -> None:
+    unknown = launch(tmp_path / "a", {}, NGPU="2", CONFIG="no_such_recipe")
+    assert "unknown recipe 'no_such_recipe'" in one_error_line(unknown)
+    invalid = launch(tmp_path / "b", {"training.lr": -1.0}, NGPU="2")
+    assert "training.lr" in one_error_line(invalid)
+
+
+@pytest.mark.parametrize(
+    ("ngpu", "env", "expected"),
+    [
+        ("4", {}, "real_pp_fake_spmd needs one process per pipeline rank, but run_train.sh starts NGPU=4"),
+        ("2", {"FAKE_PP_RANK": "1"}, "FAKE_PP_RANK='1' is set, but real_pp_fake_spmd takes the pipeline"),
+    ],
+)
+def test_hybrid_launch_contract_errors_exit_2(tmp_path: Path, ngpu: str, env: dict, expected: str) -> None:
+    module = write_recipe_module(tmp_path, {"training.steps": 2, "parallelism.pp": 2})
+    full_env = child_env(tmp_path, MODULE=module, CONFIG="layout", NGPU=ngpu, **env)
+    full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full_env.get("PATH", "")])
+    result = subprocess.run(
+        [str(SCRIPT), "--comm-backend", "real_pp_fake_spmd"],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert expected in one_error_line(result)
+
+
+def test_pure_fake_under_torchrun_is_a_launch_contract_error(tmp_path: Path) -> None:
+    result = launch(tmp_path, {"comm.backend": "fake"}, NGPU="2")
+    assert "comm.backend = 'fake' under torchrun" in one_error_line(result)
+
+
+def test_comm_backend_fake_and_another_backend_flag_disagree(tmp_path: Path) -> None:
+    module = write_recipe_module(tmp_path, {"training.steps": 2})
+    env = child_env(tmp_path, MODULE=module, CONFIG="layout", NGPU="2", COMM_BACKEND="fake")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    result = subprocess.run(
+        [str(SCRIPT), "--comm-backend=real_pp_fake_spmd"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    line = one_error_line(result, "run_train.sh: error: ")
+    assert "COMM_BACKEND=fake and --comm-backend real_pp_fake_spmd ask for two different backends" in line
 
 
 def test_fake_backend_bad_layout_exits_2(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ A model plugin composes these instead of copying them (titan's Llama 3 and MoE m
     out = blocks.attention(q, k, v, mask=mask)                              # (batch, heads, seq, hd)
     ffn = blocks.FeedForward(dim, hidden_dim)                               # w2(silu(w1 x) * w3 x)
     norm = blocks.RMSNorm(dim, eps=1e-5)                                    # torch's nn.RMSNorm
+    attn = blocks.Attention(dim, n_heads, n_kv_heads)  # wq/wk/wv/wo + RoPE; forward(x, freqs_cis, mask)
 
 **The attention-function contract.** An attention module stores its attention function in
 ``self.attention_fn`` (default :func:`attention`) and calls it on ``(batch, heads, seq, head_dim)``
@@ -29,8 +30,13 @@ every document as ``BOS ... EOS`` and packs them into fixed-length sequences, so
 document is the number of BOS tokens at or before it (:func:`document_ids`). The mask lets a
 query see keys of the same document at or before its own position. :func:`document_mask` builds
 it once per forward: a flex-attention ``BlockMask`` on CUDA (fully masked blocks are skipped, so
-attention costs what the documents need) and a boolean ``(batch, 1, seq, seq)`` tensor elsewhere
-(SDPA with an explicit mask: exact, for CPU runs and tests).
+attention costs what the documents need; its mask function reads each key's document end,
+:func:`document_ends`) and a boolean ``(batch, 1, seq, seq)`` tensor elsewhere (SDPA with an
+explicit mask: exact, for CPU runs and tests). Flex attention runs compiled: by a compiled
+block's graph when the caller is compiled, else by its own ``torch.compile`` (made once).
+Building the mask needs the tokens, so a model that uses it cannot run on pipeline stages after
+the first, and context parallelism (whose attention function sees sequence shards) would need
+the mask of the whole sequence: titan's Llama 3 refuses both layouts with the mask on.
 """
 
 from __future__ import annotations
@@ -165,7 +171,9 @@ def _document_block_mask(ends: torch.Tensor, compiled: bool = True) -> Any:
     # Compiled, create_block_mask evaluates the mask block by block instead of materialising
     # (batch, seq, seq) booleans. A new closure per batch does not recompile: dynamo guards on
     # its code, and `ends` becomes a graph input.
-    build = _compiled_create_block_mask() if compiled else create_block_mask
+    build = (
+        _compiled_create_block_mask() if compiled and not torch.compiler.is_compiling() else create_block_mask
+    )
     return build(block_causal, batch, None, seq, seq, device=ends.device)
 
 
@@ -220,6 +228,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Any = 
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    if torch.compiler.is_compiling():  # inside a compiled block: flex attention joins its graph
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
     return _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=gqa)
 
 

@@ -287,8 +287,8 @@ class Training:
     eps: float = field(default=1e-8, validator=[finite, positive])
     #: Gradient clipping max norm (total 2-norm over all parameters); <= 0 disables clipping.
     max_norm: float = field(default=1.0, validator=finite)
-    #: Compute dtype: ``float32``, or ``bfloat16`` (autocast on one device, FSDP mixed
-    #: precision otherwise; parameters and optimizer state stay float32).
+    #: Compute dtype: ``float32``, or ``bfloat16`` (FSDP2 mixed precision on CUDA, one GPU
+    #: included; autocast on CPU; parameters and optimizer state stay float32).
     dtype: Literal["float32", "bfloat16"] = "float32"
     #: Device type: ``auto`` (CUDA when available), ``cuda`` or ``cpu``.
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -70,13 +70,13 @@ _FULL = StateDictOptions(full_state_dict=True, strict=False)
 
 def load_initial_weights(parts: list[nn.Module], path: str, spec: ModelSpec, model_args: Any) -> None:
     """Load ``path`` (a Hugging Face folder, a DCP folder or a ``.pt`` file) into ``parts``."""
-    if is_hf_folder(path):
-        load_hf_folder(parts, path, spec, model_args)
+    if _is_hf_folder(path):
+        _load_hf_folder(parts, path, spec, model_args)
     else:
         load_full_state_dict(parts, path)
 
 
-def is_hf_folder(path: str) -> bool:
+def _is_hf_folder(path: str) -> bool:
     """A folder with a ``config.json`` and no DCP ``.metadata``."""
     folder = Path(path)
     return folder.is_dir() and (folder / "config.json").is_file() and not (folder / ".metadata").exists()
@@ -132,7 +132,7 @@ def load_dcp_model(parts: list[nn.Module], path: str) -> None:
 # -- Hugging Face folders ---------------------------------------------------------------------------
 
 
-def load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_args: Any) -> None:
+def _load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_args: Any) -> None:
     """Load a Hugging Face model folder into this rank's parts (see the module docstring)."""
     adapter = spec.state_dict_adapter
     if adapter is None:
@@ -148,20 +148,21 @@ def load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_arg
             f"{_FIELD}: loading a Hugging Face folder needs the safetensors package; pip install safetensors"
         ) from None
     folder = Path(path)
-    check_hf_config(_read_config(folder), spec, adapter, model_args, path)
+    _check_hf_config(_read_config(folder), spec, adapter, model_args, path)
     files = _safetensors_files(folder)
     with ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(str(f), framework="pt", device="cpu")) for f in files}
         where = _tensor_locations(handles, folder)
         shapes = {name: tuple(handles[f].get_slice(name).get_shape()) for name, f in where.items()}
-        groups = _hf_groups(spec, adapter, model_args)
+        meta = _meta_state(spec, model_args)
+        groups = _hf_groups(meta, spec.name, adapter, model_args)
         _check_tensors(groups, shapes, adapter, model_args, path)
 
         # This rank's tensors (tied names read once), in file order, converted in batches.
         # Lists, not sets: every rank must hand the tensors over in one order (FSDP and TP scatter
         # each one over the mesh).
         own = [list(get_model_state_dict(part)) for part in parts]
-        aliases = _aliases(spec, model_args)
+        aliases = _aliases(meta)
         to_read = sorted(
             {aliases.get(k, k) for keys in own for k in keys},
             key=lambda k: (min((str(where[h]) for h in groups[k]), default=""), k),
@@ -208,7 +209,7 @@ def _converted_batches(
         yield batch
 
 
-def check_hf_config(
+def _check_hf_config(
     config: dict[str, Any], spec: ModelSpec, adapter: StateDictAdapter, model_args: Any, path: str
 ) -> None:
     """One error naming every architecture field where ``config`` differs from ``model_args``.
@@ -360,35 +361,34 @@ def _meta_state(spec: ModelSpec, model_args: Any) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _aliases(spec: ModelSpec, model_args: Any) -> dict[str, str]:
+def _aliases(meta: dict[str, torch.Tensor]) -> dict[str, str]:
     """Names of tied tensors -> the first name of the same tensor (``output.weight`` ->
     ``tok_embeddings.weight`` when the embeddings are tied)."""
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
-    for name, tensor in _meta_state(spec, model_args).items():
+    for name, tensor in meta.items():
         canonical = first.setdefault(id(tensor), name)
         if canonical != name:
             aliases[name] = canonical
     return aliases
 
 
-def _hf_groups(spec: ModelSpec, adapter: StateDictAdapter, model_args: Any) -> dict[str, dict[str, Any]]:
+def _hf_groups(
+    meta: dict[str, torch.Tensor], model: str, adapter: StateDictAdapter, model_args: Any
+) -> dict[str, dict[str, Any]]:
     """Each titan tensor -> the Hugging Face tensors (meta, with their shapes) it is made from.
 
     Found by converting one meta tensor at a time with ``to_hf``; an adapter that needs several
     titan tensors at once gets them all in one group (the whole model then loads at once).
     """
-    state = _meta_state(spec, model_args)
     try:
-        return {name: adapter.to_hf({name: tensor}, model_args) for name, tensor in state.items()}
+        return {name: adapter.to_hf({name: tensor}, model_args) for name, tensor in meta.items()}
     except Exception:
         try:
-            whole = adapter.to_hf(dict(state), model_args)
+            whole = adapter.to_hf(dict(meta), model_args)
         except Exception as exc:
-            raise PluginError(
-                f"model {spec.name!r}: the state-dict adapter's to_hf failed: {exc!r}"
-            ) from None
-        return dict.fromkeys(state, whole)
+            raise PluginError(f"model {model!r}: the state-dict adapter's to_hf failed: {exc!r}") from None
+        return dict.fromkeys(meta, whole)
 
 
 def _check_tensors(

@@ -83,11 +83,17 @@ class MetricsLogger:
         return step == 1 or step % self.log_freq == 0 or step == self.total_steps
 
     def step_done(
-        self, step: int, loss: float | None, grad_norm: float | None, lr: float | None = None
+        self,
+        step: int,
+        loss: float | None,
+        grad_norm: float | None,
+        lr: float | None = None,
+        *,
+        force: bool = False,
     ) -> dict[str, float]:
-        """Count the step; on logging steps return its row (empty otherwise)."""
+        """Count the step; on logging steps (or ``force``) return its row (empty otherwise)."""
         self._steps += 1
-        if not self.logs(step):
+        if not (force or self.logs(step)):
             return {}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -109,8 +109,12 @@ class Trainer:
 
         # 2. Plugins this run needs and the model's own checks, before anything heavy is built.
         self.spec = registry.get("models", config.model.name, what="model")
+        self.tokenizer = load_tokenizer(config.data.tokenizer_path)
         try:
             self.model_args = self.spec.flavor(config.model.flavor, config.model.overrides)
+            if getattr(self.model_args, "bos_id", False) is None:  # the model asks for the BOS id
+                overrides = {**config.model.overrides, "bos_id": self.tokenizer.bos_id}
+                self.model_args = self.spec.flavor(config.model.flavor, overrides)
         except LookupError as exc:
             field = "model.overrides" if config.model.flavor in self.spec.flavors else "model.flavor"
             raise UsageError(f"{field}: {exc}") from None
@@ -141,7 +145,6 @@ class Trainer:
             self.checkpointer = registry.get("checkpointers", c.backend, what="checkpoint.backend").build(
                 config, self.topology
             )
-        self.tokenizer = load_tokenizer(config.data.tokenizer_path)
         vocab = getattr(self.model_args, "vocab_size", None)
         if vocab is not None and self.tokenizer.vocab_size > vocab:
             raise UsageError(
@@ -330,7 +333,7 @@ class Trainer:
         first = self.step + 1
         # Device-side: whether every loss and gradient norm so far was finite (read only when the
         # step logs or saves, so steps in between never wait for the device).
-        self.finite = torch.ones((), dtype=torch.bool, device=self.device)
+        self.first_bad = torch.zeros((), dtype=torch.long, device=self.device)  # 0: none yet
         check_values = not self.topology.simulates_peers
         for self.step in range(first, self.steps + 1):
             step = self.step
@@ -345,21 +348,21 @@ class Trainer:
                 fn(step)
             grad_norm = self.clip_gradients()
             if check_values:
-                ok = grad_norm.isfinite() if loss is None else loss.isfinite() & grad_norm.isfinite()
-                self.finite &= ok
+                ok = grad_norm.isfinite() if loss is None else _local(loss).isfinite() & grad_norm.isfinite()
+                self.first_bad = torch.where((self.first_bad == 0) & ~ok, step, self.first_bad)
             self.optimizer.step()
             for fn in cb.after_optimizer_step:
                 fn(step)
             lr = self.optimizer.param_groups[0]["lr"]  # the LR this step used (a Python float)
             self.scheduler.step()
             last = step == self.steps
-            logs = self.metrics.logs(step)
+            logs = self.metrics.logs(step) or sigterm.raised  # the last step of a stopped run logs
             if check_values and (logs or last or sigterm.raised or self._saves(step, last)):
                 self._check_finite(step)
             row: dict[str, float] = {}
             if logs:
                 values = self._reduce_for_log(loss, grad_norm)
-                row = self.metrics.step_done(step, *values, lr=lr)
+                row = self.metrics.step_done(step, *values, lr=lr, force=True)
                 for fn in cb.metrics:
                     row.update(fn(step))
                 self.metrics.emit(row)
@@ -377,11 +380,12 @@ class Trainer:
         return self.checkpointer is not None and self.checkpointer.should_save(step, last)
 
     def _check_finite(self, step: int) -> None:
-        if not bool(self.finite):  # the one host sync, on logging and saving steps only
+        bad = int(self.first_bad)  # the one host sync, on logging and saving steps only
+        if bad:
             raise Diverged(
-                f"the loss or gradient norm is not finite by step {step} (NaN or inf); nothing was "
-                "saved from that step on. Lower training.lr, check the data, or resume from the last "
-                "checkpoint"
+                f"the loss or gradient norm became non-finite (NaN or inf) at step {bad}; stopped at "
+                f"step {step} before saving anything from it. Lower training.lr, check the data, or "
+                "resume from the last checkpoint"
             )
 
     def _reduce_for_log(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[Any, Any]:

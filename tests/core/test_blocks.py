@@ -156,3 +156,26 @@ def test_feed_forward_is_swiglu_and_init_scales_by_depth() -> None:
 def test_attention_module_refuses_heads_that_do_not_group() -> None:
     with pytest.raises(ValueError, match="n_heads=6 must be a multiple of n_kv_heads=4"):
         blocks.Attention(48, 6, 4)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_path_joins_a_compiled_callers_graph_without_recompiling() -> None:
+    """Inside a compiled block the BlockMask path is one graph (fullgraph: no break) and a new
+    mask per batch, from a new closure, compiles nothing more."""
+    graphs: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda q, k, v, m: blocks.attention(q, k, v, mask=m), backend=backend, fullgraph=True
+    )
+    q, k, v = _qkv(seq=256, seed=5)
+    for seed in (0, 1, 2):
+        tokens = torch.randint(0, 6, (2, 256), generator=torch.Generator().manual_seed(seed))
+        block_mask = blocks._document_block_mask(blocks.document_ends(tokens, BOS), compiled=False)
+        reference = blocks.attention(q, k, v, mask=blocks.document_mask(tokens, BOS))
+        torch.testing.assert_close(compiled(q, k, v, block_mask), reference, atol=1e-5, rtol=1e-5)
+    assert len(graphs) == 1

@@ -113,3 +113,52 @@ def test_disabled_plugin_is_not_registered() -> None:
     assert info.status == "disabled"
     with pytest.raises(UsageError, match=r"disabled plugins, not searched: off"):
         registry.get("comm_backends", "x")
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (None, "titan_recipes() returned None; return a list of Recipe records"),
+        (Recipe("solo", TrainerConfig, ""), "titan_recipes() returned one Recipe, not a list; return [Recipe(...)]"),
+        ({"solo": 1}, "titan_recipes() returned dict; return a list of Recipe records"),
+        ([ModelSpec("m", {}, print, print, print)], "titan_recipes() returned ModelSpec, expected Recipe"),
+    ],
+)
+def test_a_hook_result_that_is_not_a_list_of_records_fails_its_plugin(result: object, expected: str) -> None:
+    module = types.ModuleType("odd")
+    module.__dict__["titan_recipes"] = hookimpl(lambda: result)
+    registry = Registry()
+    info = registry.register(module, "odd")
+    registry.register(plugin_module("good", titan_recipes=[recipe("fine")]), "good")
+    assert set(registry.records("recipes")) == {"fine"}  # the others still work
+    assert info.status == "failed" and expected in (info.error or "")
+
+
+def test_an_undecorated_hook_fails_its_plugin_by_name() -> None:
+    module = types.ModuleType("forgetful")
+    module.__dict__["titan_recipes"] = lambda: [recipe("never")]  # no @hookimpl: pluggy ignores it
+    module.titan_recipes.__module__ = "forgetful"
+    info = Registry().register(module, "forgetful")
+    assert info.status == "failed"
+    assert "titan_recipes is not decorated with @titan_core.hookimpl" in (info.error or "")
+
+
+def test_a_conflict_is_resolved_by_disabling_either_plugin() -> None:
+    for disabled in ("a", "b"):
+        registry = Registry(disabled={disabled})
+        registry.register(plugin_module("a", titan_recipes=[recipe("same")]), "a")
+        registry.register(plugin_module("b", titan_recipes=[recipe("same")]), "b")
+        assert registry.get("recipes", "same").name == "same"
+
+
+def test_entry_point_import_time_and_torch_import_are_recorded(tmp_path: object) -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from titan_core._registry import Registry\n"
+        "r = Registry().load_entry_points()\n"
+        "assert 'torch' not in sys.modules, 'a plugin imported torch'\n"
+        "assert all(p.import_seconds >= 0 and not p.imported_torch for p in r.plugins.values())\n"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True)

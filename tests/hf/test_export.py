@@ -90,7 +90,9 @@ def test_exported_checkpoint_gives_titans_logits_in_transformers(run: Path, tmp_
 
 def test_sharded_bfloat16_export(run: Path, tmp_path: Path) -> None:
     out = tmp_path / "hf"
-    assert export(run / "checkpoint", "--to", "hf", out, "--max-shard-size", "100KB", "--dtype", "bfloat16") == 0
+    assert (
+        export(run / "checkpoint", "--to", "hf", out, "--max-shard-size", "100KB", "--dtype", "bfloat16") == 0
+    )
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 2 and all((out / s).is_file() for s in shards)
@@ -126,7 +128,9 @@ def test_model_from_a_recipe_module(
     capsys.readouterr()
     assert export(step, "--to", "hf", out) == 2
     assert "no config.toml in the folders above" in error_line(capsys)
-    module = write_recipe_module(tmp_path / "recipes", {"model.overrides": TITAN_OVERRIDES}, name="hf_export_recipes")
+    module = write_recipe_module(
+        tmp_path / "recipes", {"model.overrides": TITAN_OVERRIDES}, name="hf_export_recipes"
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "recipes"))
     assert export(step, "--to", "hf", out, "--recipe", "layout", "--module", module) == 0
     spec, args = llama3()
@@ -194,7 +198,9 @@ def test_bad_input_is_one_error_line(run: Path, tmp_path: Path, capsys: Any, cas
     assert not (tmp_path / "out").exists()
 
 
-def test_model_without_adapter(run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_model_without_adapter(
+    run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     llama = get_registry().get("models", "llama3")
 
     class Plain:
@@ -207,7 +213,9 @@ def test_model_without_adapter(run: Path, tmp_path: Path, capsys: Any, monkeypat
     monkeypatch.setattr("titan_core._registry.get_registry", lambda disabled=None: registry)
     dump = tmp_path / "dump"
     shutil.copytree(run / "checkpoint", dump / "checkpoint")
-    (dump / "config.toml").write_text((run / "config.toml").read_text().replace('name = "llama3"', 'name = "plain"'))
+    (dump / "config.toml").write_text(
+        (run / "config.toml").read_text().replace('name = "llama3"', 'name = "plain"')
+    )
     capsys.readouterr()
     assert export(dump / "checkpoint", "--to", "hf", tmp_path / "out") == 2
     assert "export: model 'plain' has no Hugging Face adapter" in error_line(capsys)

@@ -13,7 +13,16 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from tests.hf.conftest import TITAN_OVERRIDES, hf_config, llama3, max_diff, random_hf_model, save_hf, titan_model, tokens
+from tests.hf.conftest import (
+    TITAN_OVERRIDES,
+    hf_config,
+    llama3,
+    max_diff,
+    random_hf_model,
+    save_hf,
+    titan_model,
+    tokens,
+)
 from tests.parallel_harness import child_env, tiny_config, write_recipe_module
 from titan_core._registry import get_registry
 from titan_core.errors import UsageError
@@ -85,7 +94,9 @@ def test_config_of_another_shape_names_the_fields(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as info:
         titan_model(spec, args, tmp_path)
     message = str(info.value)
-    assert message.startswith(f"{_FIELD}: the Hugging Face model in {str(tmp_path)!r} is not the run's llama3 model")
+    assert message.startswith(
+        f"{_FIELD}: the Hugging Face model in {str(tmp_path)!r} is not the run's llama3 model"
+    )
     assert "n_layers 2 vs 4" in message and "dim 64 vs 128" in message
     assert "{'dim': 64, 'n_layers': 2}" in message  # the overrides that would fit
 
@@ -109,7 +120,9 @@ def test_config_of_another_architecture(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
     spec, args = llama3()
-    with pytest.raises(UsageError, match=r"config.json does not describe a llama3 model: hidden_act is 'gelu'"):
+    with pytest.raises(
+        UsageError, match=r"config.json does not describe a llama3 model: hidden_act is 'gelu'"
+    ):
         titan_model(spec, args, tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(UsageError, match=r"cannot read .*config.json"):

@@ -23,7 +23,9 @@ def test_to_hf_and_back_is_the_identity_and_permutes_only_q_and_k() -> None:
     q, hf_q = state["layers.0.attention.wq.weight"], converted["model.layers.0.self_attn.q_proj.weight"]
     assert not torch.equal(q, hf_q)
     assert torch.equal(hf_q[: args.head_dim // 2], q[0 : args.head_dim : 2])  # head 0: even rows first
-    assert torch.equal(converted["model.layers.1.self_attn.v_proj.weight"], state["layers.1.attention.wv.weight"])
+    assert torch.equal(
+        converted["model.layers.1.self_attn.v_proj.weight"], state["layers.1.attention.wv.weight"]
+    )
 
 
 def test_rotary_layouts_agree_only_with_the_permutation() -> None:
@@ -55,9 +57,24 @@ def test_every_flavor_round_trips_through_its_hf_config(flavor: str) -> None:
 
 
 def test_config_json_of_transformers_4_and_5_read_the_same() -> None:
-    rope = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    base = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32}
-    base |= {"num_key_value_heads": 8, "vocab_size": 128256, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}
+    rope = {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    base = {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+    }
+    base |= {
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131072,
+    }
     v4 = {**base, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", **rope}}
     v5 = {**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **rope}}
     assert hf.args_from_hf(v4) == hf.args_from_hf(v5)

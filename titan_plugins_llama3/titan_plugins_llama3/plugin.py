@@ -31,6 +31,7 @@ def titan_models() -> list[ModelSpec]:
             num_params=flavors.num_params,
             flops_per_token=flavors.flops_per_token,
             tp_plan=_tp_plan,
+            validate=flavors.validate,
             state_dict_adapter=StateDictAdapter(hf.to_hf, hf.from_hf, hf.hf_config, hf.args_from_hf),
             description="Llama 3 / 3.1 decoder (GQA, RoPE with scaling, SwiGLU)",
         )

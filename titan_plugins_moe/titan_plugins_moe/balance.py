@@ -4,11 +4,13 @@ Built once per run (``titan_callbacks``) from the ``moe`` config section, it
 
 * hands the sequence-wise balance loss its weight and the local batch size (so the terms of
   pipeline microbatches add up to the batch mean) on every MoE layer of this rank's parts;
-* after each optimizer step, takes the layers' token counts (``MoE.tokens_per_expert``, filled by
-  the forwards of the step) and, with ``moe.bias_update_rate > 0``, sums them over the
-  data-parallel and context ranks (one small all-reduce for all layers) and moves each expert's
-  selection bias by ``rate * sign(mean - count)``, centred so the biases keep a zero mean (a common
-  shift changes no choice); all on the device, nothing is read on the host;
+* after each optimizer step, takes the layers' token counts (``MoE.stats``, one entry per forward
+  of the step; forwards beyond the step's ``local_batch_size * seq_len / cp`` tokens, the
+  pipeline schedule's first-step metadata inference, are dropped) and, with
+  ``moe.bias_update_rate > 0``, sums them over the data-parallel and context ranks (one small
+  all-reduce for all layers) and moves each expert's selection bias by
+  ``rate * sign(mean - count)``, centred so the biases keep a zero mean (a common shift changes no
+  choice); all on the device, nothing is read on the host;
 * on logging steps (``metrics``, called on every rank), sums the counts accumulated since the
   last log over the data-parallel ranks and reads them once: per MoE layer the imbalance
   ``max / mean`` of tokens per expert and the fewest / most tokens an expert got per step, the
@@ -50,17 +52,39 @@ def _dp_group(trainer: Any) -> Any:
     return trainer.mesh["dp_cp"].get_group()
 
 
+def take_step(moe: MoE, tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-expert counts and balance loss of the last forwards of ``moe`` that routed ``tokens``
+    tokens in all (earlier ones are a pipeline schedule's metadata inference); clears ``stats``."""
+    records = list(moe.stats or [])
+    if moe.stats is not None:
+        moe.stats.clear()
+    kept, seen = [], 0
+    for n, counts, aux in reversed(records):
+        if seen >= tokens:
+            break
+        kept.append((counts, aux))
+        seen += n
+    if not kept:
+        return torch.zeros(moe.num_experts, dtype=torch.int64, device=moe.router.expert_bias.device), None
+    total = torch.stack([c for c, _ in kept]).sum(dim=0)
+    losses = [a for _, a in kept if a is not None]
+    return total, torch.stack(losses).sum() if losses else None
+
+
 class RouterCallback:
-    def __init__(self, layers: list[tuple[int, MoE]], settings: Any, group: Any, device: torch.device) -> None:
+    def __init__(
+        self, layers: list[tuple[int, MoE]], settings: Any, tokens: int, group: Any, device: torch.device
+    ) -> None:
         self.index = [i for i, _ in layers]
         self.layers = [m for _, m in layers]
+        self.tokens = tokens
         self.rate = settings.bias_update_rate
         self.stats = settings.router_stats
         self.aux = settings.aux_loss_weight > 0
         self.group = group
         n_experts = self.layers[0].num_experts
         self.window = torch.zeros(len(self.layers), n_experts, dtype=torch.int64, device=device)
-        self.aux_window = torch.zeros(len(self.layers), dtype=torch.float32, device=device)
+        self.aux_window = torch.zeros((), dtype=torch.float32, device=device)
         self.steps = 0
 
     @classmethod
@@ -69,12 +93,16 @@ class RouterCallback:
         settings = trainer.config.moe
         if not layers:
             return None
+        t = trainer.config.training
         for _, moe in layers:
             moe.aux_loss_weight = settings.aux_loss_weight
-            moe.aux_batch_size = trainer.config.training.local_batch_size
+            moe.aux_batch_size = t.local_batch_size
         if settings.bias_update_rate == 0 and settings.router_stats == "off" and settings.aux_loss_weight == 0:
             return None
-        return cls(layers, settings, _dp_group(trainer), trainer.device)
+        for _, moe in layers:
+            moe.stats = []
+        tokens = t.local_batch_size * t.seq_len // trainer.parallel_dims.cp
+        return cls(layers, settings, tokens, _dp_group(trainer), trainer.device)
 
     def _all_reduce(self, counts: torch.Tensor) -> torch.Tensor:
         if self.group is not None:
@@ -85,9 +113,8 @@ class RouterCallback:
 
     @torch.no_grad()
     def after_optimizer_step(self, step: int) -> None:
-        counts = torch.stack([m.tokens_per_expert for m in self.layers])
-        for m in self.layers:
-            m.tokens_per_expert.zero_()
+        taken = [take_step(m, self.tokens) for m in self.layers]
+        counts = torch.stack([c for c, _ in taken])
         if self.rate > 0:
             load = self._all_reduce(counts.clone()).float()
             delta = self.rate * torch.sign(load.mean(dim=1, keepdim=True) - load)
@@ -95,10 +122,9 @@ class RouterCallback:
             for m, d in zip(self.layers, delta, strict=True):
                 m.router.expert_bias.add_(d)
         self.window += counts
-        if self.aux:
-            self.aux_window += torch.stack([m.aux_loss_sum for m in self.layers])
-            for m in self.layers:
-                m.aux_loss_sum.zero_()
+        losses = [a for _, a in taken if a is not None]
+        if losses:
+            self.aux_window += torch.stack(losses).sum()
         self.steps += 1
 
     @torch.no_grad()
@@ -108,10 +134,11 @@ class RouterCallback:
         self.window.zero_()
         row: dict[str, float] = {}
         if self.aux:
-            row["moe/aux_loss"] = float(self.aux_window.sum()) / steps
+            row["moe/aux_loss"] = float(f"{float(self.aux_window) / steps:.6g}")
             self.aux_window.zero_()
         if self.rate > 0:
-            row["moe/expert_bias_absmax"] = max(float(m.router.expert_bias.abs().max()) for m in self.layers)
+            bias = torch.stack([m.router.expert_bias.abs().max() for m in self.layers]).max()
+            row["moe/expert_bias_absmax"] = float(f"{float(bias):.6g}")
         if self.stats == "off":
             return row
         mean = counts.mean(dim=1)

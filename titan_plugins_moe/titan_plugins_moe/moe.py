@@ -21,13 +21,16 @@ with ``grouped_experts = True`` and ``num_experts`` keeps its weights on dim 0 a
 
 Balancing and statistics, without a host sync:
 
-* every forward that builds a graph (not a recomputation under activation checkpointing) adds
-  its per-expert token counts to the ``tokens_per_expert`` buffer; the plugin's router callback
-  reads and clears it after each optimizer step (bias update, statistics);
+* when the plugin's router callback sets ``stats`` to a list, every forward that builds a graph
+  (not a recomputation under activation checkpointing) appends its token count, per-expert
+  counts and balance loss (device tensors); the callback takes them after each optimizer step
+  (bias update, statistics). A list, not a running sum, because torch's pipeline schedules run
+  an extra forward on placeholder tensors in their first step (metadata inference): the callback
+  knows how many tokens a step routes and drops the surplus forwards, which come first;
 * with ``aux_loss_weight > 0`` the layer adds DeepSeek's sequence-wise balance loss
   ``weight * mean over sequences of sum_i f_i * P_i`` to the training objective by injecting its
   gradient during backward (:class:`_AddAuxLoss`): nothing has to reach the loss function, so it
-  works on every pipeline stage; ``aux_loss_sum`` accumulates the added value for the logs.
+  works on every pipeline stage; the value goes to ``stats`` for the logs.
 """
 
 from __future__ import annotations
@@ -142,11 +145,9 @@ def _records_this_forward() -> bool:
 
 
 @torch.compiler.disable
-def _record(moe: MoE, counts: torch.Tensor, aux: torch.Tensor | None) -> None:
-    with torch.no_grad():
-        moe.tokens_per_expert.add_(counts)
-        if aux is not None:
-            moe.aux_loss_sum.add_(aux.detach())
+def _record(moe: MoE, tokens: int, counts: torch.Tensor, aux: torch.Tensor | None) -> None:
+    if moe.stats is not None and _records_this_forward():
+        moe.stats.append((tokens, counts.detach(), None if aux is None else aux.detach()))
 
 
 def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, batch: int, top_k: int) -> torch.Tensor:
@@ -157,8 +158,8 @@ def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, batch: in
     """
     n_experts = scores.shape[-1]
     probs = scores / scores.sum(dim=-1, keepdim=True)  # softmax scores are normalised already
-    mean_probs = probs.view(batch, -1, n_experts).mean(dim=1)
-    slots = experts.view(batch, -1)
+    mean_probs = probs.reshape(batch, -1, n_experts).mean(dim=1)
+    slots = experts.reshape(batch, -1)
     load = torch.zeros(batch, n_experts, device=scores.device, dtype=scores.dtype)
     load.scatter_add_(1, slots, torch.ones_like(slots, dtype=scores.dtype))
     load = load * (n_experts / slots.shape[1])
@@ -182,8 +183,9 @@ class MoE(nn.Module):
         #: callback sets the local batch size, so pipeline microbatches add up to the batch mean).
         self.aux_loss_weight = 0.0
         self.aux_batch_size: int | None = None
-        self.register_buffer("tokens_per_expert", torch.zeros(args.n_experts, dtype=torch.int64), persistent=False)
-        self.register_buffer("aux_loss_sum", torch.zeros((), dtype=torch.float32), persistent=False)
+        #: ``(tokens, tokens per expert, balance loss)`` of each forward since the router
+        #: callback last took them; ``None``: not recorded (no callback).
+        self.stats: list[tuple[int, torch.Tensor, torch.Tensor | None]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, _, dim = x.shape
@@ -203,8 +205,8 @@ class MoE(nn.Module):
             per_sequence = sequence_balance_loss(scores, experts, batch, self.top_k)
             aux = per_sequence.sum() * (self.aux_loss_weight / (self.aux_batch_size or batch))
             out = _AddAuxLoss.apply(out, aux)
-        if _records_this_forward():
-            _record(self, counts, aux)
+        if self.stats is not None:
+            _record(self, flat.shape[0], counts, aux)
         return out.view_as(x)
 
     def init_weights(self, std: float) -> None:
@@ -212,5 +214,3 @@ class MoE(nn.Module):
         self.experts.init_weights(std)
         if self.shared_expert is not None:
             self.shared_expert.init_weights(std)
-        self.tokens_per_expert.zero_()
-        self.aux_loss_sum.zero_()

@@ -17,6 +17,11 @@ rows (one reduce-scatter per sub-layer).
   sequence shard of the output; every rank computes the same values, so the router and expert
   gradients are the same on every rank and need no reduction.
 
+Weights that stay whole become replicated DTensors (:class:`_Replicated`, torchtitan's
+``NoParallel``): every parameter of a TP model is then a DTensor on the TP mesh, which the
+optimizer's multi-tensor kernels and gradient clipping need (they refuse to mix plain tensors with
+DTensors).
+
 Pipeline stages may lack ``tok_embeddings``, ``norm`` or ``output``; their entries are left out.
 """
 
@@ -24,11 +29,46 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from titan_plugins_moe.attention import MLAttention
 from titan_plugins_moe.flavors import check_tp
 from titan_plugins_moe.moe import MoE
+
+
+class _Replicated(ParallelStyle):
+    """The module's weights replicated on the TP mesh, computing on whole (plain) inputs.
+
+    Inputs that are plain tensors are taken as replicated (they are the same on every rank),
+    outputs are handed back as plain tensors. ``io=False`` only replicates the weights: for
+    modules that compute with ``to_local()`` weights themselves (:class:`GroupedExperts`).
+    """
+
+    def __init__(self, io: bool = True) -> None:
+        super().__init__()
+        self.io = io
+
+    @staticmethod
+    def _inputs(module: nn.Module, inputs: tuple[Any, ...], mesh: Any) -> tuple[Any, ...]:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        return tuple(
+            DTensor.from_local(x, mesh, [Replicate()], run_check=False) if isinstance(x, torch.Tensor) else x
+            for x in inputs
+        )
+
+    @staticmethod
+    def _output(module: nn.Module, output: Any, mesh: Any) -> Any:
+        return output.to_local()
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        from torch.distributed.tensor import distribute_module
+
+        if not self.io:
+            return distribute_module(module, device_mesh)
+        return distribute_module(module, device_mesh, None, self._inputs, self._output)
 
 
 def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
@@ -71,6 +111,9 @@ def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
             for name in ("wq", "wq_b", "wkv_b"):
                 if getattr(attention, name) is not None:
                     plan[f"attention.{name}"] = ColwiseParallel()
+            for name in ("wq_a", "q_norm", "wkv_a", "kv_norm"):
+                if getattr(attention, name) is not None:
+                    plan[f"attention.{name}"] = _Replicated()
             attention.tp_group = tp_mesh.get_group()
         else:
             plan["attention"] = PrepareModuleInput(
@@ -90,6 +133,10 @@ def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
                 desired_output_layouts=(Shard(1),),
                 use_local_output=True,
             )
+            plan["feed_forward.router.gate"] = _Replicated()
+            plan["feed_forward.experts"] = _Replicated(io=False)
+            if block.feed_forward.shared_expert is not None:
+                plan["feed_forward.shared_expert"] = _Replicated()
         else:
             plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
             plan.update(

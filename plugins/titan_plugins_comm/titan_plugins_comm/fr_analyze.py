@@ -241,11 +241,13 @@ def _verdict(groups: list[dict[str, Any]]) -> str:
                 f"{_collective_text(g['collective'])} that rank(s) {waiting} waited in"
             )
     for g in groups:
-        collective = _collective_text(g["collective"])
         if g["mismatch"]:
+            collective = _collective_text(g["collective"])
             return f"{_group_text(g)}: ranks {g['mismatch']} called a different collective at {collective}"
+    for g in groups:
         if g["stuck"]:
-            return f"{_group_text(g)}: ranks {g['stuck']} never completed {collective}"
+            return f"{_group_text(g)}: ranks {g['stuck']} never completed {_collective_text(g['collective'])}"
+    for g in groups:
         if g["missing_dumps"]:
             return f"{_group_text(g)}: no dump from ranks {g['missing_dumps']} (hung hard or killed first?)"
     return "every process group agrees: no rank is behind"

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -249,7 +248,7 @@ class DCPCheckpointer:
                 continue
             check_fit(path, saved_shapes(found.metadata, "model."), wanted)
             if found.meta.get("loss_finite") is False:
-                earlier = [n for n in names if n != step_name(step)]
+                earlier = [step_name(s) for s, _ in steps if s < step]
                 raise UsageError(
                     f"checkpoint {path} was saved after a non-finite loss (its meta.json says "
                     "loss_finite: false), so its weights cannot be trusted; move that folder out of "
@@ -258,7 +257,7 @@ class DCPCheckpointer:
             start = time.perf_counter()
             try:
                 loaded = self._restore(found, parts, optimizer, scheduler)
-            except CheckpointException as exc:
+            except dcp.CheckpointException as exc:
                 self._skip(path, f"reading its data failed ({_first_failure(exc)})", skipped)
                 continue
             event = "seed checkpoint loaded" if found.kind == "seed" else "checkpoint loaded"
@@ -353,13 +352,13 @@ class DCPCheckpointer:
         if problem is None:
             try:
                 _dcp(dcp.save, state, checkpoint_id=tmp)
-            except CheckpointException as exc:  # DCP raises it on every rank
+            except dcp.CheckpointException as exc:  # DCP raises it on every rank
                 rank, cause = _failure(exc)
                 problem = self._save_problem(step, cause, rank)
             if problem is None and self.rank == 0:
                 try:
                     if commit(tmp, final, text):
-                        log.warning("replaced a checkpoint folder resume had skipped", path=final)
+                        log.warning("replaced an existing checkpoint folder", path=final)
                 except OSError as exc:
                     problem = self._save_problem(step, exc, 0)
             problem = self.peers.broadcast(problem)
@@ -400,7 +399,7 @@ class DCPCheckpointer:
         }
 
 
-def _failure(exc: CheckpointException) -> tuple[int | None, BaseException]:
+def _failure(exc: dcp.CheckpointException) -> tuple[int | None, BaseException]:
     """The rank and exception of DCP's failure, a full disk first (it explains the others)."""
     failures = [(rank, pair[0]) for rank, pair in sorted(exc.failures.items())]
     for rank, error in failures:
@@ -409,7 +408,7 @@ def _failure(exc: CheckpointException) -> tuple[int | None, BaseException]:
     return failures[0] if failures else (None, exc)
 
 
-def _first_failure(exc: CheckpointException) -> str:
+def _first_failure(exc: dcp.CheckpointException) -> str:
     rank, error = _failure(exc)
     return f"rank {rank}: {type(error).__name__}: {str(error).strip()[:300]}"
 

@@ -104,15 +104,20 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is not None:
         config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
 
-    if out.exists():
-        for entry in out.iterdir():
-            if _OUTPUTS.match(entry.name) and entry.is_file():
-                entry.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    files = _write_safetensors(hf_state, out, args.dtype, max_shard)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if tokenizer is not None:
-        _write_tokenizer(tokenizer, out)
+    try:
+        if out.exists():  # --overwrite: no file of an earlier export may survive (stale shards)
+            for entry in out.iterdir():
+                if _OUTPUTS.match(entry.name) and entry.is_file():
+                    entry.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        files = _write_safetensors(hf_state, out, args.dtype, max_shard)
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if tokenizer is not None:
+            _write_tokenizer(tokenizer, out)
+    except OSError as exc:
+        raise UsageError(
+            f"export: cannot write {str(out)!r}: {exc}; free space or choose another folder"
+        ) from None
     print(
         f"exported {checkpoint} ({described}) to {out}: config.json, {len(files)} safetensors file(s)"
         + (", tokenizer" if tokenizer is not None else "")

@@ -4,6 +4,13 @@ Blocks are compiled one by one and in place (``nn.Module.compile``), as torchtit
 blocks share one compiled graph (they have the same structure), compilation stays short, FSDP
 still sees plain modules to shard, and state-dict keys gain no ``_orig_mod.`` prefix. Applied
 after activation checkpointing so the recomputed region is the compiled block.
+
+Nothing recompiles after the first step: dynamo inlines the blocks' modules (their parameters
+are graph inputs, not guarded constants), so every block reuses the graph of the first, and a
+block's inputs keep their shapes, dtypes and types from step to step. That includes a document
+mask that is new each batch (a boolean tensor on CPU, a flex-attention ``BlockMask`` built from a
+fresh closure on CUDA: dynamo guards on the closure's code, its tensors are inputs).
+``tests/plugins/parallel/test_compile.py`` counts the graphs over several steps.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import REPO, step_rows, titan_env
 from tests.parallel_harness import log_records
-from titan_plugins_memory.report import POINTS
 from titan_plugins_llama3.flavors import FLAVORS, Llama3Args
+from titan_plugins_memory.report import POINTS
 from titan_plugins_parallel.pipeline import split_layers
 
 RECIPES = '''

@@ -49,6 +49,8 @@ class Run:
     def step(self, i: int) -> float:
         g = torch.Generator().manual_seed(i)
         x, y = torch.randn(8, self.width, generator=g), torch.randn(8, self.width, generator=g)
+        device = next(self.model.parameters()).device
+        x, y = x.to(device), y.to(device)
         loss = ((self.model(x) - y) ** 2).mean()
         loss.backward()
         self.optimizer.step()
@@ -64,9 +66,11 @@ class Run:
         }
 
 
-def checkpointer(dump: Path, world_size: int = 1, rank: int = 0, **overrides: Any) -> DCPCheckpointer:
+def checkpointer(
+    dump: Path, world_size: int = 1, rank: int = 0, device: str = "cpu", **overrides: Any
+) -> DCPCheckpointer:
     config = tiny_config(**{"job.dump_folder": str(dump), "checkpoint.enable": True, **overrides})
-    return DCPCheckpointer(config, Topology(world_size, rank, rank, torch.device("cpu")))
+    return DCPCheckpointer(config, Topology(world_size, rank, rank, torch.device(device)))
 
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

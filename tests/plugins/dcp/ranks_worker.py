@@ -1,4 +1,5 @@
-"""Run under torchrun (2 ranks, gloo) by test_checkpoint_ranks.py: the checkpointer's faults
+"""Run under torchrun (2 ranks) by test_checkpoint_ranks.py (gloo, CPU) and
+bench/checkpoint_faults_cuda.py (NCCL, ``cuda`` as second argument): the checkpointer's faults
 when several ranks write and read one checkpoint. Each rank writes ``<out>/rank<R>.json``.
 
 Scenarios, in one launch (each in its own folder under ``<out>``):
@@ -10,6 +11,8 @@ Scenarios, in one launch (each in its own folder under ``<out>``):
 ``stages``
     Each rank holds different layers (as pipeline stages do): a load sees the whole model across
     ranks (no false "unexpected key"), and a checkpoint of 6 layers refused by a 4-layer split.
+``unshared``
+    The ranks' checkpoint folders differ (not a shared filesystem): every rank stops, none hangs.
 """
 
 from __future__ import annotations
@@ -42,13 +45,16 @@ def _full(self: FileSystem, path: Any, mode: str):
             yield stream
 
 
+DEVICE = "cpu"
+
+
 def _sharded(seed: int) -> Run:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(seed)
-    model = Net(3, 8)
-    mesh = init_device_mesh("cpu", (2,))
+    model = Net(3, 8).to(DEVICE)
+    mesh = init_device_mesh(DEVICE, (2,))
     for layer in model.layers.values():
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -58,7 +64,7 @@ def _sharded(seed: int) -> Run:
 def _stage(layers: int, rank: int, seed: int) -> Run:
     """Rank 0 holds the first half of ``layers``, rank 1 the rest (global block indices kept)."""
     torch.manual_seed(seed)
-    model = Net(layers, 4)
+    model = Net(layers, 4).to(DEVICE)
     half = layers // 2
     own = range(half) if rank == 0 else range(half, layers)
     model.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in own})
@@ -70,7 +76,7 @@ def _save(ck: Any, run: Run, step: int) -> None:
 
 
 def fsdp(out: Path, rank: int) -> dict[str, Any]:
-    ck = checkpointer(out, world_size=2, rank=rank, **{"checkpoint.interval": 1000})
+    ck = checkpointer(out, 2, rank, DEVICE, **{"checkpoint.interval": 1000})
     run = _sharded(0)
     result: dict[str, Any] = {}
     for step in (1, 2):
@@ -106,7 +112,7 @@ def fsdp(out: Path, rank: int) -> dict[str, Any]:
 
 
 def stages(out: Path, rank: int) -> dict[str, Any]:
-    ck = checkpointer(out, world_size=2, rank=rank, **{"checkpoint.interval": 1000})
+    ck = checkpointer(out, 2, rank, DEVICE, **{"checkpoint.interval": 1000})
     run = _stage(6, rank, 0)
     run.step(1)
     _save(ck, run, 1)
@@ -122,11 +128,33 @@ def stages(out: Path, rank: int) -> dict[str, Any]:
     return result
 
 
+def unshared(out: Path, rank: int) -> dict[str, Any]:
+    """Each rank has its own folder (a local disk per host): rank 0 sees a checkpoint, rank 1 none."""
+    ck = checkpointer(out / f"rank{rank}", 2, rank, DEVICE)
+    if rank == 0:
+        (out / "rank0" / "checkpoint" / "step-3").mkdir(parents=True)
+    dist.barrier()
+    run = Run(model=Net().to(DEVICE))
+    try:
+        ck.load(run.parts, run.optimizer, run.scheduler)
+        return {"error": None}
+    except TitanError as exc:
+        return {"error": str(exc)}
+
+
 def main() -> None:
+    global DEVICE
     out = Path(sys.argv[1])
-    dist.init_process_group("gloo")
+    DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    if DEVICE == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank = dist.get_rank()
-    results = {"fsdp": fsdp(out / "fsdp", rank), "stages": stages(out / "stages", rank)}
+    results = {
+        "fsdp": fsdp(out / "fsdp", rank),
+        "stages": stages(out / "stages", rank),
+        "unshared": unshared(out / "unshared", rank),
+    }
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()

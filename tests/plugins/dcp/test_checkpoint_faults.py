@@ -382,6 +382,8 @@ def test_a_save_replaces_a_leftover_and_a_skipped_damaged_folder(tmp_path: Path,
     assert listing(tmp_path) == ["step-2", "step-4", "step-6"]
     assert "junk" not in os.listdir(root / "step-6")
     assert (root / "step-4" / "meta.json").is_file()
+    assert [Path(e["path"]).name for e in events.of("replaced an existing checkpoint folder")] == ["step-4"]
+    assert not list(root.glob("*.old"))
     fresh = Run(seed=1)
     assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 6
 

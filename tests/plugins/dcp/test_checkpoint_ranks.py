@@ -57,3 +57,10 @@ def test_disjoint_stage_parts_load_strictly(ranks: list[dict]) -> None:
     refused = [rank["stages"]["refused"] for rank in ranks]
     assert refused[0] == refused[1]
     assert "4 tensors in it that the model lacks (model.layers.4.bias, model.layers.4.weight" in refused[0]
+
+
+def test_ranks_that_see_different_checkpoint_folders_all_stop(ranks: list[dict]) -> None:
+    for rank, result in enumerate(ranks):
+        error = result["unshared"]["error"]
+        assert error.startswith("checkpoint: the ranks see different checkpoints in /")
+        assert f"rank{rank}/checkpoint;" in error and "shared filesystem" in error

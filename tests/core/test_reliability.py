@@ -1,0 +1,178 @@
+"""The trainer's guards against silent wrong training and lost work (issue: trustworthy training)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_titan, titan_env
+from titan_core import Callback, hookimpl
+from titan_core._registry import Registry
+from titan_core.errors import UsageError
+from titan_core.trainer import Diverged, Trainer, train
+from titan_plugins_llama3.recipes import llama3_debugmodel
+
+
+def tiny(tmp_path: Path, steps: int = 6) -> object:
+    config = llama3_debugmodel()
+    config.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
+    config.training.steps = steps
+    config.training.seq_len = 32
+    config.training.local_batch_size = 2
+    config.data.bundled_documents = 200
+    config.job.dump_folder = str(tmp_path)
+    config.metrics.log_freq = 10
+    return config
+
+
+class _PoisonGradAt:
+    """A callback that makes one gradient NaN at ``step`` (what a diverging run looks like)."""
+
+    def __init__(self, step: int, seen: list[int]) -> None:
+        self.step, self.seen, self.trainer = step, seen, None
+
+    @hookimpl
+    def titan_callbacks(self) -> list[Callback]:
+        def build(trainer: object) -> object:
+            self.trainer = trainer
+            return self
+
+        return [Callback("poison", build)]
+
+    def after_forward_backward(self, step: int) -> None:
+        self.seen.append(step)
+        if step == self.step:
+            next(self.trainer.parts[0].parameters()).grad.fill_(float("nan"))
+
+
+def test_a_non_finite_grad_norm_stops_the_run_naming_its_step(tmp_path: Path) -> None:
+    registry = Registry().load_entry_points()
+    seen: list[int] = []
+    registry.register(_PoisonGradAt(3, seen), "poison")
+    with pytest.raises(Diverged, match="became non-finite .* at step 3; stopped at step 6"):
+        train(tiny(tmp_path), registry)  # log_freq 10: the flag is read at the last step only
+    assert seen == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_second_run_in_one_dump_folder_is_refused_naming_the_first(tmp_path: Path) -> None:
+    registry = Registry().load_entry_points()
+    first = Trainer(tiny(tmp_path, steps=1), registry)
+    try:
+        with pytest.raises(UsageError, match=rf"is in use by another run \(host .*, pid {os.getpid()}\)"):
+            Trainer(tiny(tmp_path, steps=1), registry)
+    finally:
+        first.close()
+    Trainer(tiny(tmp_path, steps=1), registry).close()  # released: the folder is free again
+
+
+def test_a_dump_folder_under_a_file_is_one_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    config = tiny(tmp_path / "file" / "out", steps=1)
+    with pytest.raises(UsageError, match="job.dump_folder: cannot create"):
+        Trainer(config, Registry().load_entry_points())
+
+
+def test_pure_fake_under_torchrun_is_a_launch_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("NGPU", "4")
+    config = tiny(tmp_path, steps=1)
+    config.comm.backend = "fake"
+    with pytest.raises(UsageError, match="comm backend 'fake' runs as ONE process, but WORLD_SIZE=2"):
+        Trainer(config, Registry().load_entry_points())
+
+
+LONG = """
+from titan_plugins_llama3.recipes import llama3_debugmodel
+
+
+def long():
+    c = llama3_debugmodel()
+    c.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
+    c.training.steps = 100000
+    c.training.seq_len = 32
+    c.training.local_batch_size = 2
+    c.data.bundled_documents = 200
+    c.metrics.log_freq = 1
+    return c
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code", "expected"), [(signal.SIGINT, 130, "interrupted (Ctrl-C)")])
+def test_a_signal_ends_the_run_with_one_line(tmp_path: Path, sig: int, code: int, expected: str) -> None:
+    (tmp_path / "long_recipe.py").write_text(LONG)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "titan_core.cli", "run", "--module", "long_recipe", "--recipe", "long"],
+        cwd=tmp_path,
+        env=titan_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait for the first step
+        if '"event": "step"' in line:
+            break
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert expected in stderr and "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+class _SigtermAt:
+    """Sends this process SIGTERM during ``step`` (what SLURM/Kubernetes do before preemption)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookimpl
+    def titan_callbacks(self) -> list[Callback]:
+        return [Callback("sigterm", lambda trainer: self)]
+
+    def after_optimizer_step(self, step: int) -> None:
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_finishes_the_step_then_stops_with_one_error(tmp_path: Path) -> None:
+    from titan_core.trainer import Terminated
+
+    registry = Registry().load_entry_points()
+    registry.register(_SigtermAt(2), "sigterm")
+    with pytest.raises(Terminated, match="stopped by SIGTERM at step 2; run the same command to resume"):
+        train(tiny(tmp_path), registry)
+    assert Terminated.exit_code == 143
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2  # steps 1 and 2 were logged: the step in flight completed
+
+
+def test_recipes_list_finds_a_module_in_the_current_folder(tmp_path: Path) -> None:
+    (tmp_path / "here_recipes.py").write_text("from titan_plugins_llama3.recipes import llama3_debugmodel\n\n\ndef mine():\n    return llama3_debugmodel()\n")
+    result = run_titan("recipes", "list", "--module", "here_recipes", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "mine" in result.stdout
+
+
+def test_piping_into_head_ends_quietly() -> None:
+    titan = Path(sys.executable).parent / "titan"
+    result = subprocess.run(
+        f"'{titan}' models list | head -1", shell=True, capture_output=True, text=True, env=titan_env()
+    )
+    assert result.stdout.startswith("MODEL") and result.stderr == ""
+
+
+@pytest.mark.parametrize("command", ["plugins", "models", "recipes"])
+def test_a_group_command_alone_shows_its_help(command: str) -> None:
+    result = run_titan(command)
+    assert result.returncode == 0
+    assert "list" in result.stdout and "usage:" in result.stdout
+
+

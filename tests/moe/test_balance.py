@@ -1,0 +1,231 @@
+"""Load balancing and router statistics: the sequence-wise balance loss, its gradient injection,
+the expert-bias update, what a step records (and what it must not), the ``moe`` config checks."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import attrs
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from titan_plugins_moe import config as moe_config
+from titan_plugins_moe.balance import RouterCallback, take_step
+from titan_plugins_moe.config import MoEConfig
+from titan_plugins_moe.flavors import FLAVORS, MoEArgs
+from titan_plugins_moe.model import MoE, MoETransformer
+from titan_plugins_moe.moe import sequence_balance_loss
+
+ARGS = attrs.evolve(
+    FLAVORS["deepseek_v3_debugmodel"], dim=32, n_heads=4, vocab_size=64, n_layers=3, n_experts=8, top_k=2
+)
+
+
+def build(args: MoEArgs = ARGS, seed: int = 0) -> MoETransformer:
+    with torch.device("meta"):
+        model = MoETransformer(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    return model
+
+
+def layer(model: MoETransformer, i: int = 1) -> MoE:
+    moe = model.layers[str(i)].feed_forward
+    assert isinstance(moe, MoE)
+    return moe
+
+
+def fake_trainer(model: torch.nn.Module, settings: MoEConfig, batch: int, seq: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        parts=[model],
+        config=SimpleNamespace(moe=settings, training=SimpleNamespace(local_batch_size=batch, seq_len=seq)),
+        parallel_dims=SimpleNamespace(dp=1, cp=1),
+        mesh=None,
+        device=torch.device("cpu"),
+    )
+
+
+# -- the sequence-wise balance loss -------------------------------------------------------------
+
+
+def test_balance_loss_is_one_when_balanced_and_grows_with_skew() -> None:
+    batch, seq, experts, k = 2, 8, 4, 2
+    uniform = torch.full((batch * seq, experts), 1 / experts)
+    # Every expert gets seq * k / experts slots of each sequence.
+    balanced = torch.tensor([[0, 1], [2, 3]] * (batch * seq // 2))
+    torch.testing.assert_close(sequence_balance_loss(uniform, balanced, batch, k), torch.ones(batch))
+    skewed_scores = torch.tensor([[0.7, 0.1, 0.1, 0.1]]).expand(batch * seq, -1)
+    skewed = torch.tensor([[0, 1]]).expand(batch * seq, -1)
+    # f = (2, 2, 0, 0), P = (0.7, 0.1, 0.1, 0.1): sum f*P = 1.6
+    torch.testing.assert_close(sequence_balance_loss(skewed_scores, skewed, batch, k), torch.full((batch,), 1.6))
+
+
+def test_balance_loss_normalises_sigmoid_scores() -> None:
+    scores = torch.rand(6, 4) + 0.1
+    experts = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]])
+    got = sequence_balance_loss(scores, experts, 1, 2)
+    assert torch.allclose(got, sequence_balance_loss(scores / scores.sum(-1, keepdim=True), experts, 1, 2))
+
+
+def test_aux_loss_gradient_is_that_of_the_added_term() -> None:
+    """The injected gradient equals backpropagating ``out.sum() + weight * mean balance loss``."""
+    model = build()
+    moe = layer(model)
+    x = torch.randn(3, 5, ARGS.dim)
+    moe.aux_loss_weight = 0.3
+    moe(x).sum().backward()
+    injected = moe.router.gate.weight.grad.clone()
+    moe.zero_grad()
+    moe.aux_loss_weight = 0.0
+    out = moe(x)
+    _, experts, scores = moe.router(x.reshape(-1, ARGS.dim))
+    aux = 0.3 * sequence_balance_loss(scores, experts, 3, ARGS.top_k).mean()
+    (out.sum() + aux).backward()
+    torch.testing.assert_close(injected, moe.router.gate.weight.grad)
+    assert not torch.equal(injected, torch.zeros_like(injected))
+
+
+def test_aux_loss_of_microbatches_adds_up_to_the_batch_mean() -> None:
+    """With ``aux_batch_size`` = the local batch, pipeline microbatches give the batch's gradient."""
+    model = build()
+    moe = layer(model)
+    moe.aux_loss_weight, moe.aux_batch_size = 0.5, 4
+    x = torch.randn(4, 6, ARGS.dim)
+    moe(x).sum().backward()
+    whole = moe.router.gate.weight.grad.clone()
+    moe.zero_grad()
+    for half in x.split(2):
+        moe(half).sum().backward()
+    torch.testing.assert_close(moe.router.gate.weight.grad, whole)
+
+
+# -- what a step records -------------------------------------------------------------------------
+
+
+def test_recorded_once_per_training_forward_not_under_no_grad_or_recomputation() -> None:
+    model = build()
+    moe = layer(model)
+    moe.stats = []
+    x = torch.randn(2, 4, ARGS.dim, requires_grad=True)
+    with torch.no_grad():
+        moe(x)
+    assert moe.stats == []
+    checkpoint(moe, x, use_reentrant=False).sum().backward()  # forward again inside backward
+    assert len(moe.stats) == 1
+    tokens, counts, aux = moe.stats[0]
+    assert tokens == 8 and int(counts.sum()) == 8 * ARGS.top_k and aux is None
+
+
+def test_a_surplus_forward_before_the_step_is_dropped() -> None:
+    """torch's pipeline schedules run a metadata-inference forward on placeholders first."""
+    moe = layer(build())
+    garbage, real_a, real_b = torch.tensor([9, 0]), torch.tensor([1, 3]), torch.tensor([2, 2])
+    moe.stats = [(2, garbage, None), (2, real_a, torch.tensor(0.5)), (2, real_b, torch.tensor(0.25))]
+    counts, aux = take_step(moe, tokens=4)
+    assert counts.tolist() == [3, 5] and float(aux) == 0.75
+    assert moe.stats == []
+
+
+# -- the bias update and the statistics ---------------------------------------------------------------
+
+
+def skewed_model() -> MoETransformer:
+    model = build(attrs.evolve(ARGS, n_expert_groups=1, n_limited_groups=1))
+    with torch.no_grad():  # every token prefers experts 0 and 1
+        for i in (1, 2):
+            layer(model, i).router.gate.weight[:2] += 0.5 * torch.ones(ARGS.dim)
+    return model
+
+
+def test_bias_update_moves_a_skewed_router_towards_balance() -> None:
+    model = skewed_model()
+    batch, seq = 4, 16
+    callback = RouterCallback.build(fake_trainer(model, MoEConfig(bias_update_rate=0.02), batch, seq))
+    x = torch.ones(batch, seq, ARGS.dim) + 0.3 * torch.randn(batch, seq, ARGS.dim)
+    history = []
+    for step in range(1, 61):
+        layer(model)(x)
+        layer(model, 2)(x)
+        callback.after_optimizer_step(step)
+        if step in (1, 60):
+            history.append(callback.metrics(step))
+    first, last = history
+    assert first["moe/layer1/imbalance"] > 3.0  # 2 of 8 experts take nearly all slots
+    for i in (1, 2):
+        assert last[f"moe/layer{i}/imbalance"] < min(2.0, first[f"moe/layer{i}/imbalance"] / 2)
+    assert last["moe/layer1/tokens_min"] > 0
+    bias = layer(model).router.expert_bias
+    assert bias[:2].max() < 0 < bias[2:].max()  # favoured experts pushed down, others up
+    assert abs(float(bias.mean())) < 1e-6  # centred
+    # The bias changes the choice only: the weights stay the unbiased scores.
+    weights, experts, scores = layer(model).router(x.reshape(-1, ARGS.dim))
+    torch.testing.assert_close(weights, 2.5 * scores.gather(1, experts) / scores.gather(1, experts).sum(-1, keepdim=True))
+
+
+def test_statistics_summarise_the_interval_per_step() -> None:
+    model = build()
+    callback = RouterCallback.build(fake_trainer(model, MoEConfig(), batch=1, seq=4))
+    moe1, moe2 = layer(model, 1), layer(model, 2)
+    n = ARGS.n_experts
+    for step in (1, 2):
+        moe1.stats.append((4, torch.tensor([8] + [0] * (n - 1)), None))  # all 8 slots on expert 0
+        moe2.stats.append((4, torch.tensor([1] * n), None))
+        callback.after_optimizer_step(step)
+    row = callback.metrics(2)
+    assert row["moe/layer1/imbalance"] == n and row["moe/layer1/tokens_max"] == 8 and row["moe/layer1/tokens_min"] == 0
+    assert row["moe/layer2/imbalance"] == 1.0 and row["moe/layer2/tokens_max"] == 1.0
+    assert row["moe/imbalance_max"] == n and row["moe/imbalance_mean"] == (n + 1) / 2
+    assert "moe/aux_loss" not in row and "moe/expert_bias_absmax" not in row
+    # The interval restarts after a log.
+    moe1.stats.append((4, torch.tensor([1] * n), None))
+    moe2.stats.append((4, torch.tensor([1] * n), None))
+    callback.after_optimizer_step(3)
+    assert callback.metrics(3)["moe/imbalance_max"] == 1.0
+    summary = RouterCallback.build(fake_trainer(model, MoEConfig(router_stats="summary"), 1, 4))
+    assert not any("layer" in k for k in summary.metrics(1))
+
+
+def test_callback_sets_the_loss_weight_and_is_absent_when_nothing_is_asked() -> None:
+    model = build()
+    off = MoEConfig(router_stats="off")
+    assert RouterCallback.build(fake_trainer(model, off, 8, 16)) is None
+    assert layer(model).stats is None  # nothing is recorded either
+    callback = RouterCallback.build(fake_trainer(model, MoEConfig(aux_loss_weight=0.01, router_stats="off"), 8, 16))
+    assert callback is not None
+    assert (layer(model).aux_loss_weight, layer(model).aux_batch_size) == (0.01, 8)
+    llama_like = torch.nn.Linear(2, 2)
+    assert RouterCallback.build(fake_trainer(llama_like, MoEConfig(bias_update_rate=0.1), 8, 16)) is None
+
+
+def test_the_aux_loss_is_reported() -> None:
+    model = build()
+    callback = RouterCallback.build(fake_trainer(model, MoEConfig(aux_loss_weight=0.01), batch=2, seq=8))
+    tokens = torch.randint(0, ARGS.vocab_size, (2, 8))
+    F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    callback.after_optimizer_step(1)
+    row = callback.metrics(1)
+    # Two MoE layers, each ~0.01 x (balance loss >= ~1).
+    assert 0.015 < row["moe/aux_loss"] < 0.1
+
+
+# -- config ------------------------------------------------------------------------------------------
+
+
+def test_balancing_without_a_moe_model_is_a_config_error() -> None:
+    cfg = SimpleNamespace(model=SimpleNamespace(name="llama3"), moe=MoEConfig(aux_loss_weight=0.01))
+    (problem,) = moe_config.check(cfg)
+    assert problem.startswith("moe.aux_loss_weight: set to 0.01, but model.name = 'llama3' has no routed experts")
+    assert moe_config.check(SimpleNamespace(model=SimpleNamespace(name="moe"), moe=cfg.moe)) == []
+
+
+def test_bad_values_fail_on_the_field() -> None:
+    from titan_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"bias_update_rate: expected a number >= 0, got -0.1"):
+        MoEConfig(bias_update_rate=-0.1)
+    with pytest.raises(ConfigError, match=r"router_stats: expected one of off, summary, per_layer"):
+        MoEConfig(router_stats="all")

@@ -1,0 +1,103 @@
+"""The new architectures under parallel layouts: per-step losses and gradient norms equal to one
+process (losses within 1e-4) from the same seed checkpoint, with both balancing methods on (the
+bias update's token counts are summed over the data-parallel ranks; the balance loss of pipeline
+microbatches adds up to the batch mean).
+
+EP 2 (experts sharded, dense weights FSDP 2), EP 2 with expert FSDP 2 (4 ranks), TP 2 (with
+sequence and loss parallel) and PP 2 for DeepSeek-V3's shape (MLA, group-limited sigmoid routing,
+shared expert, dense first layer); EP 2 and TP 2 for Qwen3-MoE's (q/k norm, explicit head_dim).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.parallel_harness import GLOBAL_BATCH, write_seed_checkpoint
+from tests.plugins.parallel.rows import assert_rows_close, layout_rows
+
+BALANCING = {"moe.bias_update_rate": 0.01, "moe.aux_loss_weight": 0.01}
+
+ARCHS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": {
+        "model.name": "moe",
+        "model.flavor": "deepseek_v3_debugmodel",
+        "model.overrides": {
+            "dim": 64,
+            "n_layers": 4,
+            "n_heads": 4,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "n_experts": 4,
+            "top_k": 2,
+            "expert_hidden_dim": 32,
+            "shared_expert_hidden_dim": 32,
+            "n_expert_groups": 2,
+            "n_limited_groups": 1,
+            "dense_hidden_dim": 64,
+        },
+        **BALANCING,
+    },
+    "qwen3": {
+        "model.name": "moe",
+        "model.flavor": "qwen3_debugmodel",
+        "model.overrides": {
+            "dim": 64,
+            "n_layers": 4,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "head_dim": 24,
+            "n_experts": 4,
+            "top_k": 2,
+            "expert_hidden_dim": 32,
+            "n_dense_layers": 1,
+            "dense_hidden_dim": 64,
+        },
+        **BALANCING,
+    },
+}
+
+LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
+    "ep2": (2, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 2}),
+    "ep2_efsdp2": (4, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 4}),
+    "tp2": (2, {"parallelism.tp": 2}),
+    "pp2": (2, {"parallelism.pp": 2}),
+}
+
+CASES = [
+    ("deepseek_v3", "ep2"),
+    ("deepseek_v3", "ep2_efsdp2"),
+    ("deepseek_v3", "tp2"),
+    ("deepseek_v3", "pp2"),
+    ("qwen3", "ep2"),
+    ("qwen3", "tp2"),
+]
+
+_SEEDS: dict[str, Path] = {}
+_REFERENCE: dict[str, list[dict[str, Any]]] = {}
+
+
+def reference(arch: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """The seed checkpoint of ``arch`` and its one-process step records (once per session)."""
+    if arch not in _SEEDS:
+        folder = tmp_path_factory.mktemp(f"moe_{arch}")
+        _SEEDS[arch] = write_seed_checkpoint(folder / "seed.pt", **ARCHS[arch])
+        _REFERENCE[arch] = layout_rows(folder / "one", 1, _SEEDS[arch], ARCHS[arch])
+    return _SEEDS[arch], _REFERENCE[arch]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "layout"), CASES)
+def test_layout_matches_one_process(
+    arch: str, layout: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    seed, expected = reference(arch, tmp_path_factory)
+    nproc, overrides = LAYOUTS[layout]
+    rank = 1 if layout == "pp2" else 0  # the last stage logs the loss
+    rows = layout_rows(tmp_path, nproc, seed, {**ARCHS[arch], **overrides}, rank=rank)
+    assert_rows_close(rows, expected)

@@ -1,0 +1,153 @@
+"""``titan compare`` (loss curves of runs) and ``titan memory compare`` (two memory reports) on the
+files runs write: metrics.jsonl and config.toml, memory_report_rank<r>.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PIL import Image
+
+from tests.conftest import run_titan
+
+LOSSES = [10.0, 8.0, 6.5, 5.75, 5.25]
+NORMS = [2.0, 1.5, 1.25, 1.0, 0.9]
+
+
+def write_run(folder: Path, losses: list[float], norms: list[float], *, warn_only: bool = False) -> Path:
+    folder.mkdir(parents=True)
+    rows = [
+        {"step": i + 1, "loss": loss, "grad_norm": g, "lr": 1e-3}
+        for i, (loss, g) in enumerate(zip(losses, norms, strict=True))
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "config.toml").write_text(
+        f'recipe = "r"\n\n[debug]\ndeterministic = true\ndeterministic_warn_only = {str(warn_only).lower()}\n'
+    )
+    return folder
+
+
+def test_equal_runs_pass_and_a_perturbed_one_fails_beyond_rtol(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    same = write_run(tmp_path / "fsdp2", [x * (1 + 1e-7) for x in LOSSES], NORMS)
+    perturbed = [*LOSSES[:3], LOSSES[3] * 1.01, LOSSES[4]]
+    off = write_run(tmp_path / "tp2", perturbed, NORMS)
+
+    ok = run_titan("compare", str(ref), str(same), "--rtol", "1e-5")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "OK: every step within rtol 1e-05, atol 0" in ok.stdout
+    fail = run_titan("compare", str(ref), str(same), str(off), "--rtol", "1e-3")
+    assert fail.returncode == 1, fail.stdout + fail.stderr
+    assert "FAILED (rtol 0.001, atol 0): 1 value(s) beyond the tolerance" in fail.stdout
+    assert "tp2: loss at step 4 is 5.8075, the reference ref has 5.75" in fail.stdout
+    assert "tp2 loss: 0.0575 at step 4" in fail.stdout  # the largest difference
+    # side by side: step 4's row has the three losses and the differences to the reference
+    row = next(line for line in fail.stdout.splitlines() if line.split()[:1] == ["4"])
+    assert "5.750000" in row and "5.807500 (+5.75e-02)" in row
+    # without a tolerance it only shows the curves
+    look = run_titan("compare", str(ref), str(off))
+    assert look.returncode == 0 and "FAILED" not in look.stdout
+
+
+def test_missing_steps_and_atol(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    short = write_run(tmp_path / "short", LOSSES[:3], NORMS[:3])
+    result = run_titan("compare", str(ref), str(short), "--atol", "1")
+    assert result.returncode == 1 and "short: no loss at step 4" in result.stdout
+    close = write_run(tmp_path / "close", [x + 0.5 for x in LOSSES], NORMS)
+    assert run_titan("compare", str(ref), str(close), "--atol", "0.6").returncode == 0
+    assert run_titan("compare", str(ref), str(close), "--atol", "0.4").returncode == 1
+    assert (
+        run_titan("compare", str(ref), str(close), "--atol", "0.6", "--metrics", "grad_norm").returncode == 0
+    )
+
+
+def test_plot_is_a_png_with_a_line_per_run(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    other = write_run(tmp_path / "other", [x + 1 for x in LOSSES], NORMS)
+    out = tmp_path / "curves.png"
+    result = run_titan("compare", str(ref), str(other), "--plot", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"plot written: {out}" in result.stdout
+    image = Image.open(out)
+    assert image.format == "PNG" and image.size[0] >= 600
+    colors = {c for _, c in image.convert("RGB").getcolors(maxcolors=1 << 20)}
+    assert (0x1F, 0x77, 0xB4) in colors and (0xFF, 0x7F, 0x0E) in colors  # the two runs' lines
+
+
+def test_refuses_deterministic_warn_only_runs_when_asserting(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    loose = write_run(tmp_path / "loose", LOSSES, NORMS, warn_only=True)
+    result = run_titan("compare", str(ref), str(loose), "--rtol", "1e-4")
+    assert result.returncode == 2
+    assert "made with debug.deterministic_warn_only = true" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert run_titan("compare", str(ref), str(loose)).returncode == 0  # looking is fine
+
+
+def test_bad_run_folder_is_one_line(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    result = run_titan("compare", str(ref), str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "no metrics.jsonl" in result.stderr
+    assert run_titan("compare", str(ref)).returncode == 2  # one run is nothing to compare
+
+
+def _report(path: Path, dp_shard: int, pp: int, peak: int, optim: int) -> Path:
+    def obs(point: str, step: int, grads: int) -> dict:
+        return {
+            "point": point,
+            "step": step,
+            "params_bytes": 1000,
+            "grads_bytes": grads,
+            "optimizer_state_bytes": optim,
+            "peak_bytes": peak if point == "steady_forward_backward" else 3000,
+        }
+
+    data = {
+        "recipe": "r",
+        "model": "llama3/debugmodel",
+        "degrees": {"pp": pp, "dp_shard": dp_shard, "tp": 1},
+        "pp_schedule": "1F1B" if pp > 1 else None,
+        "config_hash": f"h{dp_shard}{pp}",
+        "peak_bytes": peak,
+        "observations": [
+            obs("after_init", 0, 0),
+            obs("after_optimizer_warmup", 0, 0),
+            obs("steady_forward_backward", 1, 1000),
+            obs("after_optimizer_step", 1, 1000),
+        ],
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_memory_compare_shows_points_side_by_side(tmp_path: Path) -> None:
+    MiB = 1024**2
+    a = _report(tmp_path / "fsdp4.json", 4, 1, 100 * MiB, 2 * MiB)
+    b = _report(tmp_path / "pp2.json", 2, 2, 150 * MiB, 4 * MiB)
+    result = run_titan("memory", "compare", str(a), str(b))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "configuration differences:" in out
+    degrees = next(line for line in out.splitlines() if line.startswith("degrees"))
+    assert "dp_shard=4" in degrees and "pp=2 dp_shard=2" in degrees
+    assert next(line for line in out.splitlines() if line.startswith("pp_schedule")).split()[1:] == [
+        "-",
+        "1F1B",
+    ]
+    steady = next(line for line in out.splitlines() if line.startswith("steady_forward_backward"))
+    assert steady.split()[-4:] == ["0.0", "0.0", "+0.0", "1.000"]  # its first figure: params
+    peak = [line for line in out.splitlines() if " peak " in f" {line} " and "steady" not in line]
+    assert any("100.0" in line and "150.0" in line and "+50.0" in line and "1.500" in line for line in peak)
+    assert out.splitlines()[-1] == "peak: A 100.0 MiB, B 150.0 MiB (B - A = +50.0 MiB, +50.0%)"
+    data = json.loads(run_titan("memory", "compare", str(a), str(b), "--json").stdout)
+    assert [p["point"] for p in data["points"]] == [
+        "after_init",
+        "after_optimizer_warmup",
+        "steady_forward_backward",
+        "after_optimizer_step",
+    ]
+    optim = next(f for f in data["points"][1]["figures"] if f["figure"] == "optimizer_state_bytes")
+    assert (optim["a"], optim["b"], optim["diff"], optim["ratio"]) == (2 * MiB, 4 * MiB, 2 * MiB, 2.0)
+    bad = run_titan("memory", "compare", str(a), str(tmp_path / "none.json"))
+    assert bad.returncode == 2 and "no such file" in bad.stderr
