@@ -67,3 +67,32 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             capture_output=True,
         )
     return target
+
+
+def tiny_llama3(dump_folder: Path | str, steps: int = 4) -> object:
+    """The tiny Llama 3 config of one-process tests (2 blocks of dim 64, 32-token sequences)."""
+    from titan_plugins_llama3.recipes import llama3_debugmodel
+
+    config = llama3_debugmodel()
+    config.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
+    config.training.steps = steps
+    config.training.seq_len = 32
+    config.training.local_batch_size = 2
+    config.data.bundled_documents = 200
+    config.job.dump_folder = str(dump_folder)
+    config.metrics.enable_tensorboard = False
+    return config
+
+
+def tiny_recipe_source(name: str, steps: int, extra: str = "") -> str:
+    """A user recipe module (source text) defining ``name()``: the tiny Llama 3, ``steps`` steps."""
+    return (
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n\n"
+        f"def {name}():\n"
+        "    c = llama3_debugmodel()\n"
+        '    c.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}\n'
+        f"    c.training.steps, c.training.seq_len, c.training.local_batch_size = {steps}, 32, 2\n"
+        "    c.data.bundled_documents, c.metrics.log_freq = 200, 1\n"
+        f"{extra}"
+        "    return c\n\n\n"
+    )

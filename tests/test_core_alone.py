@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 
+# The venv does not hold titan's tests: the recipe is written out whole.
 RECIPE = """
 from titan_plugins_llama3.recipes import llama3_debugmodel
 
@@ -22,11 +23,8 @@ from titan_plugins_llama3.recipes import llama3_debugmodel
 def short():
     c = llama3_debugmodel()
     c.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
-    c.training.steps = 3
-    c.training.seq_len = 32
-    c.training.local_batch_size = 2
-    c.data.bundled_documents = 200
-    c.metrics.log_freq = 1
+    c.training.steps, c.training.seq_len, c.training.local_batch_size = 3, 32, 2
+    c.data.bundled_documents, c.metrics.log_freq = 200, 1
     return c
 """
 
@@ -46,12 +44,23 @@ def test_core_and_llama3_alone_train(tmp_path: Path) -> None:
         timeout=1200,
     )
     assert install.returncode == 0, install.stderr[-3000:]
-    listed = subprocess.run([str(venv / "bin" / "titan"), "plugins", "list", "--json"], capture_output=True, text=True)
+    listed = subprocess.run(
+        [str(venv / "bin" / "titan"), "plugins", "list", "--json"], capture_output=True, text=True
+    )
     names = sorted(p["name"] for p in json.loads(listed.stdout))
     assert names == ["core", "llama3"], names
     (tmp_path / "short_recipe.py").write_text(RECIPE)
     run = subprocess.run(
-        [str(venv / "bin" / "titan"), "run", "--module", "short_recipe", "--recipe", "short", "--dump-folder", "out"],
+        [
+            str(venv / "bin" / "titan"),
+            "run",
+            "--module",
+            "short_recipe",
+            "--recipe",
+            "short",
+            "--dump-folder",
+            "out",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -33,8 +33,8 @@ def main() -> int:
 __all__ = [
     "Callback",
     "Checkpointer",
-    "Command",
     "CommBackend",
+    "Command",
     "ConfigSection",
     "Dataset",
     "ModelSpec",

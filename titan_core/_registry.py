@@ -220,7 +220,7 @@ class Registry:
         from titan_core.config import register_section_name
 
         sections = {}
-        for name, provided in self._gather("config_sections").items():
+        for provided in self._gather("config_sections").values():
             if provided.rivals:
                 raise PluginError(_conflict_message("config section", provided))
             register_section_name(provided.record.name, provided.record.cls)

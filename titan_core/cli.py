@@ -42,14 +42,19 @@ def build_parser(registry: Any) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
     for name, command in commands.items():
         child = sub.add_parser(name, help=command.help, description=command.description or command.help)
-        child.add_argument("--disable-plugin", action="append", default=argparse.SUPPRESS, metavar="NAME", help=DISABLE_HELP)
+        child.add_argument(
+            "--disable-plugin", action="append", default=argparse.SUPPRESS, metavar="NAME", help=DISABLE_HELP
+        )
         try:
             command.configure(child)
         except Exception as exc:  # a broken plugin command must not take the whole CLI down
             from titan_core.errors import describe
 
             provider = registry.provider("commands", name)
-            print(f"titan: warning: command {name!r} of plugin {provider.name!r} failed: {describe(exc)}", file=sys.stderr)
+            print(
+                f"titan: warning: command {name!r} of plugin {provider.name!r} failed: {describe(exc)}",
+                file=sys.stderr,
+            )
         child.set_defaults(_command=command, _parser=child)
     return parser
 
@@ -183,7 +188,9 @@ def recipes_command(args: argparse.Namespace) -> int:
             for r in registry.records("recipes").values()
         }
     if args.json:
-        rows = [{"name": n, "source": s, "description": r.description} for n, (r, s) in sorted(recipes.items())]
+        rows = [
+            {"name": n, "source": s, "description": r.description} for n, (r, s) in sorted(recipes.items())
+        ]
         print(json.dumps(rows, indent=2))
         return 0
     table = [("RECIPE", "FROM", "DESCRIPTION")]
@@ -213,7 +220,13 @@ def models_command(args: argparse.Namespace) -> int:
             total = spec.num_params(flavor_args, True)
             active = spec.num_active_params(flavor_args) if spec.num_active_params else total
             rows.append(
-                {"model": spec.name, "flavor": flavor, "params": total, "active_params": active, "plugin": provider.name}
+                {
+                    "model": spec.name,
+                    "flavor": flavor,
+                    "params": total,
+                    "active_params": active,
+                    "plugin": provider.name,
+                }
             )
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -81,7 +81,9 @@ def init(config: TrainerConfig) -> Topology:
         after_first_step=(lambda mesh: shorten_timeouts(config, device, mesh_groups(mesh)))
         if world_size > 1
         else None,
-        on_shutdown=lambda completed: end_process_groups(completed, barrier_group=None if world_size > 1 else False),
+        on_shutdown=lambda completed: end_process_groups(
+            completed, barrier_group=None if world_size > 1 else False
+        ),
     )
 
 

@@ -413,7 +413,9 @@ def register_section_name(name: str, cls: type) -> None:
     if name in CORE_SECTIONS:
         raise PluginError(f"config section {name!r} is titan's own; a plugin cannot replace it")
     if not attrs.has(cls):
-        raise PluginError(f"config section {name!r}: {cls!r} is not a class made with titan_core.config.section")
+        raise PluginError(
+            f"config section {name!r}: {cls!r} is not a class made with titan_core.config.section"
+        )
     _SECTION_NAMES[cls] = name
 
 
@@ -474,7 +476,9 @@ class TrainerConfig:
 
 def _unknown_section(name: str) -> str:
     known = ", ".join([*CORE_SECTIONS, *sorted(plugin_sections())])
-    return f"{name}: no config section of that name; sections: {known} (is the plugin that adds it installed?)"
+    return (
+        f"{name}: no config section of that name; sections: {known} (is the plugin that adds it installed?)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,7 +94,9 @@ class ParallelContext:
     applied: list[str] = attrs.field(factory=list)
     _step_builder: tuple[str, Callable[..., StepFn]] | None = None
 
-    def replace_forward_backward(self, owner: str, build: Callable[[list[nn.Module], Callable], StepFn]) -> None:
+    def replace_forward_backward(
+        self, owner: str, build: Callable[[list[nn.Module], Callable], StepFn]
+    ) -> None:
         """Replace the trainer's forward/backward: ``build(parts, loss_fn) -> step``.
 
         ``build`` is called once the parts are materialised; ``step(inputs, labels, kwargs)``
@@ -142,6 +144,8 @@ def unhandled_dims(parallel_dims: ParallelDims, chosen: list[Strategy]) -> list[
     Asked of the records, not of their names: a run with ``tp = 2`` and no strategy handling
     ``tp`` would otherwise train as if it had one rank.
     """
-    needed = [d for d in ("pp", "tp", "ep", "cp", "dp_shard", "dp_replicate") if getattr(parallel_dims, d) > 1]
+    needed = [
+        d for d in ("pp", "tp", "ep", "cp", "dp_shard", "dp_replicate") if getattr(parallel_dims, d) > 1
+    ]
     handled = {dim for s in chosen for dim in s.handles}
     return [d for d in needed if d not in handled]

@@ -55,7 +55,9 @@ def configure(parser: argparse.ArgumentParser, run_options: list[Any] = ()) -> N
         help="override job.dump_folder (where logs, metrics and reports go)",
     )
     for option in run_options:
-        parser.add_argument(option.flag, action="store_true", dest=f"run_option_{option.name}", help=option.help)
+        parser.add_argument(
+            option.flag, action="store_true", dest=f"run_option_{option.name}", help=option.help
+        )
 
 
 def resolve_config(args: argparse.Namespace, registry: Any) -> Any:

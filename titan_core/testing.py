@@ -93,13 +93,17 @@ def check_model_spec(
             problems.append(f"forward pass failed: {type(exc).__name__}: {exc}")
         else:
             if tuple(logits.shape) != (batch_size, seq_len, vocab):
-                problems.append(f"forward returned shape {tuple(logits.shape)}, expected {(batch_size, seq_len, vocab)}")
+                problems.append(
+                    f"forward returned shape {tuple(logits.shape)}, expected {(batch_size, seq_len, vocab)}"
+                )
             elif not torch.isfinite(logits).all():
                 problems.append("forward returned non-finite logits after init_weights")
     if spec.tp_plan is not None:
         problems += _check_tp_plan(spec, args, tp_degree)
     if problems:
-        raise ModelCheckError(f"model {spec.name!r} flavor {flavor!r}:\n" + "\n".join(f"  {p}" for p in problems))
+        raise ModelCheckError(
+            f"model {spec.name!r} flavor {flavor!r}:\n" + "\n".join(f"  {p}" for p in problems)
+        )
 
 
 def _check_tp_plan(spec: ModelSpec, args: Any, tp: int) -> list[str]:

@@ -335,8 +335,8 @@ class Trainer:
         # step logs or saves, so steps in between never wait for the device).
         self.first_bad = torch.zeros((), dtype=torch.long, device=self.device)  # 0: none yet
         check_values = not self.topology.simulates_peers
-        for self.step in range(first, self.steps + 1):
-            step = self.step
+        for step in range(first, self.steps + 1):
+            self.step = step
             inputs, labels = next(batches)
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
@@ -455,4 +455,3 @@ def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
     finally:
         trainer.close(completed=completed)
     return history
-

@@ -128,7 +128,10 @@ def test_unknown_recipe_lists_known_ones() -> None:
     [
         (["--module", "no_such_module_xyz", "--recipe", "x"], "no module named 'no_such_module_xyz'"),
         (["--module", "my_project.recipes", "--recipe", "nope"], "recipes defined there: good, raises"),
-        (["--module", "my_project.recipes", "--recipe", "raises"], "training.stepz: no such field; training has steps,"),
+        (
+            ["--module", "my_project.recipes", "--recipe", "raises"],
+            "training.stepz: no such field; training has steps,",
+        ),
         (["--recipe", "llama3_debugmodel", "--comm-backend", "carrier_pigeon"], "unknown comm backend"),
     ],
 )

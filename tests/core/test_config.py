@@ -123,7 +123,7 @@ def test_from_dict_errors_carry_paths() -> None:
         from_dict(data)
     data = to_dict(TrainerConfig())
     data["profiler"]["profile_freq"] = 0  # a plugin's section is checked like the core's
-    with pytest.raises(ConfigError, match="profiler.profile_freq: expected a positive integer"):
+    with pytest.raises(ConfigError, match=r"profiler\.profile_freq: expected a positive integer"):
         from_dict(data)
 
 

@@ -12,28 +12,55 @@ import pytest
 
 # (module, attribute path, where titan uses it and why)
 PRIVATE_APIS = [
-    ("torch.distributed.device_mesh", "DeviceMesh._flatten",
-     "parallel_dims.build_mesh: flattened dp_shard_cp / dp_cp views (no public API in 2.11-2.14)"),
-    ("torch.distributed.distributed_c10d", "_set_pg_timeout",
-     "comm.shorten_timeouts: comm.train_timeout_seconds after step 1 (no public setter)"),
-    ("torch.distributed._functional_collectives", "all_gather_tensor_autograd",
-     "context_parallel: autograd-aware K/V all-gather (torch 2.11; newer adds *_single_autograd)"),
-    ("torch.testing._internal.distributed.fake_pg", "FakeStore",
-     "comm plugin fake backend: registers the 'fake' process group and its store"),
-    ("torch.utils._python_dispatch", "TorchDispatchMode",
-     "memory plugin tracker: follows every storage an operator allocates on CPU"),
-    ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper",
-     "activation checkpointing: wraps blocks (what torchtitan uses; no public wrapper)"),
+    (
+        "torch.distributed.device_mesh",
+        "DeviceMesh._flatten",
+        "parallel_dims.build_mesh: flattened dp_shard_cp / dp_cp views (no public API in 2.11-2.14)",
+    ),
+    (
+        "torch.distributed.distributed_c10d",
+        "_set_pg_timeout",
+        "comm.shorten_timeouts: comm.train_timeout_seconds after step 1 (no public setter)",
+    ),
+    (
+        "torch.distributed._functional_collectives",
+        "all_gather_tensor_autograd",
+        "context_parallel: autograd-aware K/V all-gather (torch 2.11; newer adds *_single_autograd)",
+    ),
+    (
+        "torch.testing._internal.distributed.fake_pg",
+        "FakeStore",
+        "comm plugin fake backend: registers the 'fake' process group and its store",
+    ),
+    (
+        "torch.utils._python_dispatch",
+        "TorchDispatchMode",
+        "memory plugin tracker: follows every storage an operator allocates on CPU",
+    ),
+    (
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+        "checkpoint_wrapper",
+        "activation checkpointing: wraps blocks (what torchtitan uses; no public wrapper)",
+    ),
     ("torch.utils._pytree", "tree_leaves", "memory plugin tracker: tensors among an operator's outputs"),
-    ("torch.cuda.memory", "_record_memory_history",
-     "profiler plugin: CUDA memory snapshots (what torch's memory_viz documents; no public name)"),
+    (
+        "torch.cuda.memory",
+        "_record_memory_history",
+        "profiler plugin: CUDA memory snapshots (what torch's memory_viz documents; no public name)",
+    ),
     ("torch.cuda.memory", "_snapshot", "profiler/memory plugins: the allocator's snapshot"),
     ("torch.cuda.memory", "_dump_snapshot", "profiler plugin: writes the snapshot pickle"),
     ("torch.cuda", "_memory_viz", "memory plugin: reads snapshot pickles for `titan memory view`"),
-    ("torch.distributed.pipelining.stage", "PipelineStage._warmup_forward_vote",
-     "fake_pipeline.SimulatedPeerStage overrides it (torch >= 2.13) so simulated peers never vote"),
-    ("torch.distributed.pipelining.stage", "PipelineStage._warmup_backward_result",
-     "fake_pipeline.SimulatedPeerStage overrides it (torch >= 2.13)"),
+    (
+        "torch.distributed.pipelining.stage",
+        "PipelineStage._warmup_forward_vote",
+        "fake_pipeline.SimulatedPeerStage overrides it (torch >= 2.13) so simulated peers never vote",
+    ),
+    (
+        "torch.distributed.pipelining.stage",
+        "PipelineStage._warmup_backward_result",
+        "fake_pipeline.SimulatedPeerStage overrides it (torch >= 2.13)",
+    ),
 ]
 
 
@@ -64,6 +91,12 @@ def test_overrides_still_override_a_base_method() -> None:
     from titan_plugins_parallel.fake_pipeline import SimulatedPeerStage
 
     for name in ("_warmup_forward_vote", "_warmup_backward_result", "forward_one_chunk"):
-        if name in vars(SimulatedPeerStage) and name.startswith("_warmup") and not hasattr(PipelineStage, name):
+        if (
+            name in vars(SimulatedPeerStage)
+            and name.startswith("_warmup")
+            and not hasattr(PipelineStage, name)
+        ):
             pytest.skip(f"{name} not in this torch (older than 2.13)")
-        assert hasattr(PipelineStage, name), f"PipelineStage.{name} is gone: SimulatedPeerStage's override is dead"
+        assert hasattr(PipelineStage, name), (
+            f"PipelineStage.{name} is gone: SimulatedPeerStage's override is dead"
+        )

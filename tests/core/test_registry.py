@@ -119,7 +119,10 @@ def test_disabled_plugin_is_not_registered() -> None:
     ("result", "expected"),
     [
         (None, "titan_recipes() returned None; return a list of Recipe records"),
-        (Recipe("solo", TrainerConfig, ""), "titan_recipes() returned one Recipe, not a list; return [Recipe(...)]"),
+        (
+            Recipe("solo", TrainerConfig, ""),
+            "titan_recipes() returned one Recipe, not a list; return [Recipe(...)]",
+        ),
         ({"solo": 1}, "titan_recipes() returned dict; return a list of Recipe records"),
         ([ModelSpec("m", {}, print, print, print)], "titan_recipes() returned ModelSpec, expected Recipe"),
     ],

@@ -6,28 +6,19 @@ import os
 import signal
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.conftest import run_titan, titan_env
+from tests.conftest import run_titan, tiny_llama3, tiny_recipe_source, titan_env
 from titan_core import Callback, hookimpl
 from titan_core._registry import Registry
 from titan_core.errors import UsageError
 from titan_core.trainer import Diverged, Trainer, train
-from titan_plugins_llama3.recipes import llama3_debugmodel
 
 
 def tiny(tmp_path: Path, steps: int = 6) -> object:
-    config = llama3_debugmodel()
-    config.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
-    config.training.steps = steps
-    config.training.seq_len = 32
-    config.training.local_batch_size = 2
-    config.data.bundled_documents = 200
-    config.job.dump_folder = str(tmp_path)
+    config = tiny_llama3(tmp_path, steps)
     config.metrics.log_freq = 10
     return config
 
@@ -56,7 +47,7 @@ def test_a_non_finite_grad_norm_stops_the_run_naming_its_step(tmp_path: Path) ->
     registry = Registry().load_entry_points()
     seen: list[int] = []
     registry.register(_PoisonGradAt(3, seen), "poison")
-    with pytest.raises(Diverged, match="became non-finite .* at step 3; stopped at step 6"):
+    with pytest.raises(Diverged, match=r"became non-finite .* at step 3; stopped at step 6"):
         train(tiny(tmp_path), registry)  # log_freq 10: the flag is read at the last step only
     assert seen == [1, 2, 3, 4, 5, 6]
 
@@ -75,7 +66,7 @@ def test_a_second_run_in_one_dump_folder_is_refused_naming_the_first(tmp_path: P
 def test_a_dump_folder_under_a_file_is_one_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     config = tiny(tmp_path / "file" / "out", steps=1)
-    with pytest.raises(UsageError, match="job.dump_folder: cannot create"):
+    with pytest.raises(UsageError, match=r"job\.dump_folder: cannot create"):
         Trainer(config, Registry().load_entry_points())
 
 
@@ -88,20 +79,7 @@ def test_pure_fake_under_torchrun_is_a_launch_error(tmp_path: Path, monkeypatch:
         Trainer(config, Registry().load_entry_points())
 
 
-LONG = """
-from titan_plugins_llama3.recipes import llama3_debugmodel
-
-
-def long():
-    c = llama3_debugmodel()
-    c.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
-    c.training.steps = 100000
-    c.training.seq_len = 32
-    c.training.local_batch_size = 2
-    c.data.bundled_documents = 200
-    c.metrics.log_freq = 1
-    return c
-"""
+LONG = tiny_recipe_source("long", 100000)
 
 
 @pytest.mark.slow
@@ -155,7 +133,10 @@ def test_sigterm_finishes_the_step_then_stops_with_one_error(tmp_path: Path) -> 
 
 
 def test_recipes_list_finds_a_module_in_the_current_folder(tmp_path: Path) -> None:
-    (tmp_path / "here_recipes.py").write_text("from titan_plugins_llama3.recipes import llama3_debugmodel\n\n\ndef mine():\n    return llama3_debugmodel()\n")
+    (tmp_path / "here_recipes.py").write_text(
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n\n"
+        "def mine():\n    return llama3_debugmodel()\n"
+    )
     result = run_titan("recipes", "list", "--module", "here_recipes", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "mine" in result.stdout
@@ -174,5 +155,3 @@ def test_a_group_command_alone_shows_its_help(command: str) -> None:
     result = run_titan(command)
     assert result.returncode == 0
     assert "list" in result.stdout and "usage:" in result.stdout
-
-

@@ -9,25 +9,17 @@ import attrs
 import pytest
 import torch
 
+from tests.conftest import tiny_llama3
 from titan_core import hookimpl
 from titan_core._registry import Registry, get_registry
 from titan_core.config import TrainerConfig
 from titan_core.errors import PluginError, UsageError
 from titan_core.schedule import WarmupStableDecay
 from titan_core.trainer import Trainer, train
-from titan_plugins_llama3.recipes import llama3_debugmodel
 
 
 def tiny(tmp_path: Path, steps: int = 4) -> TrainerConfig:
-    config = llama3_debugmodel()
-    config.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
-    config.training.steps = steps
-    config.training.seq_len = 32
-    config.training.local_batch_size = 2
-    config.data.bundled_documents = 200
-    config.job.dump_folder = str(tmp_path)
-    config.metrics.enable_tensorboard = False
-    return config
+    return tiny_llama3(tmp_path, steps)
 
 
 def losses(config: TrainerConfig) -> list[float]:
@@ -115,7 +107,7 @@ def test_missing_strategy_plugin_is_named(tmp_path: Path, monkeypatch: pytest.Mo
 
     registry.register(_Backend(attrs.evolve(fake_backend, name="two_ranks", init=topology)), "two_ranks")
     config.comm.backend = "two_ranks"
-    with pytest.raises(PluginError, match="needs strategies for tp .*install titan-plugins-parallel"):
+    with pytest.raises(PluginError, match=r"needs strategies for tp .*install titan-plugins-parallel"):
         Trainer(config, registry)
 
 

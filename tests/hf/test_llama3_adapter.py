@@ -82,8 +82,13 @@ def test_config_json_of_transformers_4_and_5_read_the_same() -> None:
     assert ours == hf.hf_config(flavors.FLAVORS["8B"])  # Llama 3.1 8B's config is titan's 8B flavor
     # What transformers itself makes of the config titan writes: the same RoPE and shapes.
     config = hf_config().__class__.from_dict(ours)
-    assert config.rope_parameters["rope_type"] == "llama3"
-    assert config.rope_parameters["rope_theta"] == 500000.0
+    # transformers 5 keeps RoPE in rope_parameters, 4.x in rope_scaling and rope_theta.
+    rope = getattr(config, "rope_parameters", None) or {
+        **config.rope_scaling,
+        "rope_theta": config.rope_theta,
+    }
+    assert rope["rope_type"] == "llama3"
+    assert rope["rope_theta"] == 500000.0
     assert (config.num_key_value_heads, config.head_dim, config.intermediate_size) == (8, 128, 14336)
 
 

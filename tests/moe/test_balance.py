@@ -61,7 +61,9 @@ def test_balance_loss_is_one_when_balanced_and_grows_with_skew() -> None:
     skewed_scores = torch.tensor([[0.7, 0.1, 0.1, 0.1]]).expand(batch * seq, -1)
     skewed = torch.tensor([[0, 1]]).expand(batch * seq, -1)
     # f = (2, 2, 0, 0), P = (0.7, 0.1, 0.1, 0.1): sum f*P = 1.6
-    torch.testing.assert_close(sequence_balance_loss(skewed_scores, skewed, batch, k), torch.full((batch,), 1.6))
+    torch.testing.assert_close(
+        sequence_balance_loss(skewed_scores, skewed, batch, k), torch.full((batch,), 1.6)
+    )
 
 
 def test_balance_loss_normalises_sigmoid_scores() -> None:
@@ -163,7 +165,9 @@ def test_bias_update_moves_a_skewed_router_towards_balance() -> None:
     assert abs(float(bias.mean())) < 1e-6  # centred
     # The bias changes the choice only: the weights stay the unbiased scores.
     weights, experts, scores = layer(model).router(x.reshape(-1, ARGS.dim))
-    torch.testing.assert_close(weights, 2.5 * scores.gather(1, experts) / scores.gather(1, experts).sum(-1, keepdim=True))
+    torch.testing.assert_close(
+        weights, 2.5 * scores.gather(1, experts) / scores.gather(1, experts).sum(-1, keepdim=True)
+    )
 
 
 def test_statistics_summarise_the_interval_per_step() -> None:
@@ -176,7 +180,11 @@ def test_statistics_summarise_the_interval_per_step() -> None:
         moe2.stats.append((4, torch.tensor([1] * n), None))
         callback.after_optimizer_step(step)
     row = callback.metrics(2)
-    assert row["moe/layer1/imbalance"] == n and row["moe/layer1/tokens_max"] == 8 and row["moe/layer1/tokens_min"] == 0
+    assert (
+        row["moe/layer1/imbalance"] == n
+        and row["moe/layer1/tokens_max"] == 8
+        and row["moe/layer1/tokens_min"] == 0
+    )
     assert row["moe/layer2/imbalance"] == 1.0 and row["moe/layer2/tokens_max"] == 1.0
     assert row["moe/imbalance_max"] == n and row["moe/imbalance_mean"] == (n + 1) / 2
     assert "moe/aux_loss" not in row and "moe/expert_bias_absmax" not in row
@@ -194,7 +202,9 @@ def test_callback_sets_the_loss_weight_and_is_absent_when_nothing_is_asked() -> 
     off = MoEConfig(router_stats="off")
     assert RouterCallback.build(fake_trainer(model, off, 8, 16)) is None
     assert layer(model).stats is None  # nothing is recorded either
-    callback = RouterCallback.build(fake_trainer(model, MoEConfig(aux_loss_weight=0.01, router_stats="off"), 8, 16))
+    callback = RouterCallback.build(
+        fake_trainer(model, MoEConfig(aux_loss_weight=0.01, router_stats="off"), 8, 16)
+    )
     assert callback is not None
     assert (layer(model).aux_loss_weight, layer(model).aux_batch_size) == (0.01, 8)
     llama_like = torch.nn.Linear(2, 2)
@@ -218,7 +228,9 @@ def test_the_aux_loss_is_reported() -> None:
 def test_balancing_without_a_moe_model_is_a_config_error() -> None:
     cfg = SimpleNamespace(model=SimpleNamespace(name="llama3"), moe=MoEConfig(aux_loss_weight=0.01))
     (problem,) = moe_config.check(cfg)
-    assert problem.startswith("moe.aux_loss_weight: set to 0.01, but model.name = 'llama3' has no routed experts")
+    assert problem.startswith(
+        "moe.aux_loss_weight: set to 0.01, but model.name = 'llama3' has no routed experts"
+    )
     assert moe_config.check(SimpleNamespace(model=SimpleNamespace(name="moe"), moe=cfg.moe)) == []
 
 

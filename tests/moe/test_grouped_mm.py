@@ -15,6 +15,7 @@ from titan_plugins_moe.flavors import FLAVORS
 from titan_plugins_moe.grouped_mm import grouped_mm_function, swiglu_grouped_mm, swiglu_loop, use_grouped_mm
 from titan_plugins_moe.model import MoETransformer
 
+
 def assert_equal_to_rounding(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.shape == expected.shape
     if expected.numel() == 0:

@@ -90,7 +90,10 @@ CASES = {
     "deepseek_v3_yarn": {**DEEPSEEK_V3, "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 1.0}},
     "deepseek_v2_yarn": {**DEEPSEEK_V2, "rope_scaling": {**YARN, "mscale": 0.707, "mscale_all_dim": 0.707}},
     # mscale != mscale_all_dim: Hugging Face scales the rotated part and the logits differently.
-    "deepseek_v3_yarn_mscales": {**DEEPSEEK_V3, "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 0.5}},
+    "deepseek_v3_yarn_mscales": {
+        **DEEPSEEK_V3,
+        "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 0.5},
+    },
 }
 
 
@@ -157,7 +160,9 @@ def test_export_loads_in_transformers_with_the_same_logits(flavor: str, tmp_path
     assert any(".mlp.experts.0.gate_proj.weight" in k for k in exported)  # the Hub layout
     save_file({k: v.contiguous() for k, v in exported.items()}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(hf.hf_config(args)))
-    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="eager"
+    ).eval()
     tokens = torch.randint(0, args.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ours = model(tokens)
@@ -185,7 +190,9 @@ def test_top1_routing_weight_is_one_like_the_references() -> None:
 
 
 def test_args_without_a_counterpart_are_refused_with_the_fields() -> None:
-    with pytest.raises(UsageError, match=r"Qwen3MoeForCausalLM counterpart: qk_norm=False .*shared_expert_hidden_dim=256"):
+    with pytest.raises(
+        UsageError, match=r"Qwen3MoeForCausalLM counterpart: qk_norm=False .*shared_expert_hidden_dim=256"
+    ):
         hf.hf_config(FLAVORS["debugmodel"])
     with pytest.raises(UsageError, match=r"model_type 'llama' has no titan counterpart"):
         hf.args_from_hf({"model_type": "llama"})

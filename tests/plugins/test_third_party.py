@@ -57,7 +57,10 @@ def test_disabling_the_broken_plugin_never_imports_it(plugin_site: Path) -> None
 
 
 def test_a_plugin_importing_torch_at_module_level_is_flagged(plugin_site: Path) -> None:
-    plugins = {p["name"]: p for p in json.loads(run_titan("plugins", "list", "--json", PYTHONPATH=str(plugin_site)).stdout)}
+    plugins = {
+        p["name"]: p
+        for p in json.loads(run_titan("plugins", "list", "--json", PYTHONPATH=str(plugin_site)).stdout)
+    }
     assert plugins["heavy"]["imported_torch"] is True
     assert not any(p["imported_torch"] for name, p in plugins.items() if name != "heavy")
     table = run_titan("plugins", "list", PYTHONPATH=str(plugin_site)).stdout

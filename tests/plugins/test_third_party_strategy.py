@@ -13,40 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_titan, step_rows, titan_env
+from tests.conftest import run_titan, step_rows, tiny_recipe_source, titan_env
 
-RECIPES = """
-from titan_plugins_llama3.recipes import llama3_debugmodel
-
-
-def base():
-    c = llama3_debugmodel()
-    c.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4}
-    c.training.steps = 2
-    c.training.seq_len = 32
-    c.training.local_batch_size = 2
-    c.data.bundled_documents = 200
-    c.metrics.log_freq = 1
-    return c
-
-
-def with_z():
-    c = base()
-    c.z_loss.weight = 0.01
-    return c
-
-
-def typo():
-    c = base()
-    c.z_loss.wieght = 0.01
-    return c
-
-
-def negative():
-    c = base()
-    c.z_loss.weight = -1.0
-    return c
-"""
+RECIPES = (
+    tiny_recipe_source("base", 2)
+    + tiny_recipe_source("with_z", 2, "    c.z_loss.weight = 0.01\n")
+    + tiny_recipe_source("typo", 2, "    c.z_loss.wieght = 0.01\n")
+    + tiny_recipe_source("negative", 2, "    c.z_loss.weight = -1.0\n")
+)
 
 
 @pytest.fixture
@@ -57,7 +31,9 @@ def recipes(tmp_path: Path) -> Path:
 
 def test_config_section_is_shown_and_checked(plugin_site: Path, recipes: Path) -> None:
     env = {"PYTHONPATH": str(plugin_site)}
-    shown = run_titan("run", "--module", "zrecipes", "--recipe", "with_z", "--print-config", cwd=recipes, **env)
+    shown = run_titan(
+        "run", "--module", "zrecipes", "--recipe", "with_z", "--print-config", cwd=recipes, **env
+    )
     assert shown.returncode == 0, shown.stderr
     assert "[z_loss]\nweight = 0.01" in shown.stdout
     typo = run_titan("run", "--module", "zrecipes", "--recipe", "typo", cwd=recipes, **env)
@@ -71,8 +47,12 @@ def test_config_section_is_shown_and_checked(plugin_site: Path, recipes: Path) -
 @pytest.mark.slow
 def test_strategy_changes_the_loss_by_the_z_term(plugin_site: Path, recipes: Path) -> None:
     env = {"PYTHONPATH": str(plugin_site)}
-    plain = run_titan("run", "--module", "zrecipes", "--recipe", "base", "--dump-folder", "a", cwd=recipes, **env)
-    with_z = run_titan("run", "--module", "zrecipes", "--recipe", "with_z", "--dump-folder", "b", cwd=recipes, **env)
+    plain = run_titan(
+        "run", "--module", "zrecipes", "--recipe", "base", "--dump-folder", "a", cwd=recipes, **env
+    )
+    with_z = run_titan(
+        "run", "--module", "zrecipes", "--recipe", "with_z", "--dump-folder", "b", cwd=recipes, **env
+    )
     assert plain.returncode == 0 and with_z.returncode == 0, plain.stderr + with_z.stderr
     first_plain, first_z = step_rows(plain.stdout)[0], step_rows(with_z.stdout)[0]
     # Same weights at step 1; logsumexp of near-zero-mean logits is at least ln(vocab), and only
@@ -92,7 +72,9 @@ def test_plugin_command_is_listed_fast_and_runs(plugin_site: Path) -> None:
     )
     top = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert top.returncode == 0 and "zloss-info" in top.stdout, top.stderr
-    ran = subprocess.run([str(titan), "zloss-info", "--weight", "0.5"], capture_output=True, text=True, env=env)
+    ran = subprocess.run(
+        [str(titan), "zloss-info", "--weight", "0.5"], capture_output=True, text=True, env=env
+    )
     assert ran.returncode == 0 and "z-loss weight 0.5" in ran.stdout
 
 

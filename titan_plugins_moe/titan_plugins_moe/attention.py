@@ -106,7 +106,9 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = blocks.apply_rope(q, freqs_cis), blocks.apply_rope(k, freqs_cis)
-        out = blocks.call_attention(self.attention_fn, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+        out = blocks.call_attention(
+            self.attention_fn, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask
+        )
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
     def init_weights(self, std: float) -> None:
@@ -144,7 +146,11 @@ class MLAttention(nn.Module):
 
     def __init__(self, args: MoEArgs) -> None:
         super().__init__()
-        self.nope_dim, self.rope_dim, self.v_dim = args.qk_nope_head_dim, args.qk_rope_head_dim, args.v_head_dim
+        self.nope_dim, self.rope_dim, self.v_dim = (
+            args.qk_nope_head_dim,
+            args.qk_rope_head_dim,
+            args.v_head_dim,
+        )
         self.kv_lora_rank = args.kv_lora_rank
         qk = self.nope_dim + self.rope_dim
         heads = args.n_heads
@@ -189,7 +195,9 @@ class MLAttention(nn.Module):
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
         if self.q_scale != 1.0:
             q = q * self.q_scale
-        out = blocks.call_attention(self.attention_fn, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+        out = blocks.call_attention(
+            self.attention_fn, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask
+        )
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
     def init_weights(self, std: float) -> None:

@@ -97,7 +97,11 @@ class RouterCallback:
         for _, moe in layers:
             moe.aux_loss_weight = settings.aux_loss_weight
             moe.aux_batch_size = t.local_batch_size
-        if settings.bias_update_rate == 0 and settings.router_stats == "off" and settings.aux_loss_weight == 0:
+        if (
+            settings.bias_update_rate == 0
+            and settings.router_stats == "off"
+            and settings.aux_loss_weight == 0
+        ):
             return None
         for _, moe in layers:
             moe.stats = []

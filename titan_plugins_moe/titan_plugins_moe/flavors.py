@@ -370,7 +370,9 @@ def check_args(args: MoEArgs) -> None:
                 "head is shared by n_heads / n_kv_heads query heads); change n_kv_heads",
             )
     if args.rope_dim % 2:
-        raise _problem("head_dim", f"RoPE rotates pairs of dimensions; the rotated width {args.rope_dim} is odd")
+        raise _problem(
+            "head_dim", f"RoPE rotates pairs of dimensions; the rotated width {args.rope_dim} is odd"
+        )
     if args.n_experts % args.n_expert_groups:
         raise _problem(
             "n_expert_groups",

@@ -125,7 +125,9 @@ def _plain_names(args: MoEArgs, kind: str) -> dict[str, str]:
             names[t + "feed_forward.router.expert_bias"] = h + "mlp.gate.e_score_correction_bias"
         if args.shared_expert_hidden_dim:
             for ours, theirs in _SWIGLU.items():
-                names[f"{t}feed_forward.shared_expert.{ours}.weight"] = f"{h}mlp.shared_experts.{theirs}.weight"
+                names[f"{t}feed_forward.shared_expert.{ours}.weight"] = (
+                    f"{h}mlp.shared_experts.{theirs}.weight"
+                )
     return names
 
 
@@ -191,7 +193,9 @@ def from_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
             out[t + "router.expert_bias"] = torch.zeros(args.n_experts, dtype=torch.float32)
         if h + "gate_up_proj" in state_dict:  # transformers 5's in-memory layout
             w1, w3 = state_dict[h + "gate_up_proj"].chunk(2, dim=1)
-            out.update({t + "experts.w1": w1, t + "experts.w3": w3, t + "experts.w2": state_dict[h + "down_proj"]})
+            out.update(
+                {t + "experts.w1": w1, t + "experts.w3": w3, t + "experts.w2": state_dict[h + "down_proj"]}
+            )
             continue
         for ours, theirs in _SWIGLU.items():
             keys = [f"{h}{j}.{theirs}.weight" for j in range(args.n_experts)]
@@ -274,7 +278,9 @@ def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
     """RoPE arguments from either ``rope_theta``/``rope_scaling`` or transformers 5's ``rope_parameters``."""
     params = config.get("rope_parameters") or {}
     theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
-    scaling = config.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    scaling = config.get("rope_scaling") or (
+        params if params.get("rope_type", "default") != "default" else None
+    )
     fields: dict[str, Any] = {"rope_theta": float(theta)}
     if not scaling:
         return fields
@@ -335,7 +341,9 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
     if config.get("num_key_value_heads", config["num_attention_heads"]) != config["num_attention_heads"]:
         raise UsageError("Hugging Face config: MLA needs num_key_value_heads = num_attention_heads")
     if kind == "deepseek_v3" and config.get("rope_interleave", True) is False:
-        raise UsageError("Hugging Face config: rope_interleave = false is not supported (titan rotates pairs)")
+        raise UsageError(
+            "Hugging Face config: rope_interleave = false is not supported (titan rotates pairs)"
+        )
     n_experts = config.get("n_routed_experts", config.get("num_local_experts"))
     args = MoEArgs(
         **common,

@@ -126,12 +126,16 @@ class _AddAuxLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, out: torch.Tensor, aux: torch.Tensor
+    ) -> torch.Tensor:
         ctx.aux_meta = (aux.shape, aux.dtype, aux.device)  # type: ignore[attr-defined]
         return out.view_as(out)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         shape, dtype, device = ctx.aux_meta  # type: ignore[attr-defined]
         return grad, torch.ones(shape, dtype=dtype, device=device)
 
@@ -150,7 +154,9 @@ def _record(moe: MoE, tokens: int, counts: torch.Tensor, aux: torch.Tensor | Non
         moe.stats.append((tokens, counts.detach(), None if aux is None else aux.detach()))
 
 
-def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, batch: int, top_k: int) -> torch.Tensor:
+def sequence_balance_loss(
+    scores: torch.Tensor, experts: torch.Tensor, batch: int, top_k: int
+) -> torch.Tensor:
     """Per sequence ``sum_i f_i * P_i`` (DeepSeek-V2/V3), ``(batch,)``; 1 when perfectly balanced.
 
     ``f_i``: the fraction of the sequence's token slots sent to expert ``i``, times

@@ -106,7 +106,9 @@ def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
             attention = block.attention
             # The whole (gathered) input as a plain tensor: the unsplit low-rank projections take it.
             plan["attention"] = PrepareModuleInput(
-                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None), use_local_output=True
+                input_layouts=(Shard(1), None),
+                desired_input_layouts=(Replicate(), None),
+                use_local_output=True,
             )
             for name in ("wq", "wq_b", "wkv_b"):
                 if getattr(attention, name) is not None:
@@ -138,7 +140,9 @@ def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
             if block.feed_forward.shared_expert is not None:
                 plan["feed_forward.shared_expert"] = _Replicated()
         else:
-            plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan["feed_forward"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            )
             plan.update(
                 {
                     "feed_forward.w1": ColwiseParallel(),

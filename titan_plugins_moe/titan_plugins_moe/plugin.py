@@ -48,9 +48,7 @@ def titan_models() -> list[ModelSpec]:
 @hookimpl
 def titan_config_sections() -> list[ConfigSection]:
     return [
-        ConfigSection(
-            "moe", config.MoEConfig, "MoE load balancing and router statistics", check=config.check
-        )
+        ConfigSection("moe", config.MoEConfig, "MoE load balancing and router statistics", check=config.check)
     ]
 
 

@@ -21,12 +21,12 @@ import os
 
 import torch.distributed as dist
 
+from titan_core.comm import end_process_groups, env_int, select_device
 from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
+from titan_core.parallel_dims import MESH_DIMS
 from titan_core.topology import Topology
 from titan_plugins_comm.contract import pure_fake_launch
-from titan_core.comm import end_process_groups, env_int, select_device
-from titan_core.parallel_dims import MESH_DIMS
 
 
 def fake_store() -> dist.Store:

@@ -31,18 +31,18 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from titan_core.config import TrainerConfig
-from titan_core.errors import UsageError
-from titan_core.topology import Topology
-from titan_plugins_comm.contract import DOC, hybrid_launch
 from titan_core.comm import (
+    enable_flight_recorder,
     end_process_groups,
     env_int,
-    enable_flight_recorder,
     select_device,
     shorten_timeouts,
 )
+from titan_core.config import TrainerConfig
+from titan_core.errors import UsageError
 from titan_core.parallel_dims import MESH_DIMS
+from titan_core.topology import Topology
+from titan_plugins_comm.contract import DOC, hybrid_launch
 
 
 def init(config: TrainerConfig) -> Topology:

@@ -369,23 +369,22 @@ class DCPCheckpointer:
         self.kept = step
 
     def _save_problem(self, step: int, exc: BaseException, rank: int | None) -> str:
-        kept = (
-            f"{step_name(self.kept)} is intact, so a resume repeats only the steps after it"
-            if self.kept is not None
-            else "this run has no earlier checkpoint"
-        )
+        kept, again = "this run has no earlier checkpoint", "then run again"
+        if self.kept is not None:
+            kept = f"{step_name(self.kept)} is intact, so a resume repeats only the steps after it"
+            again = "then run again to resume"
         where = f"{step_name(step)} into {self.folder}" + (f" (rank {rank})" if rank is not None else "")
         error = os_error(exc)
         if error is not None and error.errno in DISK_FULL:
             return (
                 f"checkpoint: the disk is full ({error.strerror}) saving {where}; the partial save "
                 f"was deleted and {kept}. Free space on that disk, or point job.dump_folder (or an "
-                "absolute checkpoint.folder) at one with room, then run again to resume"
+                f"absolute checkpoint.folder) at one with room, {again}"
             )
         if error is not None:
             return (
                 f"checkpoint: cannot save {where}: {error}; the partial save was deleted and {kept}. "
-                "Fix the folder (permissions, mount), then run again to resume"
+                f"Fix the folder (permissions, mount), {again}"
             )
         return f"checkpoint: saving {where} failed: {describe(exc)}; {kept}"
 

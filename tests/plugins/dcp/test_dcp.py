@@ -4,6 +4,9 @@ load_only, seed checkpoints, strict loads, fallback over a damaged checkpoint, a
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from tests.parallel_harness import TINY_MODEL, tiny_config
+from tests.parallel_harness import TINY_MODEL, child_env, tiny_config, write_recipe_module
 from titan_core._registry import Registry, get_registry
 from titan_core.config import TrainerConfig
 from titan_core.errors import TitanError, UsageError
@@ -163,3 +166,43 @@ def test_full_disk_stops_the_run_and_a_resume_loses_only_the_interval(
     assert saved_steps(tmp_path / "full") == ["step-2"]
     resumed = run(config_in(tmp_path / "full", **{"checkpoint.interval": 2}))
     assert resumed == {k: whole[k] for k in (3, 4, 5, 6)}
+
+
+def test_full_real_disk_through_titan_run_is_one_line_exit_1(tmp_path: Path) -> None:
+    """``titan run`` with the checkpoint folder on a tmpfs with room for about 1.5 checkpoints."""
+    probe = tmp_path / "probe"
+    run(config_in(probe, **{"debug.max_steps": 2}))
+    size = sum(f.stat().st_size for f in (probe / "checkpoint" / "step-2").iterdir())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    limit = (size * 3 // 2) // 4096 * 4096 + 4 * 4096
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={limit}", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        overrides = {
+            "checkpoint.enable": True,
+            "checkpoint.interval": 2,
+            "checkpoint.folder": str(disk / "ck"),
+        }
+        module = write_recipe_module(tmp_path, overrides)
+        result = subprocess.run(
+            [sys.executable, "-m", "titan_core.cli", "run", "--module", module, "--recipe", "layout"],
+            cwd=tmp_path,
+            env=child_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+        line = json.loads(lines[0])["message"] if lines[0].startswith("{") else lines[0]
+        assert line.startswith(
+            "titan: error: checkpoint: the disk is full (No space left on device) saving step-4"
+        )
+        assert "step-2 is intact" in line
+        assert sorted(p.name for p in (disk / "ck").iterdir()) == ["step-2"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

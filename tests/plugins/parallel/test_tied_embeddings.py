@@ -42,7 +42,9 @@ def test_one_process_counts_one_embedding_matrix(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fsdp_shards_one_matrix(tmp_path: Path) -> None:
-    built = _built(tmp_path, 2, {"training.steps": 1, "parallelism.dp_shard": 2, "training.local_batch_size": 2})
+    built = _built(
+        tmp_path, 2, {"training.steps": 1, "parallelism.dp_shard": 2, "training.local_batch_size": 2}
+    )
     assert 2 * built["params_local"] == built["params_total"]
 
 
