@@ -196,9 +196,7 @@ class Registry:
             return found.record
         known = ", ".join(sorted(p.record.name for p in self._gather(kind).values())) or "(none)"
         message = f"unknown {what} {name!r}; known: {known}"
-        hint = INSTALL_HINTS.get((kind, name.lower()))
-        if hint:
-            message += f"\n{name!r} comes from {hint}"
+        message += f"\n({INSTALL_HINT}; titan plugins list shows what is installed)"
         failed = [p for p in self.plugins.values() if p.status == "failed"]
         if failed:
             message += "\n" + "\n".join(
@@ -260,21 +258,10 @@ class Registry:
         return gathered
 
 
-#: Where titan's own optional records come from, for the "unknown name" message:
-#: (kind, name) -> distribution and install command. The one table of install hints.
-INSTALL_HINTS: dict[tuple[str, str], str] = {
-    ("comm_backends", "fake"): "titan-plugins-comm (pip install -e plugins/titan_plugins_comm)",
-    ("comm_backends", "real_pp_fake_spmd"): "titan-plugins-comm (pip install -e plugins/titan_plugins_comm)",
-    ("checkpointers", "dcp"): "titan-plugins-dcp (pip install -e plugins/titan_plugins_dcp)",
-    ("models", "moe"): "titan-plugins-moe (pip install -e titan_plugins_moe)",
-    ("models", "llama3"): "titan-plugins-llama3 (pip install -e titan_plugins_llama3)",
-    ("config_sections", "profiler"): "titan-plugins-profiler (pip install -e plugins/titan_plugins_profiler)",
-    ("config_sections", "activation_checkpoint"): (
-        "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
-    ),
-    ("config_sections", "compile"): "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)",
-    ("strategies", "parallel"): "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)",
-}
+#: Where to look up which distribution provides a name: one documented table, not code paths.
+INSTALL_HINT = (
+    "titan's own plugins and what each provides: docs/architecture.md, 'Plugins in this repository'"
+)
 
 
 def _conflict_message(what: str, provided: _Provided) -> str:

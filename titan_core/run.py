@@ -17,8 +17,8 @@ DESCRIPTION = """\
 Train with a recipe. Training behaviour (model, steps, batch, parallel degrees, ...) is set in
 the recipe, a Python function returning titan's config; these options only select and launch it.
 Environment: TITAN_DISABLE_PLUGINS=a,b keeps plugins from being imported; under torchrun,
-RANK/WORLD_SIZE/LOCAL_RANK come from the launcher; the fake comm backends read NGPU and
-FAKE_PP_RANK (see docs/debugging.md)."""
+RANK/WORLD_SIZE/LOCAL_RANK come from the launcher; plugin comm backends read their own
+variables (see docs/debugging.md)."""
 
 
 def configure(parser: argparse.ArgumentParser, run_options: list[Any] = ()) -> None:  # type: ignore[assignment]
@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser, run_options: list[Any] = ()) -> N
     parser.add_argument(
         "--comm-backend",
         metavar="BACKEND",
-        help="override comm.backend: default, or a plugin's (fake, real_pp_fake_spmd; titan plugins list)",
+        help="override comm.backend: default, or one a plugin provides (titan plugins list)",
     )
     parser.add_argument(
         "--dump-folder",
@@ -72,7 +72,7 @@ def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
         config.comm.backend = args.comm_backend
     if args.dump_folder:
         config.job.dump_folder = args.dump_folder
-    # run_train.sh limits pure-fake runs to one step unless the recipe set debug.max_steps.
+    # run_train.sh limits simulated runs to one step unless the recipe set debug.max_steps.
     max_steps = os.environ.get("TITAN_DEFAULT_MAX_STEPS")
     if max_steps and config.debug.max_steps is None:
         if not max_steps.isdigit() or int(max_steps) < 1:

@@ -132,8 +132,8 @@ class Trainer:
         if unhandled:
             raise PluginError(
                 f"this run needs strategies for {', '.join(unhandled)} (parallel degrees "
-                f"{self.parallel_dims.degrees()}), which no installed plugin provides; install "
-                "titan-plugins-parallel (pip install -e plugins/titan_plugins_parallel)"
+                f"{self.parallel_dims.degrees()}), which no installed plugin provides; install a "
+                "parallelism plugin (titan's is titan-plugins-parallel: docs/architecture.md)"
             )
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.

@@ -107,7 +107,7 @@ def test_missing_strategy_plugin_is_named(tmp_path: Path, monkeypatch: pytest.Mo
 
     registry.register(_Backend(attrs.evolve(fake_backend, name="two_ranks", init=topology)), "two_ranks")
     config.comm.backend = "two_ranks"
-    with pytest.raises(PluginError, match=r"needs strategies for tp .*install titan-plugins-parallel"):
+    with pytest.raises(PluginError, match=r"needs strategies for tp .*titan-plugins-parallel"):
         Trainer(config, registry)
 
 
