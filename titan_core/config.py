@@ -362,8 +362,8 @@ class Checkpoint:
     #: Write a seed checkpoint of the freshly initialised model and exit (needs all degrees 1).
     create_seed_checkpoint: bool = False
     #: Initial weights loaded after initialisation, whatever the parallel layout: a DCP checkpoint
-    #: folder (e.g. a seed ``.../checkpoint/step-0``) or a ``.pt`` file holding a full (unsharded)
-    #: model state dict, e.g. written by a one-process run.
+    #: folder (e.g. a seed ``.../checkpoint/step-0``), a ``.pt`` file holding a full (unsharded)
+    #: model state dict, or a Hugging Face model folder (config.json + safetensors).
     initial_load_path: str | None = None
 
 

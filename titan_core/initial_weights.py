@@ -155,14 +155,18 @@ def _load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_ar
         where = _tensor_locations(handles, folder)
         shapes = {name: tuple(handles[f].get_slice(name).get_shape()) for name, f in where.items()}
         meta = _meta_state(spec, model_args)
-        groups = _hf_groups(meta, spec.name, adapter, model_args)
-        _check_tensors(groups, shapes, adapter, model_args, path)
-
-        # This rank's tensors (tied names read once), in file order, converted in batches.
+        aliases = _aliases(meta)
         # Lists, not sets: every rank must hand the tensors over in one order (FSDP and TP scatter
         # each one over the mesh).
         own = [list(get_model_state_dict(part)) for part in parts]
-        aliases = _aliases(meta)
+        groups = _hf_groups(meta, adapter, model_args)
+        if groups is None:  # the adapter converts whole models only: one conversion
+            full = _whole_model(handles, where, shapes, meta, aliases, adapter, model_args, path)
+            for part, keys in zip(parts, own, strict=True):
+                set_model_state_dict(part, {k: full[aliases.get(k, k)] for k in keys}, options=_FULL)
+            return
+        _check_tensors(groups, shapes, adapter, model_args, path)
+        # This rank's tensors (tied names read once), in file order, converted in batches.
         to_read = sorted(
             {aliases.get(k, k) for keys in own for k in keys},
             key=lambda k: (min((str(where[h]) for h in groups[k]), default=""), k),
@@ -374,21 +378,99 @@ def _aliases(meta: dict[str, torch.Tensor]) -> dict[str, str]:
 
 
 def _hf_groups(
-    meta: dict[str, torch.Tensor], model: str, adapter: StateDictAdapter, model_args: Any
-) -> dict[str, dict[str, Any]]:
+    meta: dict[str, torch.Tensor], adapter: StateDictAdapter, model_args: Any
+) -> dict[str, dict[str, Any]] | None:
     """Each titan tensor -> the Hugging Face tensors (meta, with their shapes) it is made from.
 
     Found by converting one meta tensor at a time with ``to_hf``; an adapter that needs several
-    titan tensors at once gets them all in one group (the whole model then loads at once).
+    titan tensors at once gets them all in one group. ``None`` when ``to_hf`` cannot convert meta
+    tensors at all (it reads values, or checks for the whole model): :func:`_whole_model` then.
     """
     try:
         return {name: adapter.to_hf({name: tensor}, model_args) for name, tensor in meta.items()}
     except Exception:
         try:
             whole = adapter.to_hf(dict(meta), model_args)
-        except Exception as exc:
-            raise PluginError(f"model {model!r}: the state-dict adapter's to_hf failed: {exc!r}") from None
+        except Exception:
+            return None
         return dict.fromkeys(meta, whole)
+
+
+class _Reads(dict):
+    """A dict that records which keys a converter read (so unread tensors can be named)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self:
+            self.read.add(key)
+        return super().get(key, default)
+
+    def items(self) -> Any:
+        self.read.update(self.keys())
+        return super().items()
+
+    def values(self) -> Any:
+        self.read.update(self.keys())
+        return super().values()
+
+    def __iter__(self) -> Any:
+        self.read.update(self.keys())
+        return super().__iter__()
+
+
+def _whole_model(
+    handles: dict[Path, Any],
+    where: dict[str, Path],
+    shapes: dict[str, tuple[int, ...]],
+    meta: dict[str, torch.Tensor],
+    aliases: dict[str, str],
+    adapter: StateDictAdapter,
+    model_args: Any,
+    path: str,
+) -> dict[str, torch.Tensor]:
+    """The whole model converted at once, for adapters that only convert whole models.
+
+    The folder is checked first by converting meta tensors with ``from_hf``: the titan tensors it
+    makes must be the model's, and every Hugging Face tensor must have been read. Each rank then
+    holds the whole model in host memory once; adapters that convert any subset (and meta tensors)
+    with ``to_hf`` are loaded a few tensors at a time instead.
+    """
+    probe = _Reads({name: torch.empty(shape, device="meta") for name, shape in shapes.items()})
+    try:
+        converted = adapter.from_hf(probe, model_args)
+    except (KeyError, ValueError, UsageError) as exc:
+        raise UsageError(
+            f"{_FIELD}: the safetensors of {path!r} are not this model's tensors: {exc}"
+        ) from None
+    expected = {k: tuple(v.shape) for k, v in meta.items() if k not in aliases}
+    made = {k: tuple(v.shape) for k, v in converted.items()}
+    missing = sorted(set(expected) - set(made))
+    extra = sorted(set(made) - set(meta))
+    wrong = sorted(k for k in set(expected) & set(made) if made[k] != expected[k])
+    unread = sorted(set(shapes) - probe.read)
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} of the model not made from them ({', '.join(missing[:3])})")
+    if unread or extra:
+        names = unread + extra
+        problems.append(f"{len(names)} unexpected ({', '.join(names[:3])})")
+    if wrong:
+        shown = ", ".join(f"{k} {list(made[k])} from the files vs {list(expected[k])}" for k in wrong[:3])
+        problems.append(f"{len(wrong)} with another shape ({shown})")
+    if problems:
+        raise UsageError(
+            f"{_FIELD}: the safetensors of {path!r} are not this model's tensors: "
+            f"{'; '.join(problems)}; was the folder saved from a model with this config.json?"
+        )
+    tensors = {name: handles[where[name]].get_tensor(name) for name in sorted(probe.read)}
+    return adapter.from_hf(tensors, model_args)
 
 
 def _check_tensors(

@@ -55,7 +55,11 @@ def hf_config(**changes: Any) -> Any:
 
 def random_hf_model(config: Any, seed: int = 0) -> Any:
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
+    return randomize(transformers.AutoModelForCausalLM.from_config(config).eval())
+
+
+def randomize(model: Any) -> Any:
+    """Draw every parameter: norm weights around 1, embeddings N(0, 1), the rest N(0, 0.08)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:

@@ -28,6 +28,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -58,6 +59,17 @@ def python_frames(skip: int = 1) -> list[dict[str, Any]]:
     return frames
 
 
+def _address(storage: torch.UntypedStorage) -> int:
+    """Where the storage lives; one without an address (a fake tensor's meta storage, a
+    functional collective's wrapper) is named by its identity."""
+    if storage.device.type == "meta":
+        return id(storage)
+    try:
+        return storage.data_ptr()
+    except RuntimeError:  # "invalid python storage"
+        return id(storage)
+
+
 class AllocationTracker(TorchDispatchMode):
     """Bytes of the storages operators create (or resize) while active, current and peak."""
 
@@ -77,13 +89,15 @@ class AllocationTracker(TorchDispatchMode):
 
     # -- bookkeeping --------------------------------------------------------------------------------
 
-    def _add(self, storage: torch.UntypedStorage) -> None:
+    def _add(self, storage: torch.UntypedStorage, fake: bool = False) -> None:
         key = id(storage)
-        if key in self._sizes or storage.device.type == "meta":
+        # Meta storages hold no memory, except those of fake tensors standing for real ones
+        # (FakeTensorMode execution: the shapes and sizes are the real run's).
+        if key in self._sizes or (storage.device.type == "meta" and not fake):
             return
         nbytes = storage.nbytes()
         self._sizes[key] = nbytes
-        self._addrs[key] = storage.data_ptr()
+        self._addrs[key] = _address(storage) if self.history else 0
         self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
         self._grow(nbytes)
         if self.history and nbytes:
@@ -143,7 +157,7 @@ class AllocationTracker(TorchDispatchMode):
                         if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
                     }
                 if id(storage) not in inputs:
-                    self._add(storage)
+                    self._add(storage, fake=isinstance(t, FakeTensor))
         return out
 
     def __enter__(self) -> AllocationTracker:
@@ -151,7 +165,8 @@ class AllocationTracker(TorchDispatchMode):
         tracker = self
 
         def resize_(storage: torch.UntypedStorage, size: int) -> Any:
-            key, before, addr = id(storage), storage.nbytes(), storage.data_ptr()
+            key, before = id(storage), storage.nbytes()
+            addr = _address(storage) if tracker.history else 0
             result = orig(storage, size)
             if key in tracker._sizes:
                 after = storage.nbytes()
@@ -160,7 +175,7 @@ class AllocationTracker(TorchDispatchMode):
                 if tracker.history:
                     if before:
                         tracker._event("free_completed", addr, before, tracker.frames.get(key, []))
-                    tracker._addrs[key] = storage.data_ptr()
+                    tracker._addrs[key] = _address(storage)
                     if after:
                         frames = python_frames(2)
                         tracker.frames[key] = frames
