@@ -77,7 +77,9 @@ def _grouped_equals_loop() -> dict[str, float]:
     return {"forward_rel_err": float(rel), "grad_rel_err": grad_rel}
 
 
-def run_case(name: str, flavor: str, overrides: dict[str, Any], seq: int, batch: int, moe: dict[str, Any]) -> dict:
+def run_case(
+    name: str, flavor: str, overrides: dict[str, Any], seq: int, batch: int, moe: dict[str, Any]
+) -> dict:
     import torch
 
     from titan_core._registry import get_registry

@@ -98,8 +98,20 @@ def _main(argv: list[str]) -> int:
 
 
 def report_error(exc: TitanError) -> int:
-    """One ``titan: error:`` line on stderr (every rank prints its own under torchrun)."""
+    """One ``titan: error:`` line on stderr (every rank prints its own under torchrun).
+
+    When the logs are JSON (``TITAN_LOG_FORMAT=json``, or stdout not a terminal), the error is
+    also one JSON record in the log stream, with the rank, so log collectors see it.
+    """
     print(f"titan: error: {exc}", file=sys.stderr)
+    from titan_core.log import json_logs
+
+    if json_logs():
+        record: dict[str, Any] = {"event": "error", "level": "error", "message": str(exc)}
+        record["exit_code"] = exc.exit_code
+        if os.environ.get("RANK", "").isdigit():
+            record["rank"] = int(os.environ["RANK"])
+        print(json.dumps(record), flush=True)
     return exc.exit_code
 
 

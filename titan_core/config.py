@@ -264,8 +264,14 @@ class Data:
 class Training:
     #: Number of optimizer steps.
     steps: int = field(default=10, validator=positive)
-    #: Sequences per step on each data-parallel rank.
+    #: Sequences per forward/backward on each data-parallel rank (one microbatch).
     local_batch_size: int = field(default=8, validator=positive)
+    #: Sequences per optimizer step over all data-parallel ranks; ``None`` is
+    #: ``local_batch_size`` x the data-parallel degree. A multiple of that: the trainer then
+    #: accumulates gradients over ``global_batch_size / (local_batch_size x DP degree)``
+    #: microbatches per step (losses scaled so gradients are those of the whole batch's mean;
+    #: FSDP reduces gradients on the last microbatch only).
+    global_batch_size: int | None = field(default=None, validator=positive)
     #: Tokens per sequence.
     seq_len: int = field(default=2048, validator=positive)
     #: Peak learning rate of AdamW.
@@ -321,6 +327,24 @@ class Parallelism:
     pp_stages_per_rank: int | None = field(default=None, validator=positive)
     #: Keep the loss sharded over the vocabulary under TP (loss parallel).
     loss_parallel: bool = True
+
+
+@section
+class Validation:
+    #: Compute a validation loss every ``freq`` steps and after the last step; it is logged
+    #: (``validation`` lines) and written as TensorBoard ``validation/loss`` and
+    #: ``validation/perplexity``.
+    enable: bool = False
+    #: Dataset of the validation data (``bundled``, ``text`` or a plugin's); ``None`` uses
+    #: ``data.dataset`` (for the bundled corpus that is the training text: a smoke test only).
+    dataset: str | None = None
+    #: File or folder for datasets that read local files; ``None`` uses ``data.path``.
+    path: str | None = None
+    #: Steps between validations (the last step always validates).
+    freq: int = field(default=100, validator=positive)
+    #: Batches per validation, each ``training.local_batch_size`` sequences per data-parallel
+    #: rank; every validation reads the same batches, so values are comparable across steps.
+    steps: int = field(default=10, validator=positive)
 
 
 @section
@@ -393,6 +417,7 @@ CORE_SECTIONS: dict[str, type] = {
     "data": Data,
     "training": Training,
     "parallelism": Parallelism,
+    "validation": Validation,
     "comm": Comm,
     "metrics": Metrics,
     "checkpoint": Checkpoint,
@@ -435,6 +460,7 @@ class TrainerConfig:
     data: Data = field(factory=Data)
     training: Training = field(factory=Training)
     parallelism: Parallelism = field(factory=Parallelism)
+    validation: Validation = field(factory=Validation)
     comm: Comm = field(factory=Comm)
     metrics: Metrics = field(factory=Metrics)
     checkpoint: Checkpoint = field(factory=Checkpoint)
@@ -499,6 +525,13 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
         problems.append(
             "debug.deterministic_warn_only: has no effect without debug.deterministic = True; "
             "set both, or neither"
+        )
+    t = config.training
+    if t.global_batch_size is not None and t.global_batch_size % t.local_batch_size:
+        problems.append(
+            f"training.global_batch_size: {t.global_batch_size} is not a multiple of "
+            f"training.local_batch_size={t.local_batch_size}; set it to local_batch_size x DP degree "
+            "x the number of microbatches to accumulate, or None"
         )
     from titan_core._registry import get_registry
 

@@ -17,9 +17,14 @@ import structlog
 _configured = False
 
 
-def _renderer() -> Any:
+def json_logs() -> bool:
+    """Whether log lines are JSON: ``TITAN_LOG_FORMAT=json``, or stdout is not a terminal."""
     fmt = os.environ.get("TITAN_LOG_FORMAT", "").lower()
-    if fmt == "json" or (fmt != "console" and not sys.stdout.isatty()):
+    return fmt == "json" or (fmt != "console" and not sys.stdout.isatty())
+
+
+def _renderer() -> Any:
+    if json_logs():
         return structlog.processors.JSONRenderer()
     return structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty(), sort_keys=False)
 

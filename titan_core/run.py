@@ -81,15 +81,27 @@ def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
     return validate(config, source=args.recipe)
 
 
+def check_names(config: Any, registry: Any) -> None:
+    """The plugins' names this config selects exist (cheap: no torch, nothing built)."""
+    spec = registry.get("models", config.model.name, what="model")
+    try:
+        spec.flavor(config.model.flavor, config.model.overrides)
+    except LookupError as exc:
+        field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
+        raise UsageError(f"{field}: {exc}") from None
+    registry.get("comm_backends", config.comm.backend, what="comm backend")
+    registry.get("datasets", config.data.dataset, what="dataset")
+
+
 def run(args: argparse.Namespace, registry: Any) -> int:
     config = resolve_config(args, registry)
+    # Names first: --print-config of a recipe naming an unknown model or flavor is an error too.
+    check_names(config, registry)
     if args.print_config:
         from titan_core.config import render
 
         print(render(config, args.print_config))
         return 0
-    # Validate the comm backend name before importing torch for a clearer, faster error.
-    registry.get("comm_backends", config.comm.backend, what="comm backend")
     for option in registry.records("run_options").values():
         if getattr(args, f"run_option_{option.name}", False):
             return option.run(config, registry, args)
@@ -98,5 +110,43 @@ def run(args: argparse.Namespace, registry: Any) -> int:
     setup_logging()
     from titan_core.trainer import train
 
-    train(config, registry)
+    try:
+        train(config, registry)
+    except Exception as exc:
+        failure = peer_failure(exc, config)
+        if failure is None:
+            raise
+        raise failure from None
     return 0
+
+
+#: Exception names torch raises when a collective with a peer fails (2.11-2.14).
+_PEER_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
+#: Fragments of the messages of RuntimeErrors gloo and NCCL raise for a dead or stalled peer.
+_PEER_TEXT = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Timed out",
+    "timed out",
+    "Broken pipe",
+)
+
+
+def peer_failure(exc: BaseException, config: Any) -> Exception | None:
+    """One titan error for a collective that failed because a peer died or stalled, else ``None``."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not (world.isdigit() and int(world) > 1):
+        return None
+    text = str(exc)
+    if type(exc).__name__ not in _PEER_ERRORS and not any(t in text for t in _PEER_TEXT):
+        return None
+    from titan_core.errors import TitanError
+
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    rank = os.environ.get("RANK", "?")
+    return TitanError(
+        f"rank {rank}: a collective with its peers failed: a peer died, or stalled past "
+        f"comm.train_timeout_seconds={config.comm.train_timeout_seconds} ({first[:300]}); the "
+        "first rank to fail names the cause in its own log; comm_traces/ holds the flight "
+        "recorder's dumps where the backend writes them"
+    )

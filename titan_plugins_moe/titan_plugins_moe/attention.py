@@ -178,10 +178,7 @@ class MLAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
         bs, seq, _ = x.shape
-        if self.wq is not None:
-            q = self.wq(x)
-        else:
-            q = self.wq_b(self.q_norm(self.wq_a(x)))  # type: ignore[misc]
+        q = self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))  # type: ignore[misc]
         q = q.view(bs, seq, -1, self.nope_dim + self.rope_dim)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
         q_rope = blocks.apply_rope(q_rope, freqs_cis)

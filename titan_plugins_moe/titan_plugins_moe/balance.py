@@ -14,7 +14,9 @@ Built once per run (``titan_callbacks``) from the ``moe`` config section, it
 * on logging steps (``metrics``, called on every rank), sums the counts accumulated since the
   last log over the data-parallel ranks and reads them once: per MoE layer the imbalance
   ``max / mean`` of tokens per expert and the fewest / most tokens an expert got per step, the
-  worst and mean imbalance over layers, the balance loss added per step and the largest bias.
+  worst and mean imbalance over layers, the balance loss and multi-token-prediction term added
+  per step and the largest bias. Layers are labelled by block index (``moe/layer3/...``), those of
+  multi-token-prediction modules ``moe/layermtp0/...``.
 
 Under pipeline parallelism a rank sees its own stages' layers: the logging rank (the last stage)
 reports those; ``LOG_RANK`` picks another rank to see earlier layers.
@@ -30,18 +32,30 @@ import torch
 from titan_plugins_moe.moe import MoE
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_MTP = re.compile(r"(?:^|\.)mtp\.(\d+)(?:\.|$)")
 
 
-def moe_layers(parts: list[torch.nn.Module]) -> list[tuple[int, MoE]]:
-    """``(block index, MoE)`` of every MoE layer in ``parts``, by block index (whatever wraps them:
-    FSDP, activation checkpointing, compile)."""
-    found = {}
+def moe_layers(parts: list[torch.nn.Module]) -> list[tuple[str, MoE]]:
+    """``(label, MoE)`` of every MoE layer in ``parts``: the block index (``"3"``), or ``"mtp0"``
+    for a multi-token-prediction module's; in model order, whatever wraps them (FSDP, activation
+    checkpointing, compile)."""
+    found: dict[tuple[int, int], tuple[str, MoE]] = {}
     for part in parts:
         for name, module in part.named_modules():
-            if isinstance(module, MoE):
-                match = _LAYER.search(name)
-                found[int(match.group(1)) if match else len(found)] = module
-    return sorted(found.items())
+            if not isinstance(module, MoE):
+                continue
+            if match := _MTP.search(name):
+                found[(1, int(match.group(1)))] = (f"mtp{match.group(1)}", module)
+            elif match := _LAYER.search(name):
+                found[(0, int(match.group(1)))] = (match.group(1), module)
+            else:
+                found[(2, len(found))] = (name, module)
+    return [found[key] for key in sorted(found)]
+
+
+def mtp_models(parts: list[torch.nn.Module]) -> list[Any]:
+    """The model parts with multi-token-prediction modules."""
+    return [m for part in parts for m in part.modules() if getattr(m, "mtp", None) is not None]
 
 
 def _dp_group(trainer: Any) -> Any:
@@ -73,7 +87,13 @@ def take_step(moe: MoE, tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]
 
 class RouterCallback:
     def __init__(
-        self, layers: list[tuple[int, MoE]], settings: Any, tokens: int, group: Any, device: torch.device
+        self,
+        layers: list[tuple[str, MoE]],
+        settings: Any,
+        tokens: int,
+        group: Any,
+        device: torch.device,
+        mtp: list[Any] = (),  # type: ignore[assignment]
     ) -> None:
         self.index = [i for i, _ in layers]
         self.layers = [m for _, m in layers]
@@ -85,6 +105,8 @@ class RouterCallback:
         n_experts = self.layers[0].num_experts
         self.window = torch.zeros(len(self.layers), n_experts, dtype=torch.int64, device=device)
         self.aux_window = torch.zeros((), dtype=torch.float32, device=device)
+        self.mtp = list(mtp)
+        self.mtp_window = torch.zeros((), dtype=torch.float32, device=device)
         self.steps = 0
 
     @classmethod
@@ -129,6 +151,10 @@ class RouterCallback:
         losses = [a for _, a in taken if a is not None]
         if losses:
             self.aux_window += torch.stack(losses).sum()
+        for model in self.mtp:
+            if model.mtp_stats:
+                self.mtp_window += torch.stack(model.mtp_stats).sum()
+                model.mtp_stats.clear()
         self.steps += 1
 
     @torch.no_grad()
@@ -140,6 +166,9 @@ class RouterCallback:
         if self.aux:
             row["moe/aux_loss"] = float(f"{float(self.aux_window) / steps:.6g}")
             self.aux_window.zero_()
+        if self.mtp:
+            row["moe/mtp_loss"] = float(f"{float(self.mtp_window) / steps:.6g}")
+            self.mtp_window.zero_()
         if self.rate > 0:
             bias = torch.stack([m.router.expert_bias.abs().max() for m in self.layers]).max()
             row["moe/expert_bias_absmax"] = float(f"{float(bias):.6g}")

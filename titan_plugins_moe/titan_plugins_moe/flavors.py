@@ -106,6 +106,13 @@ class MoEArgs:
     #: Expert computation: ``auto`` (grouped GEMM on CUDA devices whose kernels support it, a
     #: loop over experts elsewhere), ``grouped_mm`` (always ``torch._grouped_mm``) or ``loop``.
     experts_impl: str = "auto"
+    #: Multi-token prediction (DeepSeek-V3): modules after the last block, the k-th predicting
+    #: the token k+1 places ahead from the (k-1)-th one's hidden state and the next token's
+    #: embedding, through one MoE block; they share the embedding and output projection. Their
+    #: mean cross-entropy times ``mtp_loss_weight`` joins the objective (DeepSeek-V3: 1 module,
+    #: weight 0.3, later 0.1). Not with pipeline, tensor or context parallelism.
+    n_mtp_layers: int = 0
+    mtp_loss_weight: float = 0.3
 
     @property
     def kv_heads(self) -> int:
@@ -300,9 +307,12 @@ def _counts(args: MoEArgs) -> tuple[int, int]:
     n_moe = args.n_moe_layers
     n_dense = args.n_layers - n_moe
     base = args.n_layers * per_block + n_dense * dense + n_moe * moe_fixed + dim
+    # Each MTP module: two input norms, the 2*dim -> dim projection, a MoE block, its final norm.
+    n_mtp = args.n_mtp_layers
+    base += n_mtp * (3 * dim + 2 * dim * dim + per_block + moe_fixed)
     output = 0 if args.tie_embeddings else args.vocab_size * dim
-    total = base + n_moe * args.n_experts * expert + output
-    active = base + n_moe * args.top_k * expert + output
+    total = base + (n_moe + n_mtp) * args.n_experts * expert + output
+    active = base + (n_moe + n_mtp) * args.top_k * expert + output
     return total, active
 
 
@@ -328,10 +338,11 @@ def flops_per_token(args: MoEArgs, seq_len: int) -> float:
     attention, as for Llama 3."""
     if args.attention == "mla":
         qk, v = args.qk_nope_head_dim + args.qk_rope_head_dim, args.v_head_dim
-        attention = 6 * args.n_layers * args.n_heads * (qk + v) * seq_len
+        attention = 6 * (args.n_layers + args.n_mtp_layers) * args.n_heads * (qk + v) * seq_len
     else:
-        attention = 12 * args.n_layers * args.n_heads * args.attn_head_dim * seq_len
-    return 6 * _counts(args)[1] + attention
+        attention = 12 * (args.n_layers + args.n_mtp_layers) * args.n_heads * args.attn_head_dim * seq_len
+    mtp_heads = 6 * args.n_mtp_layers * args.vocab_size * args.dim  # the shared output, again
+    return 6 * _counts(args)[1] + attention + mtp_heads
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -390,6 +401,8 @@ def check_args(args: MoEArgs) -> None:
             f"top_k={args.top_k} exceeds the {args.n_limited_groups} x {per_group} experts of the "
             "groups a token may use; raise n_limited_groups or lower top_k",
         )
+    if args.n_mtp_layers < 0 or args.mtp_loss_weight < 0:
+        raise _problem("n_mtp_layers", "n_mtp_layers and mtp_loss_weight must be >= 0")
     if args.document_mask and args.bos_id is None:
         raise _problem(
             "bos_id",
@@ -430,6 +443,15 @@ def validate(args: MoEArgs, parallel_dims: Any) -> None:
             f"pipeline stages, so they cannot be one parameter with parallelism.pp={parallel_dims.pp}; "
             "set tie_embeddings = False or pp = 1"
         )
+    if args.n_mtp_layers:
+        used = {d: getattr(parallel_dims, d) for d in ("pp", "tp", "cp") if getattr(parallel_dims, d) > 1}
+        if used:
+            layout = ", ".join(f"parallelism.{d}={v}" for d, v in used.items())
+            raise UsageError(
+                f"model.overrides.n_mtp_layers={args.n_mtp_layers}: multi-token prediction needs the "
+                f"tokens, the embedding and the output projection in one process, which {layout} "
+                "splits; set n_mtp_layers = 0 or those degrees to 1 (FSDP and EP work)"
+            )
     if args.document_mask and parallel_dims.cp > 1:
         raise UsageError(
             f"model.overrides.document_mask: context parallel (parallelism.cp={parallel_dims.cp}) "

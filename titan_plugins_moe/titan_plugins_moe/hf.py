@@ -9,6 +9,12 @@ Three counterparts, chosen from the model arguments (:func:`hf_architecture`):
 * ``DeepseekV2ForCausalLM`` (``deepseek_v2``): MLA with softmax scores, greedy top-k, no
   renormalisation (DeepSeek-V2-Lite).
 
+Multi-token-prediction modules go where DeepSeek's checkpoints keep them: module ``k`` is layer
+``n_layers + k`` (``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm``, copies of the embedding
+and output as ``embed_tokens`` and ``shared_head.head``, and a decoder layer); transformers skips
+them when loading. :func:`args_from_hf` builds the main model (``n_mtp_layers = 0``); set
+``model.overrides.n_mtp_layers`` to also load a checkpoint's MTP weights.
+
 Expert weights are written in the Hub layout (``mlp.experts.{j}.gate_proj.weight`` ...), the one
 ``from_pretrained`` of every transformers release reads; :func:`from_hf` also takes the fused
 in-memory layout of transformers 5 (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``).
@@ -61,6 +67,8 @@ def hf_architecture(args: MoEArgs) -> str:
         }
         kind = "deepseek_v2"
     mismatches["rope_scaling ('none' or 'yarn')"] = (args.rope_scaling != "llama3", True)
+    if kind != "deepseek_v3":
+        mismatches["n_mtp_layers"] = (args.n_mtp_layers, 0)
     bad = [f"{name}={have!r} (needs {want!r})" for name, (have, want) in mismatches.items() if have != want]
     if bad:
         raise UsageError(
@@ -105,29 +113,54 @@ def _attention_names(args: MoEArgs) -> dict[str, str]:
 _SWIGLU = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
+def _block_names(t: str, h: str, args: MoEArgs, kind: str, dense: bool) -> dict[str, str]:
+    """One block's one-to-one tensors: titan prefix ``t`` (``layers.3.``), Hugging Face ``h``."""
+    names = {t + "attention_norm.weight": h + "input_layernorm.weight"}
+    names[t + "ffn_norm.weight"] = h + "post_attention_layernorm.weight"
+    for ours, theirs in _attention_names(args).items():
+        names[f"{t}attention.{ours}.weight"] = f"{h}self_attn.{theirs}.weight"
+    if dense:
+        for ours, theirs in _SWIGLU.items():
+            names[f"{t}feed_forward.{ours}.weight"] = f"{h}mlp.{theirs}.weight"
+        return names
+    names[t + "feed_forward.router.gate.weight"] = h + "mlp.gate.weight"
+    if kind == "deepseek_v3":
+        names[t + "feed_forward.router.expert_bias"] = h + "mlp.gate.e_score_correction_bias"
+    if args.shared_expert_hidden_dim:
+        for ours, theirs in _SWIGLU.items():
+            names[f"{t}feed_forward.shared_expert.{ours}.weight"] = f"{h}mlp.shared_experts.{theirs}.weight"
+    return names
+
+
+def _moe_blocks(args: MoEArgs) -> list[tuple[int, str, str]]:
+    """``(block, titan prefix, Hugging Face prefix)`` of every MoE block, MTP modules' included
+    (DeepSeek's checkpoints put MTP module ``k`` at layer ``n_layers + k``)."""
+    blocks = [(i, f"layers.{i}.", f"model.layers.{i}.") for i in range(args.n_dense_layers, args.n_layers)]
+    blocks += [
+        (args.n_layers + k, f"mtp.{k}.block.", f"model.layers.{args.n_layers + k}.")
+        for k in range(args.n_mtp_layers)
+    ]
+    return blocks
+
+
 def _plain_names(args: MoEArgs, kind: str) -> dict[str, str]:
     """Every one-to-one tensor: titan name -> Hugging Face name."""
     names = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not args.tie_embeddings:
         names["output.weight"] = "lm_head.weight"
     for i in range(args.n_layers):
-        t, h = f"layers.{i}.", f"model.layers.{i}."
-        names[t + "attention_norm.weight"] = h + "input_layernorm.weight"
-        names[t + "ffn_norm.weight"] = h + "post_attention_layernorm.weight"
-        for ours, theirs in _attention_names(args).items():
-            names[f"{t}attention.{ours}.weight"] = f"{h}self_attn.{theirs}.weight"
-        if i < args.n_dense_layers:
-            for ours, theirs in _SWIGLU.items():
-                names[f"{t}feed_forward.{ours}.weight"] = f"{h}mlp.{theirs}.weight"
-            continue
-        names[t + "feed_forward.router.gate.weight"] = h + "mlp.gate.weight"
-        if kind == "deepseek_v3":
-            names[t + "feed_forward.router.expert_bias"] = h + "mlp.gate.e_score_correction_bias"
-        if args.shared_expert_hidden_dim:
-            for ours, theirs in _SWIGLU.items():
-                names[f"{t}feed_forward.shared_expert.{ours}.weight"] = (
-                    f"{h}mlp.shared_experts.{theirs}.weight"
-                )
+        names.update(_block_names(f"layers.{i}.", f"model.layers.{i}.", args, kind, i < args.n_dense_layers))
+    for k in range(args.n_mtp_layers):
+        t, h = f"mtp.{k}.", f"model.layers.{args.n_layers + k}."
+        names.update(_block_names(t + "block.", h, args, kind, dense=False))
+        names.update(
+            {
+                t + "enorm.weight": h + "enorm.weight",
+                t + "hnorm.weight": h + "hnorm.weight",
+                t + "eh_proj.weight": h + "eh_proj.weight",
+                t + "norm.weight": h + "shared_head.norm.weight",
+            }
+        )
     return names
 
 
@@ -158,8 +191,12 @@ def to_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
     for ours, theirs in names.items():
         value = state_dict[ours]
         out[theirs] = _to_halves(value, args.attn_head_dim) if ours in permuted else value
-    for i in range(args.n_dense_layers, args.n_layers):
-        t, h = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp."
+    for k in range(args.n_mtp_layers):  # DeepSeek's MTP layers carry their own copies of both
+        h = f"model.layers.{args.n_layers + k}."
+        out[h + "embed_tokens.weight"] = state_dict["tok_embeddings.weight"]
+        out[h + "shared_head.head.weight"] = state_dict["output.weight"]
+    for i, tb, hb in _moe_blocks(args):
+        t, h = tb + "feed_forward.", hb + "mlp."
         bias = state_dict.get(t + "router.expert_bias")
         if kind != "deepseek_v3" and bias is not None and bool((bias != 0).any()):
             raise UsageError(
@@ -187,8 +224,8 @@ def from_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
     for ours, theirs in names.items():
         value = state_dict[theirs]
         out[ours] = _to_pairs(value, args.attn_head_dim) if ours in permuted else value
-    for i in range(args.n_dense_layers, args.n_layers):
-        t, h = f"layers.{i}.feed_forward.", f"model.layers.{i}.mlp.experts."
+    for _, tb, hb in _moe_blocks(args):
+        t, h = tb + "feed_forward.", hb + "mlp.experts."
         if kind != "deepseek_v3":
             out[t + "router.expert_bias"] = torch.zeros(args.n_experts, dtype=torch.float32)
         if h + "gate_up_proj" in state_dict:  # transformers 5's in-memory layout
@@ -270,7 +307,13 @@ def hf_config(args: MoEArgs) -> dict[str, Any]:
         "norm_topk_prob": args.route_norm,
     }
     if kind == "deepseek_v3":
-        return {**deepseek, "rope_interleave": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+        return {
+            **deepseek,
+            "rope_interleave": True,
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "num_nextn_predict_layers": args.n_mtp_layers,
+        }
     return {**deepseek, "topk_method": "greedy", "scoring_func": "softmax"}
 
 

@@ -10,6 +10,15 @@ The model follows titan's decoder protocol (``docs/plugins.md``): built on meta,
 in place, blocks in ``layers`` (a ``ModuleDict`` keyed by block index), ``None`` ends on pipeline
 stages, ``attention_fn`` replaceable for context parallel, ``positions`` for sequence shards.
 With ``document_mask=True`` attention is block-causal over the packed documents.
+
+Multi-token prediction (``n_mtp_layers > 0``, DeepSeek-V3) adds modules after the last block
+(``mtp``, outside ``layers``): module ``k`` combines the previous depth's hidden state at position
+``i`` with the embedding of token ``i + k`` (RMSNorm each, concatenate, project ``2*dim -> dim``),
+runs one MoE block, and predicts token ``i + k + 1`` through its own RMSNorm and the shared
+output projection. The targets are the input tokens themselves, so the last ``k + 1`` positions
+of depth ``k`` have none. The mean of the depths' cross-entropies times ``mtp_loss_weight``
+enters the objective through its gradient (as the MoE balance loss does); the logits returned
+are the main model's, and ``mtp_stats`` collects the values for the router callback's logs.
 """
 
 from __future__ import annotations
@@ -23,9 +32,9 @@ from titan_core import blocks
 from titan_core.errors import UsageError
 from titan_plugins_moe.attention import Attention, MLAttention, rope_frequencies
 from titan_plugins_moe.flavors import MoEArgs, check_args
-from titan_plugins_moe.moe import MoE
+from titan_plugins_moe.moe import MoE, _AddAuxLoss, _records_this_forward
 
-__all__ = ["MoE", "MoEBlock", "MoETransformer", "build"]
+__all__ = ["MTPModule", "MoE", "MoEBlock", "MoETransformer", "build"]
 
 
 class MoEBlock(nn.Module):
@@ -53,6 +62,30 @@ class MoEBlock(nn.Module):
         self.feed_forward.init_weights(self.weight_init_std)
 
 
+class MTPModule(nn.Module):
+    """One multi-token-prediction depth (DeepSeek-V3; DeepSeek's checkpoint names in comments)."""
+
+    def __init__(self, depth: int, args: MoEArgs) -> None:
+        super().__init__()
+        self.enorm = blocks.RMSNorm(args.dim, eps=args.norm_eps)  # on the token embedding
+        self.hnorm = blocks.RMSNorm(args.dim, eps=args.norm_eps)  # on the previous hidden state
+        self.eh_proj = nn.Linear(2 * args.dim, args.dim, bias=False)
+        self.block = MoEBlock(args.n_layers + depth, args)
+        self.norm = blocks.RMSNorm(args.dim, eps=args.norm_eps)  # before the shared output
+
+    def forward(
+        self, hidden: torch.Tensor, embedded: torch.Tensor, freqs_cis: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
+        return self.block(x, freqs_cis, mask=mask)
+
+    def init_weights(self) -> None:
+        for norm in (self.enorm, self.hnorm, self.norm):
+            norm.reset_parameters()
+        nn.init.trunc_normal_(self.eh_proj.weight, mean=0.0, std=0.02)
+        self.block.init_weights()
+
+
 class MoETransformer(nn.Module):
     def __init__(self, args: MoEArgs) -> None:
         super().__init__()
@@ -64,6 +97,11 @@ class MoETransformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        self.mtp: nn.ModuleList | None = None
+        if args.n_mtp_layers:
+            self.mtp = nn.ModuleList([MTPModule(k, args) for k in range(args.n_mtp_layers)])
+        #: Per training forward, the multi-token-prediction term added (``None``: not recorded).
+        self.mtp_stats: list[torch.Tensor] | None = None
         # Not persistent: recomputed by init_weights, never checkpointed.
         self.register_buffer("freqs_cis", rope_frequencies(args, args.max_seq_len), persistent=False)
 
@@ -76,6 +114,8 @@ class MoETransformer(nn.Module):
                 nn.init.normal_(self.tok_embeddings.weight)
             for block in self.layers.values():
                 block.init_weights()
+            for module in self.mtp or []:
+                module.init_weights()
             if self.norm is not None:
                 self.norm.reset_parameters()
             if self.output is not None:
@@ -101,8 +141,41 @@ class MoETransformer(nn.Module):
         freqs_cis = self.freqs_cis[positions] if positions is not None else self.freqs_cis
         for block in self.layers.values():
             h = block(h, freqs_cis, mask=mask)
-        h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        if self.norm is None or self.output is None:
+            return h
+        logits = self.output(self.norm(h))
+        if self.mtp is not None and self.args.mtp_loss_weight > 0 and torch.is_grad_enabled():
+            logits = _AddAuxLoss.apply(logits, self._mtp_loss(tokens, h, freqs_cis))
+        return logits
+
+    def _mtp_loss(self, tokens: torch.Tensor, hidden: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        """``mtp_loss_weight`` x the mean over depths of each depth's token cross-entropy."""
+        import torch.nn.functional as F
+
+        assert self.mtp is not None and self.tok_embeddings is not None and self.output is not None
+        seq = tokens.shape[1]
+        losses = []
+        for k, module in enumerate(self.mtp, start=1):
+            n = seq - k - 1  # positions i < n have a target t[i + k + 1] among the inputs
+            if n <= 0:
+                break
+            mask = blocks.document_mask(tokens[:, :n], self.args.bos_id) if self.args.document_mask else None
+            hidden = module(hidden[:, :n], self.tok_embeddings(tokens[:, k : k + n]), freqs_cis, mask)
+            logits = self.output(module.norm(hidden))
+            target = tokens[:, k + 1 : k + 1 + n]
+            losses.append(F.cross_entropy(logits.flatten(0, 1).float(), target.flatten()))
+        if not losses:  # sequences too short to have a target at any depth
+            return hidden.new_zeros((), dtype=torch.float32)
+        loss = torch.stack(losses).sum() * (self.args.mtp_loss_weight / len(self.mtp))
+        if self.mtp_stats is not None:
+            _record_mtp(self, loss)
+        return loss
+
+
+@torch.compiler.disable
+def _record_mtp(model: MoETransformer, loss: torch.Tensor) -> None:
+    if model.mtp_stats is not None and _records_this_forward():
+        model.mtp_stats.append(loss.detach())
 
 
 def build(args: MoEArgs) -> MoETransformer:

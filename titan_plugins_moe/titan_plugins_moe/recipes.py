@@ -37,7 +37,7 @@ def qwen3_moe_debugmodel() -> TrainerConfig:
 
 
 def deepseek_v3_debugmodel() -> TrainerConfig:
-    """DeepSeek-V3 architecture at debug size (MLA, group-limited sigmoid routing), bias update + balance loss."""
+    """DeepSeek-V3 architecture at debug size (MLA, group-limited sigmoid routing), both balancings."""
     config = _debug("deepseek_v3_debugmodel", "deepseek_v3_debugmodel")
     config.moe.bias_update_rate = 0.001
     config.moe.aux_loss_weight = 0.0001

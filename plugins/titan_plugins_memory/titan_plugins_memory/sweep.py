@@ -69,7 +69,7 @@ def run_all_pp_ranks(config: Any, registry: Any, args: argparse.Namespace) -> in
         )
     pp = config.parallelism.pp
     dump_folder = config.job.dump_folder
-    logs = os.path.join(dump_folder, "memory_sweep")
+    logs = os.path.abspath(os.path.join(dump_folder, "memory_sweep"))
     os.makedirs(logs, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for pp_rank in range(pp):

@@ -2,8 +2,8 @@
 
 ``activation_checkpoint.mode``: ``full`` wraps every block of ``model.layers``. ``selective``
 follows ``selective_ac_option``: ``op`` wraps every block with a selective-checkpoint policy that
-keeps the expensive outputs (attention, every other matmul, reduce-scatters and all-to-alls, whose
-recomputation would communicate again) and recomputes the cheap elementwise rest; an integer
+keeps the expensive outputs (attention, flex attention included, every other matmul, float8's too,
+reduce-scatters and all-to-alls, whose recomputation would communicate again) and recomputes the cheap elementwise rest; an integer
 ``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...). The other fields go to
 ``torch.utils.checkpoint.checkpoint`` (non-reentrant): ``preserve_rng_state``,
 ``determinism_check`` and ``debug``.
@@ -54,7 +54,30 @@ def _ops(*names: str) -> frozenset[Any]:
     return frozenset(found)
 
 
-#: Outputs the ``op`` policy always keeps: attention (the costliest op to redo) and collectives.
+def _higher_order_ops(*names: str) -> frozenset[Any]:
+    """The higher-order operators of these names this torch build has.
+
+    A higher-order operator (``torch.ops.higher_order.NAME``) has no overloads: the selective
+    checkpoint policy is called with the operator object itself. Looked up by name, because the
+    set differs across torch 2.11-2.14 (``getattr`` on ``torch.ops.higher_order`` raises
+    ``AttributeError`` for an unknown name).
+    """
+    found = []
+    for name in names:
+        try:
+            found.append(getattr(torch.ops.higher_order, name))
+        except AttributeError:
+            continue
+    return frozenset(found)
+
+
+#: Outputs the ``op`` policy always keeps: attention (the costliest op to redo), collectives, and
+#: the maxima float8 scaling takes (``max``/``amax``; tiny outputs, the input of every scale).
+#: Flex attention appears to the policy as its higher-order operator in eager blocks, and as
+#: ``inductor_compiled_code`` when it runs through its own ``torch.compile`` with
+#: ``wrap_inductor_compiled_regions`` (``titan_core.blocks``): both are kept, or backward would
+#: run the attention forward a second time. In a compiled block the compiler decides from the
+#: same policy, so the higher-order operator must be in the set there too.
 _ALWAYS_SAVED = _ops(
     "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention",
@@ -62,31 +85,48 @@ _ALWAYS_SAVED = _ops(
     "aten._scaled_dot_product_flash_attention_for_cpu",
     "_c10d_functional.reduce_scatter_tensor",
     "_c10d_functional.all_to_all_single",
-)
+    "aten.max",
+    "aten.amax",
+) | _higher_order_ops("flex_attention", "inductor_compiled_code")
+
+#: The matmuls of which the ``op`` policy keeps every other output: bf16/fp32 ``mm`` and the
+#: float8 ``_scaled_mm`` of torchao's ``Float8Linear`` (without it, float8 blocks would
+#: recompute every matmul).
+_MATMULS = _ops("aten.mm", "aten._scaled_mm")
+
+
+def op_policy() -> Any:
+    """The ``op`` policy of one checkpointed call: ``policy(ctx, func, *args, **kwargs)``.
+
+    Always-saved operators (:data:`_ALWAYS_SAVED`) are kept, the 1st, 3rd, ... matmul
+    (:data:`_MATMULS`) of the forward are kept, the rest is recomputed. The forward and its
+    recomputation count separately and therefore make the same choice for the same matmul.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    counts = {False: 0, True: 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in _ALWAYS_SAVED:
+            return CheckpointPolicy.MUST_SAVE
+        if func in _MATMULS:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
 
 
 def op_policy_contexts() -> tuple[Any, Any]:
     """Forward and recompute contexts of one checkpointed call under the ``op`` policy.
 
     ``torch.utils.checkpoint`` calls this once per forward of a wrapped block, so the matmul
-    counters start afresh for each call; the forward and its recomputation count separately and
-    therefore make the same choice for the same matmul (odd ones kept, even ones recomputed).
+    counters start afresh for each call (:func:`op_policy`).
     """
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    mm = torch.ops.aten.mm.default
-    counts = {False: 0, True: 0}
-
-    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if func in _ALWAYS_SAVED:
-            return CheckpointPolicy.MUST_SAVE
-        if func == mm:
-            counts[ctx.is_recompute] += 1
-            if counts[ctx.is_recompute] % 2:
-                return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
+    return create_selective_checkpoint_contexts(op_policy())
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:

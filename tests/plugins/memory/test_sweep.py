@@ -18,13 +18,13 @@ import os
 
 from my_debug_configs import llama3_debugmodel_pp2_fsdp2
 
-if os.environ.get("FAKE_PP_RANK") == "1":
-    import torch
+if os.environ.get("FAKE_PP_RANK") == "1":  # the last stage computes the loss, and fails there
+    import torch.nn.functional as F
 
-    def _broken_step(self, closure=None):
-        raise RuntimeError("stage 1 optimizer exploded on purpose")
+    def _broken_loss(*args, **kwargs):
+        raise RuntimeError("stage 1 loss exploded on purpose")
 
-    torch.optim.AdamW.step = _broken_step
+    F.cross_entropy = _broken_loss
 
 
 def pp2_second_stage_fails():
@@ -76,9 +76,9 @@ def test_a_failed_coordinate_keeps_its_error(recipes: Path) -> None:
     coords = json.loads((recipes / "out" / "memory_report_all_pp_ranks.json").read_text())["coordinates"]
     ok, failed = coords
     assert not ok.get("error") and ok["peak_bytes"] > 0
-    assert "stage 1 optimizer exploded on purpose" in failed["error"]
+    assert "stage 1 loss exploded on purpose" in failed["error"]
     assert "RuntimeError" in failed["error"] and failed["returncode"] == 1
     # what the coordinate reported before failing is kept, and so is its whole output
     assert failed["params_numel"] == local_param_share(FLAVORS["debugmodel"], pp=2, pp_rank=1, tp=1, fsdp=2)
     assert "Traceback" in Path(failed["log"]).read_text()
-    assert "pp_rank 1 FAILED: " in result.stdout and "stage 1 optimizer exploded" in result.stdout
+    assert "pp_rank 1 FAILED: " in result.stdout and "stage 1 loss exploded" in result.stdout

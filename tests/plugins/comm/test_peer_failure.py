@@ -1,0 +1,68 @@
+"""A peer that dies or stalls in a 2-process gloo run ends the others with one titan line, bounded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.parallel_harness import child_env, torchrun_command
+
+RECIPE = """
+import os
+import time
+
+from titan_core import Callback, hookimpl
+from titan_core._registry import get_registry
+from tests.parallel_harness import tiny_config
+
+
+class Fault:
+    @hookimpl
+    def titan_callbacks(self):
+        return [Callback("fault", lambda trainer: self)]
+
+    def after_forward_backward(self, step):
+        if step == 2 and os.environ.get("RANK") == "1":
+            if "{fault}" == "die":
+                os._exit(3)
+            time.sleep(600)
+
+
+def layout():
+    get_registry().register(Fault(), "fault")
+    c = tiny_config(**{{"parallelism.dp_shard": 2, "training.local_batch_size": 2}})
+    c.comm.train_timeout_seconds = 15
+    c.job.dump_folder = "out"
+    return c
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["die", "stall"])
+def test_a_failed_peer_ends_rank_0_with_one_line(tmp_path: Path, fault: str) -> None:
+    import subprocess
+
+    (tmp_path / "fault_recipe.py").write_text(RECIPE.format(fault=fault))
+    result = subprocess.run(
+        torchrun_command(2, "--module", "fault_recipe", "--recipe", "layout"),
+        cwd=tmp_path,
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,  # bounded: a hang fails the test (the collective timeout is 15 s)
+    )
+    assert result.returncode != 0
+    if fault == "die":
+        # The dead rank cannot speak; torchrun names it and ends the survivors (no hang).
+        assert "exitcode: 3" in result.stderr and "local_rank: 1" in result.stderr
+        return
+    lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("titan: error:") or "]:titan: error:" in line
+    ]
+    assert any("rank 0: a collective with its peers failed" in line for line in lines), result.stderr[-3000:]
+    assert "Traceback (most recent call last)" not in "\n".join(
+        line for line in result.stderr.splitlines() if line.startswith("[rank0]")
+    )
