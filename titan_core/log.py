@@ -3,6 +3,13 @@
 Lines are rendered for a terminal when stdout is a TTY and as JSON otherwise (override with
 ``TITAN_LOG_FORMAT=console|json``). The standard library's logging (torch's warnings among it)
 goes through the same processors.
+
+In the console format the trainer's ``step`` lines read ``step 12/30 | loss 3.2100 | lr 8.00e-04
+| 1.2k tok/s | ...`` and the end-of-run ``summary`` is a block of lines; JSON keeps every value
+as a key. A run may also copy its lines, in the console format without colours, to a log file
+(:func:`attach_file`; the trainer's ``<dump_folder>/train.log``): lines logged from
+:func:`capture` on are buffered until the file is attached, so the file starts with the run's
+first line.
 """
 
 from __future__ import annotations
@@ -10,23 +17,140 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import IO, Any
 
 import structlog
 
 _configured = False
+_SHARED_KEYS = ("timestamp", "level", "event", "rank")
 
 
-def json_logs() -> bool:
-    """Whether log lines are JSON: ``TITAN_LOG_FORMAT=json``, or stdout is not a terminal."""
+def _format() -> str:
     fmt = os.environ.get("TITAN_LOG_FORMAT", "").lower()
-    return fmt == "json" or (fmt != "console" and not sys.stdout.isatty())
+    if fmt in ("json", "console"):
+        return fmt
+    return "console" if sys.stdout.isatty() else "json"
 
 
-def _renderer() -> Any:
-    if json_logs():
-        return structlog.processors.JSONRenderer()
-    return structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty(), sort_keys=False)
+def _si(value: float) -> str:
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def _step_text(event: dict[str, Any]) -> str:
+    """``step 12/30 | loss 3.2100 | lr 8.00e-04 | ...``; the values used are removed from ``event``."""
+    step, total = event.pop("step"), event.pop("of", None)
+    parts = [f"step {step}/{total}" if total else f"step {step}"]
+    if "loss" in event:
+        parts.append(f"loss {event.pop('loss'):.4f}")
+    if "lr" in event:
+        parts.append(f"lr {event.pop('lr'):.2e}")
+    if "grad_norm" in event:
+        parts.append(f"gnorm {event.pop('grad_norm'):.3f}")
+    if "tps" in event:
+        parts.append(f"{_si(event.pop('tps'))} tok/s")
+    if "mfu_pct" in event:
+        parts.append(f"mfu {event.pop('mfu_pct'):.1f}%")
+    event.pop("tflops", None)
+    for key in ("max_reserved_gib", "max_rss_gib"):
+        if key in event:
+            parts.append(f"mem {event.pop(key):.2f}GiB")
+            event.pop("max_allocated_gib", None)
+            event.pop("max_reserved_pct", None)
+            break
+    if "step_time_s" in event:
+        parts.append(f"{event.pop('step_time_s'):.3f}s/step")
+    if "eta" in event:
+        parts.append(f"eta {event.pop('eta')}")
+    return " | ".join(parts)
+
+
+def _summary_text(event: dict[str, Any]) -> str:
+    """The end-of-run block: one ``name  value`` line per field."""
+    lines = [str(event.pop("event"))]
+    keys = [k for k in list(event) if k not in _SHARED_KEYS]
+    width = max((len(k) for k in keys), default=0)
+    for key in keys:
+        lines.append(f"    {key.replace('_', ' '):<{width}}  {event.pop(key)}")
+    return "\n".join(lines)
+
+
+def _for_console(event: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``event`` with the trainer's ``step`` and ``summary`` lines made readable."""
+    event = dict(event)
+    if event.get("event") == "step" and "step" in event:
+        event["event"] = _step_text(event)
+    elif event.get("event") in ("validation",) and "step" in event:
+        step = event.pop("step")
+        event["event"] = f"validation at step {step}"
+    elif event.pop("_block", False):
+        event["event"] = _summary_text(event)
+    return event
+
+
+class _Render:
+    """The last processor: the line for stdout, and its console copy for the log file."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.json = structlog.processors.JSONRenderer()
+        self.console = structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty(), sort_keys=False)
+        self.plain = structlog.dev.ConsoleRenderer(colors=False, sort_keys=False)
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> str:
+        if _sink.capturing:
+            _sink.write(self.plain(logger, method, _for_console(event)))
+        if self.fmt == "json":
+            event.pop("_block", None)
+            return self.json(logger, method, event)
+        return self.console(logger, method, _for_console(event))
+
+
+class _FileSink:
+    """Where console copies of the lines go: a buffer until the file is attached, then the file."""
+
+    def __init__(self) -> None:
+        self.capturing = False
+        self.buffer: list[str] = []
+        self.file: IO[str] | None = None
+
+    def write(self, line: str) -> None:
+        if self.file is not None:
+            self.file.write(line + "\n")
+            self.file.flush()
+        elif len(self.buffer) < 10_000:
+            self.buffer.append(line)
+
+
+_sink = _FileSink()
+
+
+def capture() -> None:
+    """Start keeping this process's lines for a log file attached later (see :func:`attach_file`)."""
+    detach_file()
+    _sink.capturing = True
+
+
+def attach_file(path: str, *, append: bool = False) -> None:
+    """Write the lines kept since :func:`capture`, and every later one, to ``path``."""
+    file = open(path, "a" if append else "w")  # noqa: SIM115 - closed by detach_file
+    for line in _sink.buffer:
+        file.write(line + "\n")
+    file.flush()
+    _sink.buffer = []
+    _sink.file = file
+    _sink.capturing = True
+
+
+def detach_file() -> None:
+    """Stop copying lines (closing the log file, dropping lines kept for it)."""
+    if _sink.file is not None:
+        _sink.file.close()
+    _sink.file = None
+    _sink.buffer = []
+    _sink.capturing = False
 
 
 def setup_logging(**context: Any) -> None:
@@ -38,8 +162,9 @@ def setup_logging(**context: Any) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
         ]
+        render = _Render(_format())
         structlog.configure(
-            processors=[*shared, structlog.processors.format_exc_info, _renderer()],
+            processors=[*shared, structlog.processors.format_exc_info, render],
             logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
             wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
             cache_logger_on_first_use=True,
@@ -47,7 +172,7 @@ def setup_logging(**context: Any) -> None:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(
             structlog.stdlib.ProcessorFormatter(
-                processor=_renderer(),
+                processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, render],
                 foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
             )
         )

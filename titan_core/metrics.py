@@ -6,6 +6,8 @@ import json
 import os
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -76,7 +78,19 @@ class MetricsLogger:
         self.logger = get_logger("titan.metrics")
         self._t0 = time.perf_counter()
         self._steps = 0
+        self._excluded = 0.0  # seconds spent in paused() since the last row
+        #: (steps, seconds) of each row's interval, for the summary's means after warm-up.
+        self._intervals: list[tuple[int, float]] = []
         self.history: list[dict[str, float]] = []
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time spent inside out of step times and throughput (validation)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._excluded += time.perf_counter() - start
 
     def logs(self, step: int) -> bool:
         """Whether ``step`` logs (the first, every ``log_freq``-th and the last)."""
@@ -97,7 +111,8 @@ class MetricsLogger:
             return {}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - self._t0
+        elapsed = max(time.perf_counter() - self._t0 - self._excluded, 1e-9)
+        self._intervals.append((self._steps, elapsed))
         step_time = elapsed / self._steps
         tps = self.tokens_per_step / step_time
         tflops = self.flops_per_token * tps / 1e12
@@ -119,7 +134,25 @@ class MetricsLogger:
             torch.cuda.reset_peak_memory_stats(self.device)
         self._t0 = time.perf_counter()
         self._steps = 0
+        self._excluded = 0.0
         return row
+
+    def summary(self) -> dict[str, Any]:
+        """Means over the logged intervals after the first (warm-up: compilation, allocator),
+        or over all of them when there is only one; and the last logged loss."""
+        after = self._intervals[1:] or self._intervals
+        steps = sum(n for n, _ in after)
+        seconds = sum(t for _, t in after)
+        out: dict[str, Any] = {"tps": None, "mfu_pct": None, "loss": None, "warmup_excluded": False}
+        if steps and seconds > 0:
+            tps = self.tokens_per_step * steps / seconds
+            out["tps"] = tps
+            out["warmup_excluded"] = len(self._intervals) > 1
+            if self.peak:
+                out["mfu_pct"] = 100 * self.flops_per_token * tps / 1e12 / self.peak
+        losses = [r["loss"] for r in self.history if "loss" in r]
+        out["loss"] = losses[-1] if losses else None
+        return out
 
     def emit(self, row: dict[str, float]) -> None:
         """The log line of a logging step: ``step N/total`` and ETA beside the row."""

@@ -155,3 +155,21 @@ def test_a_group_command_alone_shows_its_help(command: str) -> None:
     result = run_titan(command)
     assert result.returncode == 0
     assert "list" in result.stdout and "usage:" in result.stdout
+
+
+def test_seq_len_beyond_the_models_max_is_one_error(tmp_path: Path) -> None:
+    config = tiny(tmp_path, steps=1)
+    config.training.seq_len = 4096
+    config.model.overrides = {**config.model.overrides, "max_seq_len": 2048}
+    with pytest.raises(UsageError, match=r"training\.seq_len=4096 exceeds the model's max_seq_len=2048"):
+        Trainer(config, Registry().load_entry_points())
+
+
+def test_print_config_of_an_unknown_flavor_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "flavor_recipes.py").write_text(
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n\n"
+        "def odd():\n    c = llama3_debugmodel()\n    c.model.flavor = '9B'\n    return c\n"
+    )
+    result = run_titan("run", "--module", "flavor_recipes", "--recipe", "odd", "--print-config", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "model.flavor: model 'llama3' has no flavor '9B'; known flavors:" in result.stderr

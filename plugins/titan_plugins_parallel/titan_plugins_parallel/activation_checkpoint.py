@@ -2,9 +2,9 @@
 
 ``activation_checkpoint.mode``: ``full`` wraps every block of ``model.layers``. ``selective``
 follows ``selective_ac_option``: ``op`` wraps every block with a selective-checkpoint policy that
-keeps the expensive outputs (attention, flex attention included, every other matmul, float8's too,
-reduce-scatters and all-to-alls, whose recomputation would communicate again) and recomputes the cheap elementwise rest; an integer
-``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...). The other fields go to
+keeps the expensive outputs (attention, flex attention included; every other matmul, float8's too;
+reduce-scatters and all-to-alls, whose recomputation would communicate again) and recomputes the
+cheap elementwise rest; an integer ``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...). The other fields go to
 ``torch.utils.checkpoint.checkpoint`` (non-reentrant): ``preserve_rng_state``,
 ``determinism_check`` and ``debug``.
 

@@ -118,3 +118,49 @@ def test_checkpointed_blocks_give_the_losses_of_no_checkpointing(
     assert list(trainer.parts[0].state_dict()) == keys
     assert len(losses) == len(expected) >= 5
     assert losses == pytest.approx(expected, rel=1e-5)
+
+
+class _PolicyCtx:
+    """What ``torch.utils.checkpoint`` passes a selective policy: forward or recomputation."""
+
+    def __init__(self, is_recompute: bool) -> None:
+        self.is_recompute = is_recompute
+
+
+def test_op_policy_saves_flex_attention_in_eager_and_compiled_form() -> None:
+    """Flex attention is a higher-order operator (no ``.default`` overload); through its own
+    ``torch.compile`` it reaches the policy as ``inductor_compiled_code``. Both must be kept,
+    or backward would run the attention forward again."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from titan_plugins_parallel.activation_checkpoint import op_policy
+
+    flex = torch.ops.higher_order.flex_attention  # torch 2.11-2.14 all have it
+    policy = op_policy()
+    for is_recompute in (False, True):
+        assert policy(_PolicyCtx(is_recompute), flex) == CheckpointPolicy.MUST_SAVE
+    compiled = getattr(torch.ops.higher_order, "inductor_compiled_code", None)
+    if compiled is not None:
+        assert policy(_PolicyCtx(False), compiled) == CheckpointPolicy.MUST_SAVE
+    # Cheap elementwise work is still recomputed.
+    assert policy(_PolicyCtx(False), torch.ops.aten.mul.Tensor) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_op_policy_alternates_over_bf16_and_float8_matmuls_alike() -> None:
+    """torchao's Float8Linear multiplies with ``aten._scaled_mm``: counted with ``aten.mm``, so a
+    float8 block keeps every other matmul as a bf16 block does, in forward and recomputation."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from titan_plugins_parallel.activation_checkpoint import op_policy
+
+    mm, scaled = torch.ops.aten.mm.default, torch.ops.aten._scaled_mm.default
+    order = [mm, scaled, scaled, mm, scaled]
+    policy = op_policy()
+    forward = [policy(_PolicyCtx(False), op) for op in order]
+    recompute = [policy(_PolicyCtx(True), op) for op in order]
+    save, redo = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    assert forward == recompute == [save, redo, save, redo, save]
+    # The maxima float8 scaling is computed from are kept whole.
+    assert policy(_PolicyCtx(False), torch.ops.aten.amax.default) == save
