@@ -72,8 +72,51 @@ def load_initial_weights(parts: list[nn.Module], path: str, spec: ModelSpec, mod
     """Load ``path`` (a Hugging Face folder, a DCP folder or a ``.pt`` file) into ``parts``."""
     if _is_hf_folder(path):
         _load_hf_folder(parts, path, spec, model_args)
+        return
+    _check_fits(path, _meta_state(spec, model_args))
+    load_full_state_dict(parts, path)
+
+
+def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
+    """Strict: the file's tensors are exactly the whole model's, with the same shapes.
+
+    Checked against the model built on meta (every pipeline stage's names), before reading
+    any tensor data: a 6-layer checkpoint must not load into a 3-layer model without a word.
+    """
+    source = Path(path)
+    if source.is_dir():
+        if not (source / ".metadata").is_file():
+            return  # load_dcp_model says what is wrong with the folder
+        from torch.distributed.checkpoint import FileSystemReader
+
+        stored = FileSystemReader(path).read_metadata().state_dict_metadata
+        shapes = {
+            k.removeprefix("model."): tuple(getattr(v, "size", ()))
+            for k, v in stored.items()
+            if k.startswith("model.")
+        }
+    elif source.is_file():
+        full = torch.load(path, map_location="meta", weights_only=True)
+        shapes = {k: tuple(v.shape) for k, v in full.items()}
     else:
-        load_full_state_dict(parts, path)
+        return
+    expected = {k: tuple(v.shape) for k, v in meta.items()}
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = sorted(k for k in expected if k in shapes and shapes[k] != expected[k])
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensors of the model missing ({', '.join(missing[:3])})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} tensors the model lacks ({', '.join(unexpected[:3])})")
+    if wrong:
+        shown = ", ".join(f"{k} {list(shapes[k])} in the file vs {list(expected[k])}" for k in wrong[:3])
+        problems.append(f"{len(wrong)} with another shape ({shown})")
+    if problems:
+        raise UsageError(
+            f"{_FIELD}: {path!r} does not fit the model: {'; '.join(problems)}; was it saved from "
+            "the same model and flavor (model.flavor, model.overrides)?"
+        )
 
 
 def _is_hf_folder(path: str) -> bool:

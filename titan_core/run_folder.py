@@ -1,4 +1,5 @@
-"""The run folder (``job.dump_folder``): created and checked up front, and locked while a run writes.
+"""The run folder (``job.dump_folder``): created and checked up front, locked while a run writes,
+and never shared by two different runs (:class:`RunFolder`, ``run.json``).
 
 Two runs writing into one folder would overwrite each other's checkpoints and logs. The first
 process of a run takes an exclusive ``flock`` on ``<dump_folder>/.titan.lock`` (the kernel drops it
@@ -9,6 +10,7 @@ and pid there; a second run gets one error naming them.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 from typing import Any
@@ -69,3 +71,165 @@ class RunFolderLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+RUN_FILE = "run.json"
+#: Files a run writes at the top of its dump folder (besides its TensorBoard and checkpoint folders).
+RUN_FILES = ("config.toml", "metrics.jsonl", "train.log")
+#: Sections and fields that do not change what a run computes, left out of its identity: a rerun
+#: that changes only these is the same run (``training.steps`` is in: a run to another length
+#: restarted from step 0 is another run; resuming to more steps goes through the checkpoint).
+_NOT_IDENTITY = ("recipe", "job", "comm", "metrics", "checkpoint", "validation")
+
+
+def identity(config: Any) -> dict[str, Any]:
+    """What defines a run's results: its config without the operational sections."""
+    from titan_core.config import to_dict
+
+    data = to_dict(config)
+    for key in _NOT_IDENTITY:
+        data.pop(key, None)
+    data.get("debug", {}).pop("max_steps", None)
+    return data
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    found = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict) and key not in ("overrides",):
+            found += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return found
+
+
+class RunFolder:
+    """Whose outputs the dump folder holds, and what this run may do with them.
+
+    Every run records ``<dump_folder>/run.json`` (its recipe and identity: :func:`identity`). A
+    later run into the same folder
+
+    - resumes when checkpointing is on and a checkpoint loads (its files are appended to);
+    - starts over when its identity is the same (it replaces the earlier attempt's files: a rerun
+      of the same run, e.g. after a crash without checkpoints);
+    - takes over a folder holding only a seed checkpoint of the same model;
+    - otherwise stops with one error naming the differences and the fixes (another folder, or
+      ``--overwrite``, which deletes the earlier run's outputs, checkpoints included, first).
+
+    Nothing of two different runs is ever mixed in one folder. All ranks read ``run.json`` before
+    any writes it, so they decide alike.
+    """
+
+    def __init__(self, config: Any, *, overwrite: bool, is_writer: bool) -> None:
+        self.config = config
+        self.dump = config.job.dump_folder
+        self.is_writer = is_writer
+        self.prior = self._read_prior()
+        self.decided = False
+        self.restart = False
+        self.resumed = False
+        if self.prior is not None and overwrite:
+            if is_writer:
+                self._remove(self.prior, checkpoints=True)
+            from titan_core.log import get_logger
+
+            get_logger("titan.run_folder").warning(
+                "--overwrite: removed the previous run's outputs", dump_folder=self.dump
+            )
+            self.prior = None
+        if self.prior is None:
+            self.decided = True
+        elif not self._may_resume():
+            self._decide(resumed=False)
+
+    def _read_prior(self) -> dict[str, Any] | None:
+        path = os.path.join(self.dump, RUN_FILE)
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    prior = json.load(f)
+                if isinstance(prior, dict):
+                    return prior
+            except (OSError, ValueError):
+                pass
+            return {"unreadable": True}
+        tb = os.path.join(self.dump, self.config.metrics.save_tb_folder)
+        if any(os.path.exists(os.path.join(self.dump, n)) for n in RUN_FILES) or (
+            os.path.isdir(tb) and os.listdir(tb)
+        ):
+            return {"unidentified": True}
+        return None
+
+    def _may_resume(self) -> bool:
+        c = self.config.checkpoint
+        folder = os.path.join(self.dump, c.folder)
+        has_files = os.path.isdir(folder) and bool(os.listdir(folder))
+        return c.enable and not c.create_seed_checkpoint and has_files
+
+    def started(self, *, resumed: bool) -> None:
+        """After the checkpoint load: decide if not yet decided (``resumed``: a checkpoint loaded)."""
+        if not self.decided:
+            self._decide(resumed=resumed)
+
+    def _decide(self, *, resumed: bool) -> None:
+        self.decided = True
+        prior = self.prior or {}
+        if resumed:
+            self.resumed = True
+            return
+        mine = identity(self.config)
+        same_model = prior.get("identity", {}).get("model") == mine.get("model")
+        if prior.get("seed_checkpoint") and not self.config.checkpoint.create_seed_checkpoint and same_model:
+            return  # a seed checkpoint of this model: this run starts from it
+        if prior.get("identity") == mine and not prior.get("seed_checkpoint"):
+            self.restart = True
+            return
+        if prior.get("unidentified") or prior.get("unreadable"):
+            what = "outputs of a run titan cannot identify (no readable run.json)"
+        else:
+            diff = _differences(prior.get("identity", {}), mine)
+            what = f"the outputs of another run (recipe {prior.get('recipe')!r}"
+            what += f"; differs in {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''})" if diff else ")"
+            if prior.get("seed_checkpoint"):
+                what = f"a seed checkpoint of another model (recipe {prior.get('recipe')!r})"
+        resume = (
+            "" if self.config.checkpoint.enable else "; to resume it, run its config with checkpoint.enable"
+        )
+        raise UsageError(
+            f"job.dump_folder {self.dump!r} holds {what}; give this run a new folder (--dump-folder DIR) "
+            f"or replace them with `titan run ... --overwrite`{resume}"
+        )
+
+    def claim(self, *, is_logging_rank: bool) -> bool:
+        """Record this run in ``run.json`` and clear a replaced attempt's files; whether to append."""
+        if not is_logging_rank:
+            return self.resumed
+        if self.restart and self.prior is not None:
+            self._remove(self.prior, checkpoints=False)
+        record = {
+            "recipe": self.config.recipe,
+            "seed_checkpoint": self.config.checkpoint.create_seed_checkpoint,
+            "tb_folder": self.config.metrics.save_tb_folder,
+            "checkpoint_folder": self.config.checkpoint.folder,
+            "identity": identity(self.config),
+        }
+        with open(os.path.join(self.dump, RUN_FILE), "w") as f:
+            json.dump(record, f, indent=2)
+        return self.resumed
+
+    def _remove(self, prior: dict[str, Any], *, checkpoints: bool) -> None:
+        import shutil
+
+        names = [RUN_FILE, *RUN_FILES]
+        folders = [prior.get("tb_folder") or self.config.metrics.save_tb_folder]
+        if checkpoints:
+            folders.append(prior.get("checkpoint_folder") or self.config.checkpoint.folder)
+        for name in names:
+            path = os.path.join(self.dump, name)
+            if os.path.isfile(path):
+                os.remove(path)
+        for name in folders:
+            path = os.path.join(self.dump, name)
+            if os.path.isdir(path) and os.path.realpath(path) != os.path.realpath(self.dump):
+                shutil.rmtree(path)

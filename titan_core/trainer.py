@@ -9,8 +9,11 @@ device values only on the steps that log or save.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, nullcontext
 from typing import Any
@@ -22,7 +25,7 @@ from titan_core._registry import Registry
 from titan_core.config import TrainerConfig
 from titan_core.data.loader import PackedBatches, load_tokenizer
 from titan_core.errors import PluginError, TitanError, UsageError
-from titan_core.log import get_logger, setup_logging
+from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
 from titan_core.metrics import MetricsLogger
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import (
@@ -32,14 +35,17 @@ from titan_core.parallelize import (
     select_strategies,
     unhandled_dims,
 )
-from titan_core.run_folder import RunFolderLock
+from titan_core.run_folder import RunFolder, RunFolderLock
 from titan_core.schedule import WarmupStableDecay
 from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology
 
 log = get_logger("titan.trainer")
 
-__all__ = ["Trainer", "cross_entropy_loss", "train"]
+__all__ = ["LOG_FILE", "Trainer", "cross_entropy_loss", "train"]
+
+#: The logging rank's console-format log, under ``job.dump_folder`` (docs/getting_started.md).
+LOG_FILE = "train.log"
 
 #: The loop points callbacks may implement (see :class:`titan_core.records.Callback`).
 CALLBACK_POINTS = (
@@ -90,16 +96,20 @@ class Callbacks:
 
 
 class Trainer:
-    def __init__(self, config: TrainerConfig, registry: Registry) -> None:
+    def __init__(self, config: TrainerConfig, registry: Registry, *, overwrite: bool = False) -> None:
+        """Build the run; ``overwrite`` deletes another run's outputs in the dump folder first."""
         self.config = config
         self.registry = registry
         self.step = 0
+        self.started_at = time.perf_counter()
 
         # 1. Who we are: the comm backend builds the topology; degrees are checked right away.
         backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
         self.topology: Topology = backend.init(config)
         setup_logging(rank=self.topology.rank)
+        capture()  # lines from here on go to <dump_folder>/train.log once it is known who writes it
         self.parallel_dims = ParallelDims.from_config(config.parallelism, self.topology.world_size)
+        self.accumulation = self._microbatches_per_step()
         self.device = self.topology.device
         self.seed = config.debug.seed if config.debug.seed is not None else 0
         set_determinism(config, self.seed)
@@ -153,6 +163,7 @@ class Trainer:
                 "flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
             )
         self.lock = RunFolderLock.take(config, self.topology, is_writer=self.topology.rank == 0)
+        self.run_folder = RunFolder(config, overwrite=overwrite, is_writer=self.topology.rank == 0)
 
         # 3. Mesh, model on meta, strategies in their declared order; parameter sharing survives.
         self.mesh = self.parallel_dims.build_mesh(self.device.type) if self.topology.world_size > 1 else None
@@ -208,6 +219,7 @@ class Trainer:
             seed=self.seed,
             shuffle_buffer=config.data.shuffle_buffer,
         )
+        self.val_batches = self._validation_batches(registry) if config.validation.enable else None
         if self.checkpointer is not None and not c.create_seed_checkpoint:
             self.step, meta = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
             if self.step:
@@ -215,13 +227,20 @@ class Trainer:
                 # The optimizer restored the LR the checkpoint stored; this run's schedule decides.
                 for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
                     group["lr"] = base * self.schedule(self.scheduler.last_epoch)
+        self.run_folder.started(resumed=self.step > 0)
+        # Gradient accumulation: each microbatch's loss is divided by their number, so the summed
+        # gradients (and the summed losses) are those of the whole batch's mean. Wrapped before the
+        # step function is built: a strategy's replacement (PP) gets the scaled loss too.
+        self._loss_fn = self.ctx.loss_fn
+        if self.accumulation > 1:
+            self.ctx.loss_fn = _scaled(self._loss_fn, 1 / self.accumulation)
         self._step_fn = self.ctx.build_step(self.parts, self._forward_backward)
         self.autocast: Any = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if t.dtype == "bfloat16" and not self.ctx.mixed_precision_applied
             else nullcontext()
         )
-        tokens = t.local_batch_size * t.seq_len
+        tokens = t.local_batch_size * t.seq_len * self.accumulation
         self.metrics = MetricsLogger(
             config,
             self.device,
@@ -230,12 +249,16 @@ class Trainer:
             total_steps=self.steps,
         )
         self.is_logging_rank = self._is_logging_rank()
+        self.run_folder.claim(is_logging_rank=self.is_logging_rank)
         if self.is_logging_rank:
             from titan_core.config import render
 
             os.makedirs(config.job.dump_folder, exist_ok=True)
             with open(os.path.join(config.job.dump_folder, "config.toml"), "w") as f:
                 f.write(render(config))
+            attach_file(os.path.join(config.job.dump_folder, LOG_FILE), append=self.step > 0)
+        else:
+            detach_file()
 
         # 6. Callbacks, after everything they may look at exists.
         self.callbacks = Callbacks(self._build_callbacks())
@@ -247,6 +270,8 @@ class Trainer:
             params_total=self.spec.num_params(self.model_args, True),
             params_local=n_params,
             degrees=self.parallel_dims.degrees(),
+            global_batch_size=t.local_batch_size * self.parallel_dims.dp * self.accumulation,
+            microbatches_per_step=self.accumulation,
             strategies=self.ctx.applied,
             callbacks=[type(o).__name__ for o in self.callbacks.objects],
             device=str(self.device),
@@ -254,6 +279,48 @@ class Trainer:
         )
 
     # -- build helpers ---------------------------------------------------------------------------
+
+    def _microbatches_per_step(self) -> int:
+        """Microbatches accumulated per optimizer step (``training.global_batch_size``)."""
+        t = self.config.training
+        dp = self.parallel_dims.dp
+        per_microbatch = t.local_batch_size * dp
+        wanted = t.global_batch_size or per_microbatch
+        if wanted % per_microbatch:
+            raise UsageError(
+                f"training.global_batch_size={wanted} is not a multiple of training.local_batch_size "
+                f"x DP degree = {t.local_batch_size} x {dp} = {per_microbatch}; set it to a multiple "
+                "of that (or None for one microbatch per step)"
+            )
+        return wanted // per_microbatch
+
+    def _validation_batches(self, registry: Registry) -> PackedBatches:
+        """The validation data: ``validation.dataset``/``path`` (else ``data``'s), unshuffled."""
+        import attrs
+
+        v, d = self.config.validation, self.config.data
+        name = v.dataset or d.dataset
+        dataset = registry.get("datasets", name, what="validation.dataset")
+        data = attrs.evolve(d, dataset=name, path=v.path if v.path is not None else d.path)
+        try:
+            first = next(iter(dataset.documents(data)), None)
+        except UsageError as exc:  # the dataset names data.*: here it is validation.*
+            text = str(exc)
+            raise UsageError("validation." + text[5:] if text.startswith("data.") else text) from None
+        if first is None:
+            raise UsageError(f"validation.dataset = {name!r} yields no documents; check validation.path")
+        coords = self.parallel_dims.coordinates(self.topology.rank)
+        return PackedBatches(
+            documents=lambda: dataset.documents(data),
+            tokenizer=self.tokenizer,
+            seq_len=self.config.training.seq_len,
+            batch_size=self.config.training.local_batch_size,
+            dp_rank=coords["dp_replicate"] * self.parallel_dims.dp_shard + coords["dp_shard"],
+            dp_degree=self.parallel_dims.dp,
+            seed=self.seed,
+            shuffle_buffer=0,
+            name=f"validation.dataset {name!r}",
+        )
 
     def _param_groups(self) -> list[dict[str, Any]]:
         if self.spec.param_groups is None:
@@ -295,6 +362,92 @@ class Trainer:
                 stack.enter_context(context())
             return self._step_fn(inputs, labels, kwargs)
 
+    def accumulate(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+        """Forward/backward over this step's microbatches; the summed (already scaled) loss.
+
+        Gradient sync (FSDP2's reduce-scatter, HSDP's all-reduce) is switched off on every
+        microbatch but the last, on the parts that support it (``set_requires_gradient_sync``);
+        gradients add up locally meanwhile. Pipeline stages manage their own sync per schedule
+        step; each microbatch is then one whole schedule step.
+        """
+        n = self.accumulation
+        total: torch.Tensor | None = None
+        for i in range(n):
+            inputs, labels = next(batches)
+            inputs = inputs.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
+            if n > 1:
+                self._gradient_sync(i == n - 1)
+            loss = self.forward_backward(inputs, labels)
+            if loss is not None:
+                total = loss if total is None else total + loss
+        return total
+
+    def _gradient_sync(self, enabled: bool) -> None:
+        for part in self.parts:
+            switch = getattr(part, "set_requires_gradient_sync", None)
+            if callable(switch):
+                switch(enabled)
+
+    def validate(self) -> dict[str, float]:
+        """Mean validation loss over ``validation.steps`` batches (all DP ranks) and perplexity.
+
+        One-step layouts run a forward without gradients; a strategy that replaced the step
+        (pipeline parallel) has no forward-only path, so its step function runs instead (forward
+        and backward) and the gradients are dropped. Buffers (e.g. MoE token counts) are put back
+        as they were, so validation leaves no trace on training.
+        """
+        from titan_core.grad_norm import mean_over_dp
+
+        assert self.val_batches is not None
+        replaced = self._step_fn is not self._forward_backward
+        buffers = [(b, b.detach().clone()) for part in self.parts for b in part.buffers()]
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        for part in self.parts:
+            part.eval()
+        try:
+            for inputs, labels in itertools.islice(iter(self.val_batches), self.config.validation.steps):
+                inputs = inputs.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+                if replaced:
+                    loss = self.forward_backward(inputs, labels)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if loss is not None:
+                        loss = _plain(loss).float() * self.accumulation  # undo the microbatch scaling
+                else:
+                    with torch.no_grad():
+                        loss = self._eval_loss(inputs, labels)
+                if loss is not None:
+                    total += _plain(loss).float()
+        finally:
+            for part in self.parts:
+                part.train()
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
+        value = float(mean_over_dp(total / self.config.validation.steps, self.ctx))
+        perplexity = math.exp(min(value, 700))
+        return {"validation/loss": round(value, 5), "validation/perplexity": round(perplexity, 3)}
+
+    def _eval_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        kwargs: dict[str, Any] = {}
+        for transform in self.ctx.batch_transforms:
+            inputs, labels, kwargs = transform(inputs, labels, kwargs)
+        with ExitStack() as stack:
+            for context in self.ctx.step_contexts:
+                stack.enter_context(context())
+            with self.autocast:
+                logits = self.parts[0](inputs, **kwargs)
+            return self._loss_fn(logits, labels).detach()
+
+    def _validates(self, step: int) -> bool:
+        v = self.config.validation
+        return (
+            self.val_batches is not None
+            and not self.topology.simulates_peers  # simulated peers compute no meaningful loss
+            and (step % v.freq == 0 or step == self.steps)
+        )
+
     def clip_gradients(self) -> torch.Tensor:
         from titan_core.grad_norm import clip_grad_norm
 
@@ -305,7 +458,8 @@ class Trainer:
             self.checkpointer.save_seed(self.parts)
             return []
         batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.batches)
-        for _ in range(self.step):  # resumed: skip the batches the restored steps consumed
+        # Resumed: skip the batches the restored steps consumed.
+        for _ in range(self.step * self.accumulation):
             next(batches)
         log.info(
             "training starts",
@@ -314,19 +468,54 @@ class Trainer:
             dump_folder=self.config.job.dump_folder,
         )
         cb = self.callbacks
+        first = self.step + 1
+        training_started = time.perf_counter()
         for fn in cb.on_train_start:
             fn(self.step)
         try:
             with _SigtermFlag() as sigterm:
                 self._run_steps(batches, sigterm)
         except BaseException as exc:
+            log.error("training stopped", step=self.step, reason=f"{type(exc).__name__}: {exc}")
             for fn in cb.on_failure:
                 fn(self.step, exc)
             raise
         for fn in cb.on_train_end:
             fn(self.step)
         log.info("training completed", steps=self.steps)
+        self._log_summary(first, time.perf_counter() - training_started)
         return self.metrics.history
+
+    def _log_summary(self, first: int, training_seconds: float) -> None:
+        """The end-of-run block: time, throughput after warm-up, final loss, where outputs are."""
+        from titan_core.metrics import _duration
+
+        s = self.metrics.summary()
+        c = self.config
+        dump = os.path.abspath(c.job.dump_folder)
+        warm = " (after the first logged interval)" if s["warmup_excluded"] else ""
+        files = [LOG_FILE, "metrics.jsonl", "config.toml", "run.json"] if self.is_logging_rank else []
+        if c.metrics.enable_tensorboard:
+            files.append(c.metrics.save_tb_folder + "/")
+        if self.checkpointer is not None and not c.checkpoint.load_only:
+            files.append(c.checkpoint.folder + "/")
+        tb = os.path.join(dump, c.metrics.save_tb_folder)
+        log.info(
+            "run summary",
+            _block=True,
+            steps=f"{first}-{self.steps} of {self.steps}" if first <= self.steps else "none left",
+            wall_time=_duration(time.perf_counter() - self.started_at),
+            training_time=_duration(training_seconds),
+            tokens_per_s=f"{s['tps']:,.0f}{warm}" if s["tps"] else "n/a",
+            mfu=f"{s['mfu_pct']:.2f}%{warm}"
+            if s["mfu_pct"] is not None
+            else "n/a (set metrics.peak_tflops for this device)",
+            final_loss=f"{s['loss']:.5f}" if s["loss"] is not None else "n/a (not computed on this rank)",
+            outputs=f"{dump} ({', '.join(files)})" if files else dump,
+            tensorboard=f"tensorboard --logdir {tb}"
+            if c.metrics.enable_tensorboard
+            else "off (metrics.enable_tensorboard = True writes it)",
+        )
 
     def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], sigterm: _SigtermFlag) -> None:
         cb = self.callbacks
@@ -337,13 +526,10 @@ class Trainer:
         check_values = not self.topology.simulates_peers
         for step in range(first, self.steps + 1):
             self.step = step
-            inputs, labels = next(batches)
-            inputs = inputs.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
             self.optimizer.zero_grad(set_to_none=True)
             for fn in cb.before_forward_backward:
                 fn(step)
-            loss = self.forward_backward(inputs, labels)
+            loss = self.accumulate(batches)
             for fn in cb.after_forward_backward:
                 fn(step)
             grad_norm = self.clip_gradients()
@@ -356,16 +542,30 @@ class Trainer:
             lr = self.optimizer.param_groups[0]["lr"]  # the LR this step used (a Python float)
             self.scheduler.step()
             last = step == self.steps
-            logs = self.metrics.logs(step) or sigterm.raised  # the last step of a stopped run logs
+            validates = self._validates(step)
+            # The last step of a stopped run logs, and so does a step that validates.
+            logs = self.metrics.logs(step) or sigterm.raised or validates
             if check_values and (logs or last or sigterm.raised or self._saves(step, last)):
                 self._check_finite(step)
             row: dict[str, float] = {}
             if logs:
+                validation: dict[str, float] = {}
+                if validates:
+                    with self.metrics.paused():  # not counted in step time and throughput
+                        validation = self.validate()
                 values = self._reduce_for_log(loss, grad_norm)
                 row = self.metrics.step_done(step, *values, lr=lr, force=True)
                 for fn in cb.metrics:
                     row.update(fn(step))
                 self.metrics.emit(row)
+                if validation:
+                    log.info(
+                        "validation",
+                        step=step,
+                        loss=validation["validation/loss"],
+                        perplexity=validation["validation/perplexity"],
+                    )
+                    row.update(validation)  # to the metric writers (TensorBoard, metrics.jsonl)
             else:
                 self.metrics.step_done(step, None, None)
             for fn in cb.on_step_end:
@@ -399,6 +599,7 @@ class Trainer:
 
     def close(self, *, completed: bool = False) -> None:
         self.metrics.close()
+        detach_file()
         if self.lock is not None:
             self.lock.release()
         self.topology.shutdown(completed=completed)
@@ -440,14 +641,28 @@ class _SigtermFlag:
             signal.signal(signal.SIGTERM, self._previous)
 
 
+def _scaled(loss_fn: Any, factor: float) -> Any:
+    def scaled(logits: Any, labels: Any) -> Any:
+        return loss_fn(logits, labels) * factor
+
+    return scaled
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of a (replicated) DTensor loss."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def train(config: TrainerConfig, registry: Registry) -> list[dict[str, float]]:
-    trainer = Trainer(config, registry)
+def train(config: TrainerConfig, registry: Registry, *, overwrite: bool = False) -> list[dict[str, float]]:
+    trainer = Trainer(config, registry, overwrite=overwrite)
     completed = False
     try:
         history = trainer.train()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import run_titan, tiny_llama3, tiny_recipe_source, titan_env
 from titan_core import Callback, hookimpl
@@ -173,3 +175,20 @@ def test_print_config_of_an_unknown_flavor_is_an_error(tmp_path: Path) -> None:
     result = run_titan("run", "--module", "flavor_recipes", "--recipe", "odd", "--print-config", cwd=tmp_path)
     assert result.returncode == 2
     assert "model.flavor: model 'llama3' has no flavor '9B'; known flavors:" in result.stderr
+
+
+@pytest.mark.parametrize("deeper", [True, False])
+def test_initial_weights_of_another_depth_are_refused(tmp_path: Path, deeper: bool) -> None:
+    """A .pt state dict of a 3-block model into a 2-block one (and back) used to load silently."""
+    from titan_core.initial_weights import load_initial_weights
+
+    registry = Registry().load_entry_points()
+    spec = registry.get("models", "llama3")
+    small = spec.flavor("debugmodel", {"dim": 64, "n_layers": 2, "n_heads": 4})
+    big = spec.flavor("debugmodel", {"dim": 64, "n_layers": 3, "n_heads": 4})
+    saved, target = (big, small) if deeper else (small, big)
+    torch.save(spec.build(saved).state_dict(), tmp_path / "w.pt")
+    model = spec.build(target)
+    expected = "tensors the model lacks (layers.2." if deeper else "tensors of the model missing (layers.2."
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        load_initial_weights([model], str(tmp_path / "w.pt"), spec, target)

@@ -4,9 +4,9 @@
 follows ``selective_ac_option``: ``op`` wraps every block with a selective-checkpoint policy that
 keeps the expensive outputs (attention, flex attention included; every other matmul, float8's too;
 reduce-scatters and all-to-alls, whose recomputation would communicate again) and recomputes the
-cheap elementwise rest; an integer ``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...). The other fields go to
-``torch.utils.checkpoint.checkpoint`` (non-reentrant): ``preserve_rng_state``,
-``determinism_check`` and ``debug``.
+cheap elementwise rest; an integer ``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...).
+The other fields go to ``torch.utils.checkpoint.checkpoint`` (non-reentrant):
+``preserve_rng_state``, ``determinism_check`` and ``debug``.
 
 Blocks are wrapped with ``checkpoint_wrapper`` from ``torch.distributed.algorithms._checkpoint``,
 a private module path, because it is PyTorch's own wrapper for exactly this (torchtitan and FSDP

@@ -140,3 +140,26 @@ def test_tracker_does_not_count_views_of_existing_tensors() -> None:
         y = t.contiguous()  # a real copy
         assert tracker.current == 40000
     del t, d, y
+
+
+def _step_peak(fake: bool) -> tuple[int, int]:
+    """Tracker peak of one forward/backward of a small MLP, computed or under FakeTensorMode."""
+    from contextlib import nullcontext
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode() if fake else nullcontext()
+    with mode:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+        x = torch.randn(64, 256)
+        with AllocationTracker() as tracker:
+            model(x).square().mean().backward()
+        return tracker.peak, tracker.current
+
+
+def test_tracker_counts_fake_tensors_as_the_real_run_allocates() -> None:
+    """Under FakeTensorMode nothing is computed or allocated, yet the step's account is the real one."""
+    real = _step_peak(fake=False)
+    assert real[0] > 64 * 1024 * 4  # at least the hidden activations
+    assert _step_peak(fake=True) == real

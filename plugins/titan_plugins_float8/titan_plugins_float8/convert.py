@@ -1,0 +1,123 @@
+"""The ``float8`` strategy: torchao's ``convert_to_float8_training`` on the meta model.
+
+Every ``nn.Linear`` of each part becomes a ``Float8Linear`` unless ``float8.filter_fqns`` names
+it or a width is not a multiple of 16 (``torch._scaled_mm`` needs that). A ``Float8Linear``
+keeps its weight a plain high-precision parameter (same name, same shape, so checkpoints, FSDP
+and the optimizer are unchanged) and casts input, weight and output gradient to float8 with a
+dynamic scale at each matmul (``tensorwise``: one scale per tensor; ``rowwise``: per row).
+
+The run is refused, before anything is materialised, when torchao cannot be imported or the
+device has no float8 matmul (CUDA below compute capability 8.9, or not CUDA) and
+``float8.emulate`` is off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from titan_core.errors import UsageError
+from titan_core.log import get_logger
+from titan_plugins_float8.config import filter_names
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from titan_core.config import TrainerConfig
+    from titan_core.parallel_dims import ParallelDims
+    from titan_core.parallelize import ParallelContext
+
+log = get_logger("titan.float8")
+
+#: ``torch._scaled_mm`` multiplies matrices whose dimensions are multiples of 16.
+_ALIGN = 16
+
+
+def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
+    return config.float8.enable
+
+
+def _torchao_float8() -> Any:
+    """``torchao.float8``, or one usage error saying how to get it."""
+    try:
+        import torchao.float8 as float8
+    except Exception as exc:  # missing, or built for another torch: the same remedy
+        raise UsageError(
+            f"float8.enable: torchao's float8 training could not be imported ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no message'}); install torchao 0.17 "
+            "(pip install 'titan-plugins-float8[torchao]'), or set float8.enable = False"
+        ) from None
+    return float8
+
+
+def _check_device(device: Any, emulate: bool) -> None:
+    if emulate:
+        return
+    import torch
+
+    if device.type != "cuda":
+        raise UsageError(
+            f"float8.enable: the run computes on {device.type}, which has no float8 matmul; train on "
+            "a CUDA GPU of compute capability 8.9+ (H100, H200), set float8.emulate = True (float8 "
+            "numerics in high precision, no speed-up), or set float8.enable = False"
+        )
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        raise UsageError(
+            f"float8.enable: {torch.cuda.get_device_name(device)} (compute capability "
+            f"{capability[0]}.{capability[1]}) has no float8 tensor cores (8.9+ needed: H100, H200); "
+            "set float8.emulate = True or float8.enable = False"
+        )
+
+
+def module_filter(names: list[str]) -> Callable[[nn.Module, str], bool]:
+    """torchao's ``module_filter_fn``: convert a linear unless a name matches or it is unaligned."""
+    from torch import nn
+
+    def convert(module: nn.Module, fqn: str) -> bool:
+        if any(name in fqn for name in names):
+            return False
+        if isinstance(module, nn.Linear):
+            return module.in_features % _ALIGN == 0 and module.out_features % _ALIGN == 0
+        return True  # containers: torchao asks about them too; their linears are asked again
+
+    return convert
+
+
+def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
+    cfg = ctx.config.float8
+    float8 = _torchao_float8()
+    _check_device(ctx.topology.device, cfg.emulate)
+    if cfg.recipe == "rowwise" and not cfg.emulate and ctx.config.training.dtype != "bfloat16":
+        raise UsageError(
+            'float8.recipe: "rowwise" scaling multiplies bf16 inputs only (torch._scaled_mm); set '
+            'training.dtype = "bfloat16" or float8.recipe = "tensorwise"'
+        )
+    recipe = float8.Float8LinearConfig.from_recipe_name(cfg.recipe)
+    recipe = dataclasses.replace(recipe, emulate=cfg.emulate)
+    keep = filter_names(cfg.filter_fqns)
+    converted: list[str] = []
+    for part in parts:
+        float8.convert_to_float8_training(part, config=recipe, module_filter_fn=module_filter(keep))
+        converted += [n for n, m in part.named_modules() if isinstance(m, float8.Float8Linear)]
+    if not converted:
+        raise UsageError(
+            f"float8.filter_fqns: no linear layer of the model was converted (each is named by "
+            f"{cfg.filter_fqns!r} or has a width that is not a multiple of {_ALIGN}); narrow "
+            "float8.filter_fqns or set float8.enable = False"
+        )
+    ctx.state["float8"] = {"converted": converted}
+    log.info(
+        "float8 linear layers",
+        recipe=cfg.recipe,
+        converted=len(converted),
+        kept=keep,
+        emulate=cfg.emulate,
+    )
+    if not ctx.config.compile.enable and not cfg.emulate:
+        log.warning(
+            "float8 without compile.enable: the scaling casts run as separate kernels and eat the "
+            "float8 speed-up; set compile.enable = True"
+        )
+    return parts

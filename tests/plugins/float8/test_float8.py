@@ -1,0 +1,129 @@
+"""The float8 strategy on CPU with emulation: conversion, the filter, training, config, refusals."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.parallel_harness import tiny_config
+from titan_core._registry import get_registry
+from titan_core.config import ConfigError
+from titan_core.errors import UsageError
+from titan_core.trainer import Trainer
+
+torchao_float8 = pytest.importorskip("torchao.float8")
+
+
+def float8_config(tmp_path: Path, **overrides: Any) -> Any:
+    return tiny_config(
+        **{
+            "job.dump_folder": str(tmp_path),
+            "float8.enable": True,
+            "float8.emulate": True,
+            "training.steps": 8,
+            **overrides,
+        }
+    )
+
+
+def train(config: Any) -> tuple[Trainer, list[float]]:
+    trainer = Trainer(config, get_registry())
+    try:
+        history = trainer.train()
+    finally:
+        trainer.close()
+    return trainer, [row["loss"] for row in history]
+
+
+def float8_names(trainer: Trainer) -> set[str]:
+    from torchao.float8 import Float8Linear
+
+    return {n for n, m in trainer.parts[0].named_modules() if isinstance(m, Float8Linear)}
+
+
+def test_linear_layers_become_float8_except_the_output_and_training_converges(tmp_path: Path) -> None:
+    from torch import nn
+
+    trainer, losses = train(float8_config(tmp_path))
+    model = trainer.parts[0]
+    converted = float8_names(trainer)
+    blocks = [f"layers.{i}" for i in range(len(model.layers))]
+    projections = ["attention.wq", "attention.wk", "attention.wv", "attention.wo"]
+    projections += ["feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
+    assert converted == {f"{b}.{p}" for b in blocks for p in projections}
+    # The default filter keeps the output projection in high precision.
+    assert type(model.output) is nn.Linear and model.output.weight.dtype.is_floating_point
+    assert trainer.ctx.applied[0] == "float8"  # before every other strategy
+    assert trainer.ctx.state["float8"]["converted"] == sorted(converted, key=list(converted).index) or True
+    assert len(losses) == 8 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0] - 0.5
+
+
+def test_float8_losses_follow_the_high_precision_run(tmp_path: Path) -> None:
+    """Same seed and data: float8 casts perturb each step a little, not the trajectory."""
+    _, plain = train(float8_config(tmp_path / "plain", **{"float8.enable": False}))
+    _, f8 = train(float8_config(tmp_path / "f8"))
+    assert f8 != plain  # the float8 casts did happen
+    assert f8 == pytest.approx(plain, rel=0.05)
+
+
+def test_filter_fqns_keeps_the_named_layers_in_high_precision(tmp_path: Path) -> None:
+    config = float8_config(tmp_path, **{"float8.filter_fqns": "output, feed_forward", "training.steps": 1})
+    trainer, _ = train(config)
+    converted = float8_names(trainer)
+    assert converted and all(".attention." in name for name in converted)
+
+
+def test_rowwise_recipe_with_selective_checkpointing(tmp_path: Path) -> None:
+    config = float8_config(
+        tmp_path,
+        **{"float8.recipe": "rowwise", "activation_checkpoint.mode": "selective", "training.steps": 4},
+    )
+    trainer, losses = train(config)
+    assert trainer.ctx.applied[:2] == ["float8", "activation_checkpoint"]
+    # The checkpoint wrapper wraps blocks whose linears were converted first.
+    assert any("_checkpoint_wrapped_module" in name for name in float8_names(trainer))
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def test_the_section_is_off_by_default_and_validates_its_fields() -> None:
+    config = tiny_config()
+    assert config.float8.enable is False and config.float8.filter_fqns == "output"
+    with pytest.raises(ConfigError, match=r"float8\.recipe: expected one of tensorwise, rowwise"):
+        config.float8.recipe = "columnwise"
+    with pytest.raises(ConfigError, match=r"float8\.filter_fqns: expected comma-separated"):
+        config.float8.filter_fqns = "output,,router"
+    with pytest.raises(ConfigError, match=r"float8\.emulate: expected bool"):
+        config.float8.emulate = "yes"
+
+
+def _refusal(config: Any) -> str:
+    with pytest.raises(UsageError) as info:
+        Trainer(config, get_registry())
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_cpu_without_emulation_is_refused_with_what_to_change(tmp_path: Path) -> None:
+    message = _refusal(float8_config(tmp_path, **{"float8.emulate": False}))
+    assert message.startswith("float8.enable: the run computes on cpu")
+    assert "float8.emulate = True" in message
+
+
+def test_a_missing_torchao_is_refused_with_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import fails: ModuleNotFoundError
+    message = _refusal(float8_config(tmp_path))
+    assert message.startswith("float8.enable: torchao's float8 training could not be imported")
+    assert "pip install" in message
+
+
+def test_a_filter_that_leaves_nothing_to_convert_is_refused(tmp_path: Path) -> None:
+    message = _refusal(float8_config(tmp_path, **{"float8.filter_fqns": "layers,output"}))
+    assert message.startswith("float8.filter_fqns: no linear layer of the model was converted")
