@@ -66,6 +66,11 @@ if [ -n "${MODULE:-}" ] && [ -z "${CONFIG:-}" ]; then
 fi
 CONFIG=${CONFIG:-llama3_debugmodel}
 export PYTORCH_ALLOC_CONF=${PYTORCH_ALLOC_CONF:-expandable_segments:True}
+# Log lines in the console format on a terminal: torchrun pipes the workers' output, so they
+# cannot see the terminal themselves and would print JSON. A TITAN_LOG_FORMAT already set wins.
+if [ -z "${TITAN_LOG_FORMAT:-}" ] && [ -t 1 ]; then
+  export TITAN_LOG_FORMAT=console
+fi
 
 args=()
 if [ -n "${MODULE:-}" ]; then

@@ -7,9 +7,13 @@
 #
 # Stages, run in the order given (default: titan hand peer table):
 #   titan[:CONFIG]  titan run --module bench.recipes --recipe CONFIG (default: the four configs)
+#   float8          titan's 8B shape with float8 linear layers, tensorwise and rowwise (torchao
+#                   from .whl); the table compares them with titan:bench_8b_l8_compile (bf16)
 #   hand[:CONFIG]   python3 -m bench.handloop --config CONFIG (default: the two compiled ones)
 #   peer            .peer/bench.sh, torchtitan 0.3.0's four runs of the same shapes
 #   check           python3 -m bench.gpu_perf_check (flex/GQA/recompile/1-GPU FSDP checks)
+#   float8check     python3 -m bench.gpu_float8_check (torchao on this torch, float8 numerics,
+#                   compiled float8 blocks, selective AC keeping flex attention and _scaled_mm)
 #   table           python3 bench/perf_table.py over everything measured on this machine
 #
 # The whole benchmark takes about 15 minutes, so it is meant for two back-to-back calls on the
@@ -29,6 +33,12 @@ mkdir -p "$W/data" "$OUT/logs"
 CALL=${PERF_CALL:-call@$(date +%H:%M:%S)}
 
 source bench/setup_device.sh > "$W/setup.log" 2>&1 || { cat "$W/setup.log"; exit 1; }
+# torchao for the float8 configs (one carried wheel; its CUDA extensions are not needed by float8
+# training, a failure to load them is only logged).
+for whl in .whl/torchao-*.whl; do
+  [ -f "$whl" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$whl" >> "$W/setup.log" 2>&1
+done
 tail -n 3 "$W/setup.log"
 # The same allocator setting as .peer/bench.sh gives torchtitan (it changes reserved memory).
 export PYTORCH_ALLOC_CONF=expandable_segments:True
@@ -39,7 +49,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 TITAN_CONFIGS="bench_debugmodel bench_1b bench_1b_compile bench_8b_l8_compile"
 HAND_CONFIGS="bench_1b_compile bench_8b_l8_compile"
-declare -A CAP=([bench_debugmodel]=150 [bench_1b]=230 [bench_1b_compile]=200 [bench_8b_l8_compile]=220)
+FLOAT8_CONFIGS="bench_8b_l8_compile_float8 bench_8b_l8_compile_float8_rowwise"
+declare -A CAP=([bench_debugmodel]=150 [bench_1b]=230 [bench_1b_compile]=200 [bench_8b_l8_compile]=220
+  [bench_8b_l8_compile_float8]=220 [bench_8b_l8_compile_float8_rowwise]=220)
 
 capped() { # capped NAME CAP CMD... -> $W/NAME.log; skipped when too little time is left
   local name=$1 cap=$2
@@ -72,6 +84,10 @@ for stage in "${@:-titan hand peer table}"; do
         for c in ${arg:-$TITAN_CONFIGS}; do
           capped "titan_$c" "${CAP[$c]}" python3 -m titan_core.cli run --module bench.recipes --recipe "$c"
         done ;;
+      float8)
+        for c in ${arg:-$FLOAT8_CONFIGS}; do
+          capped "titan_$c" "${CAP[$c]}" python3 -m titan_core.cli run --module bench.recipes --recipe "$c"
+        done ;;
       hand)
         for c in ${arg:-$HAND_CONFIGS}; do
           capped "hand_$c" "${CAP[$c]}" python3 -m bench.handloop --config "$c"
@@ -86,7 +102,8 @@ for stage in "${@:-titan hand peer table}"; do
       table)
         python3 bench/perf_table.py "$W" | tee "$OUT/perf_table.md"
         echo "calls:"; cat "$W/calls.txt" ;;
-      *) echo "unknown stage $st (titan[:CONFIG] hand[:CONFIG] peer check table)"; exit 2 ;;
+      float8check) capped float8check 240 python3 -m bench.gpu_float8_check; grep -aE "^(PASS|FAIL)|checks passed" "$W/float8check.log" ;;
+      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] peer check float8check table)"; exit 2 ;;
     esac
   done
 done

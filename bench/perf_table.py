@@ -12,7 +12,8 @@ head_dim x seq per token, the full attention square although the mask is causal 
 block-diagonal; titan's ``flops_per_token``) against 989 TFLOP/s (H100/H200 dense bf16).
 Memory is the largest max-reserved / max-allocated figure any step logged (torchtitan's log line
 has reserved memory only). ``ratio`` is tokens/s against torchtitan on the same config; on a
-hand-loop row, titan's tokens/s over the loop's.
+hand-loop row, titan's tokens/s over the loop's; on a float8 row, float8 over titan's bf16 run of
+the same shape (the same FLOP formula: float8 changes the precision, not the work).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ CONFIGS = {
     "bench_1b": ("1B shape, eager, 4096x8", "r2_1b_v2k_eager"),
     "bench_1b_compile": ("1B shape, compiled, 4096x8", "r3_1b_v2k_compile"),
     "bench_8b_l8_compile": ("8B shape (8 layers), compiled, 8192x4", "r4_8b_l8_v2k_compile"),
+}
+
+#: float8 config -> title; each is compared with its bf16 config (``bench.recipes.FLOAT8``).
+FLOAT8_TITLES = {
+    "bench_8b_l8_compile_float8": "8B shape (8 layers), compiled, 8192x4, float8 tensorwise",
+    "bench_8b_l8_compile_float8_rowwise": "8B shape (8 layers), compiled, 8192x4, float8 rowwise",
 }
 
 _PEER_LINE = re.compile(
@@ -145,6 +152,28 @@ def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
             elif kind == "hand loop" and titan:
                 ratio = f"titan/loop {titan['tps'] / run['tps']:.3f}"
             out.append({"config": title, "run": kind, "ratio": ratio, **run})
+    return out + float8_rows(dirs, skip)
+
+
+def float8_rows(dirs: list[Path], skip: int) -> list[dict[str, Any]]:
+    """titan's float8 runs, each with its ratio to titan's bf16 run of the same shape."""
+    from bench.recipes import FLOAT8
+
+    out = []
+    for config, title in FLOAT8_TITLES.items():
+        path = find(dirs, f"titan_{config}.log")
+        rows = json_steps(path) if path else []
+        if not rows:
+            out.append({"config": title, "run": "titan", "missing": True})
+            continue
+        run = summarize(rows, config, skip) | {"source": str(path)}
+        base_path = find(dirs, f"titan_{FLOAT8[config][0]}.log")
+        base_rows = json_steps(base_path) if base_path else []
+        ratio = ""
+        if base_rows:
+            base = summarize(base_rows, FLOAT8[config][0], skip)
+            ratio = f"{run['tps'] / base['tps']:.3f} vs titan bf16"
+        out.append({"config": title, "run": "titan", "ratio": ratio, **run})
     return out
 
 

@@ -8,6 +8,10 @@ The data and tokenizer are the peer kit's when ``bench/perf.sh`` sets ``TITAN_BE
 ``.jsonl`` file from ``.peer/make_data.py``) and ``TITAN_BENCH_TOKENIZER`` (torchtitan's test
 tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
 ``TITAN_BENCH_DOCUMENT_MASK=0`` turns document masking off (plain causal attention).
+
+``bench_8b_l8_compile_float8`` and ``..._float8_rowwise`` are ``bench_8b_l8_compile`` with
+torchao's float8 linear layers (``float8.enable``, the output projection kept in bf16): titan
+only (the float8 strategy needs the torchao wheel in ``.whl``, which ``bench/perf.sh`` installs).
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ CONFIGS: dict[str, tuple[str, dict[str, Any], int, int, int, bool]] = {
     "bench_1b_compile": ("8B", SHAPE_1B, 4096, 8, 30, True),
     "bench_8b_l8_compile": ("8B", SHAPE_8B_L8, 8192, 4, 20, True),
 }
+
+#: float8 config -> (the bf16 config it is measured against, torchao scaling recipe).
+FLOAT8: dict[str, tuple[str, str]] = {
+    "bench_8b_l8_compile_float8": ("bench_8b_l8_compile", "tensorwise"),
+    "bench_8b_l8_compile_float8_rowwise": ("bench_8b_l8_compile", "rowwise"),
+}
+CONFIGS.update({name: CONFIGS[base] for name, (base, _) in FLOAT8.items()})
 
 
 def bos_id(tokenizer_path: str | None) -> int:
@@ -78,6 +89,9 @@ def _bench(name: str) -> TrainerConfig:
     config.compile.enable = compiled
     config.metrics.log_freq = 1
     config.metrics.enable_tensorboard = False
+    if name in FLOAT8:
+        config.float8.enable = True
+        config.float8.recipe = FLOAT8[name][1]
     return config
 
 
@@ -99,3 +113,13 @@ def bench_1b_compile() -> TrainerConfig:
 def bench_8b_l8_compile() -> TrainerConfig:
     """8B layer shape with 8 layers, seq 8192 x batch 4, torch.compile per block."""
     return _bench("bench_8b_l8_compile")
+
+
+def bench_8b_l8_compile_float8() -> TrainerConfig:
+    """``bench_8b_l8_compile`` with float8 linear layers, tensorwise scaling (torchao)."""
+    return _bench("bench_8b_l8_compile_float8")
+
+
+def bench_8b_l8_compile_float8_rowwise() -> TrainerConfig:
+    """``bench_8b_l8_compile`` with float8 linear layers, rowwise scaling (torchao)."""
+    return _bench("bench_8b_l8_compile_float8_rowwise")

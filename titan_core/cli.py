@@ -175,13 +175,32 @@ def plugins_command(args: argparse.Namespace) -> int:
 
 
 def configure_recipes(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="recipes_command", metavar="{list}")
+    sub = parser.add_subparsers(dest="recipes_command", metavar="{list,show,copy}")
     listing = sub.add_parser("list", help="list recipes from plugins (or --module)")
     listing.add_argument("--module", metavar="MOD", help="list the recipes of module MOD")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
+    show = sub.add_parser("show", help="where a recipe comes from (plugin, function, file) and its docstring")
+    show.add_argument("name", metavar="NAME", help="recipe name (titan recipes list)")
+    show.add_argument("--module", metavar="MOD", help="look NAME up in module MOD instead of plugins")
+    copy = sub.add_parser(
+        "copy",
+        help="write a recipe module starting from recipe NAME, every field in view, to edit and run",
+        description="Write FILE (a .py module) with one recipe function that builds the same config as "
+        "NAME: the fields NAME changed are assignments, the others are listed with their defaults. "
+        "Run it with `titan run --module <FILE's module> --recipe <function>`.",
+    )
+    copy.add_argument("name", metavar="NAME", help="recipe to start from (titan recipes list)")
+    copy.add_argument("file", metavar="FILE", help="the module to write, e.g. my_recipes.py")
+    copy.add_argument("--module", metavar="MOD", help="look NAME up in module MOD instead of plugins")
+    copy.add_argument("--function", metavar="FN", help="name of the new recipe function (default: NAME)")
+    copy.add_argument("--force", action="store_true", help="replace FILE if it exists")
 
 
 def recipes_command(args: argparse.Namespace) -> int:
+    if args.recipes_command == "show":
+        return _recipes_show(args)
+    if args.recipes_command == "copy":
+        return _recipes_copy(args)
     if args.recipes_command != "list":
         args._parser.print_help()
         return 0
@@ -208,6 +227,65 @@ def recipes_command(args: argparse.Namespace) -> int:
     table = [("RECIPE", "FROM", "DESCRIPTION")]
     table += [(n, s, r.description) for n, (r, s) in sorted(recipes.items())]
     print_table(table)
+    return 0
+
+
+def _user_module_path() -> None:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `titan run --module` does
+
+
+def _recipes_show(args: argparse.Namespace) -> int:
+    from titan_core._registry import get_registry
+    from titan_core.recipes import describe_recipe
+
+    if args.module:
+        _user_module_path()
+    info = describe_recipe(get_registry(), args.name, args.module)
+    doc = info.pop("doc")
+    print_table([(f"{key}:", value) for key, value in info.items()])
+    print()
+    print(doc)
+    return 0
+
+
+def _recipes_copy(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from titan_core._registry import get_registry
+    from titan_core.errors import UsageError
+    from titan_core.recipes import find_recipe, recipe_module_source
+
+    path = Path(args.file)
+    function = args.function or args.name
+    if path.suffix != ".py" or not path.stem.isidentifier():
+        raise UsageError(f"FILE {args.file!r}: give a Python module file name, e.g. my_recipes.py")
+    if path.stem in sys.stdlib_module_names:
+        raise UsageError(
+            f"FILE {args.file!r}: {path.stem!r} would hide a standard-library module; choose another name"
+        )
+    if not function.isidentifier():
+        raise UsageError(f"--function {function!r}: not a Python function name; pass --function NAME")
+    if path.exists() and not args.force:
+        raise UsageError(f"FILE {args.file!r} exists; choose another file or pass --force to replace it")
+    if args.module:
+        _user_module_path()
+    registry = get_registry()
+    recipe = find_recipe(registry, args.name, args.module)
+    if args.module:
+        origin = f"module {args.module}"
+    else:
+        origin = f"plugin {registry.provider('recipes', args.name).name}"
+    folder = path.resolve().parent
+    run = f"titan run --module {path.stem} --recipe {function}"
+    if folder != Path.cwd().resolve():
+        run = f"PYTHONPATH={folder} {run}"
+    source = recipe_module_source(recipe, origin, function, run)
+    try:
+        path.write_text(source)
+    except OSError as exc:
+        raise UsageError(f"FILE {args.file!r}: cannot write it ({exc.strerror})") from None
+    print(f"wrote {path} (recipe {function}, from {args.name}); run it with:\n  {run}")
     return 0
 
 

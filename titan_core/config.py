@@ -403,6 +403,10 @@ class Debug:
     #: Stop after this many steps regardless of ``training.steps`` (``run_train.sh`` sets 1 in
     #: pure fake mode); ``None`` runs all steps.
     max_steps: int | None = field(default=None, validator=positive)
+    #: Initialise like one process (a full model copy on the host, then this rank's shards) when
+    #: the fp32 model is at most this many GiB, or whenever the mesh is on the CPU: the result
+    #: then equals the one-process initialisation for any layout (docs/parallelism.md).
+    init_full_model_max_gib: float = field(default=8.0, validator=[finite, non_negative])
     #: Record memory after init, after the first optimizer step, during steady-state
     #: forward/backward and after the optimizer step, and write
     #: ``memory_report_rank{rank}.json`` under ``job.dump_folder``; always on with the fake

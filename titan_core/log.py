@@ -25,11 +25,14 @@ _configured = False
 _SHARED_KEYS = ("timestamp", "level", "event", "rank")
 
 
-def _format() -> str:
+def json_logs() -> bool:
+    """Whether log lines are JSON: ``TITAN_LOG_FORMAT=json``, or stdout is not a terminal."""
     fmt = os.environ.get("TITAN_LOG_FORMAT", "").lower()
-    if fmt in ("json", "console"):
-        return fmt
-    return "console" if sys.stdout.isatty() else "json"
+    return fmt == "json" or (fmt != "console" and not sys.stdout.isatty())
+
+
+def _format() -> str:
+    return "json" if json_logs() else "console"
 
 
 def _si(value: float) -> str:
@@ -69,11 +72,13 @@ def _step_text(event: dict[str, Any]) -> str:
 
 def _summary_text(event: dict[str, Any]) -> str:
     """The end-of-run block: one ``name  value`` line per field."""
-    lines = [str(event.pop("event"))]
+    head = str(event.pop("event"))
+    if "rank" in event:
+        head += f" (rank {event.pop('rank')})"
     keys = [k for k in list(event) if k not in _SHARED_KEYS]
-    width = max((len(k) for k in keys), default=0)
-    for key in keys:
-        lines.append(f"    {key.replace('_', ' '):<{width}}  {event.pop(key)}")
+    labels = {k: k.replace("_per_s", "/s").replace("_", " ") for k in keys}
+    width = max((len(v) for v in labels.values()), default=0)
+    lines = [head] + [f"    {labels[k]:<{width}}  {event.pop(k)}" for k in keys]
     return "\n".join(lines)
 
 

@@ -125,3 +125,90 @@ def _unknown_attribute(exc: AttributeError) -> str | None:
 
 def _first_line(doc: str | None) -> str:
     return (doc or "").strip().split("\n")[0]
+
+
+# -- titan recipes show / copy --------------------------------------------------------------------
+
+
+def describe_recipe(registry: Registry, name: str, module: str | None = None) -> dict[str, str]:
+    """Where recipe ``name`` comes from: plugin and distribution, ``module:function``, file, docstring."""
+    recipe = find_recipe(registry, name, module)
+    fn = inspect.unwrap(recipe.fn)
+    info: dict[str, str] = {"recipe": recipe.name}
+    if module:
+        info["from"] = f"--module {module}"
+    else:
+        plugin = registry.provider("recipes", name)
+        info["plugin"] = plugin.name
+        info["distribution"] = plugin.origin or "(not installed as a distribution)"
+    info["function"] = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', recipe.name)}"
+    try:
+        file = inspect.getsourcefile(fn) or "?"
+        line = inspect.getsourcelines(fn)[1]
+        info["file"] = f"{file}:{line}"
+    except (OSError, TypeError):
+        info["file"] = "(source not available)"
+    info["doc"] = inspect.cleandoc(fn.__doc__ or "") or "(no docstring)"
+    return info
+
+
+def _literal(value: object) -> str:
+    """``value`` as Python source (config values: None, bool, int, float, str, dicts of them)."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")'
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def recipe_module_source(recipe: Recipe, origin: str, function: str, run_command: str) -> str:
+    """A user recipe module that builds the same config as ``recipe``, field by field.
+
+    Fields the recipe changed from titan's defaults are assignments (with their documentation
+    above); the others are listed commented out with their default, so every field of a core
+    section is in view. Plugin sections appear when the recipe changed one of their fields.
+    """
+    import textwrap
+
+    import attrs
+
+    from titan_core.config import CORE_SECTIONS, TrainerConfig, field_docs, to_dict
+
+    config = call_recipe(recipe)
+    mine, defaults = to_dict(config), to_dict(TrainerConfig())
+
+    doc = _first_line(recipe.fn.__doc__) or f"A copy of recipe {recipe.name!r}."
+    lines = [
+        f'"""{function}: a copy of recipe {recipe.name!r} ({origin}), written by `titan recipes copy`.',
+        "",
+        "Edit the values and run it:",
+        "",
+        f"    {run_command}",
+        '"""',
+        "",
+        "from titan_core.config import TrainerConfig",
+        "",
+        "",
+        f"def {function}() -> TrainerConfig:",
+        f'    """{doc}"""',
+        "    config = TrainerConfig()",
+    ]
+    for name, section in config.sections().items():
+        values, base = mine[name], defaults.get(name, {})
+        changed = [k for k in values if values[k] != base.get(k)]
+        if name not in CORE_SECTIONS and not changed:
+            continue
+        docs = field_docs(type(section))
+        lines += ["", f"    # [{name}]"]
+        for a in attrs.fields(type(section)):
+            key = a.name
+            assignment = f"config.{name}.{key} = {_literal(values[key])}"
+            if key in changed:
+                lines += [f"    # {text}" for text in textwrap.wrap(docs.get(key, ""), 96)]
+                lines.append(f"    {assignment}")
+            else:
+                lines.append(f"    # {assignment}  (default)")
+    lines += ["    return config", ""]
+    return "\n".join(lines)

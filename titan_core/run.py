@@ -54,6 +54,12 @@ def configure(parser: argparse.ArgumentParser, run_options: list[Any] = ()) -> N
         metavar="DIR",
         help="override job.dump_folder (where logs, metrics and reports go)",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the outputs (checkpoints included) of another run in the dump folder first; "
+        "without it such a folder is refused, unless this run resumes it (docs/getting_started.md)",
+    )
     for option in run_options:
         parser.add_argument(
             option.flag, action="store_true", dest=f"run_option_{option.name}", help=option.help
@@ -111,7 +117,7 @@ def run(args: argparse.Namespace, registry: Any) -> int:
     from titan_core.trainer import train
 
     try:
-        train(config, registry)
+        train(config, registry, overwrite=getattr(args, "overwrite", False))
     except Exception as exc:
         failure = peer_failure(exc, config)
         if failure is None:

@@ -193,12 +193,9 @@ class RunFolder:
             what += f"; differs in {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''})" if diff else ")"
             if prior.get("seed_checkpoint"):
                 what = f"a seed checkpoint of another model (recipe {prior.get('recipe')!r})"
-        resume = (
-            "" if self.config.checkpoint.enable else "; to resume it, run its config with checkpoint.enable"
-        )
         raise UsageError(
             f"job.dump_folder {self.dump!r} holds {what}; give this run a new folder (--dump-folder DIR) "
-            f"or replace them with `titan run ... --overwrite`{resume}"
+            "or replace them with `titan run ... --overwrite`"
         )
 
     def claim(self, *, is_logging_rank: bool) -> bool:

@@ -177,16 +177,25 @@ class Trainer:
             model, strategies, self.ctx, after_each=lambda parts: retie(parts, tied)
         )
 
-        # 4. Materialise this rank's shards and initialise them (PP stages get their own seed).
-        torch.manual_seed(self.seed + self.parallel_dims.coordinates(self.topology.rank)["pp"])
+        # 4. Materialise this rank's shards and initialise them, as one process would (init.py).
         for part in self.parts:
             part.to_empty(device=self.device)
         retie(self.parts, tied)
+        from titan_core.init import initialise
+
+        self.init_mode = initialise(
+            self.parts,
+            self.spec,
+            self.model_args,
+            self.seed,
+            device=self.device,
+            simulated=self.topology.simulates_peers,
+            max_full_gib=config.debug.init_full_model_max_gib,
+            pp_coordinate=self.parallel_dims.coordinates(self.topology.rank)["pp"],
+            world_size=self.topology.world_size,
+        )
         for part in self.parts:
-            with torch.no_grad():
-                part.init_weights(buffer_device=self.device)
             part.train()
-        torch.manual_seed(self.seed)
         if c.initial_load_path:
             from titan_core.initial_weights import load_initial_weights
 

@@ -32,6 +32,7 @@ def test_same_seed_same_losses_other_seed_differs(tmp_path: Path) -> None:
     first, again = losses(config), losses(config)
     assert first == again
     config.debug.seed = 1
+    config.job.dump_folder = str(tmp_path / "seed1")  # another run: its own folder
     assert losses(config) != first
 
 

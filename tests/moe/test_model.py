@@ -108,3 +108,55 @@ def test_plugin_module_does_not_import_torch() -> None:
     code = "import sys, titan_plugins_moe.plugin as p; p.titan_models(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("flavor", ["qwen3_30b_a3b", "deepseek_v3_671b", "deepseek_v2_lite"])
+def test_real_flavor_totals_match_the_published_counts(flavor: str) -> None:
+    from titan_plugins_moe.flavors import PUBLISHED, num_active_params, num_active_params_without_embedding
+
+    total, active = PUBLISHED[flavor]
+    assert abs(num_params(FLAVORS[flavor]) / total - 1) < 0.01
+    # The two active-count conventions bracket the published (rounded) figure: docs/moe.md.
+    args = FLAVORS[flavor]
+    assert num_active_params_without_embedding(args) < num_active_params(args)
+    assert num_active_params_without_embedding(args) * 0.97 < active < num_active_params(args) * 1.03
+
+
+def test_docs_flavor_table_shows_the_computed_counts() -> None:
+    import re
+    from pathlib import Path
+
+    from titan_plugins_moe.flavors import num_active_params
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "moe.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \|[^|]*\| ([\d.]+)([MB]) \| ([\d.]+)([MB]) \|", text, flags=re.M)
+    assert {name for name, *_ in rows} == set(FLAVORS)
+    for name, total, t_unit, active, a_unit in rows:
+        scale = {"M": 1e6, "B": 1e9}
+        assert f"{num_params(FLAVORS[name]) / scale[t_unit]:.2f}" == total, name
+        assert f"{num_active_params(FLAVORS[name]) / scale[a_unit]:.2f}" == active, name
+
+
+def test_layout_checks_name_what_to_change() -> None:
+    from types import SimpleNamespace
+
+    from titan_plugins_moe.flavors import validate
+
+    dims = SimpleNamespace(tp=3, pp=1, cp=1, ep=1)
+    with pytest.raises(
+        UsageError, match=r"parallelism.tp=3 must divide the model's n_heads=16, vocab_size=2048"
+    ):
+        validate(FLAVORS["debugmodel"], dims)
+    with pytest.raises(
+        UsageError, match=r"parallelism.ep=3 must divide the number of experts per layer \(8\)"
+    ):
+        validate(FLAVORS["debugmodel"], SimpleNamespace(tp=1, pp=1, cp=1, ep=3))
+    with pytest.raises(UsageError, match=r"model.overrides.n_limited_groups: n_limited_groups=9 exceeds"):
+        validate(
+            attrs.evolve(FLAVORS["deepseek_v3_671b"], n_limited_groups=9),
+            SimpleNamespace(tp=1, pp=1, cp=1, ep=1),
+        )
+    with pytest.raises(UsageError, match=r"model.overrides.score_func: expected one of 'softmax', 'sigmoid'"):
+        validate(
+            attrs.evolve(FLAVORS["debugmodel"], score_func="relu"), SimpleNamespace(tp=1, pp=1, cp=1, ep=1)
+        )

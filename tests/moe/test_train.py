@@ -72,3 +72,16 @@ def test_router_statistics_reach_the_log_and_tensorboard(tmp_path: Path) -> None
     for tag in ("moe/imbalance_max", "moe/layer1/imbalance", "moe/aux_loss", "train/loss"):
         assert tag in tags, tags
     assert [e.step for e in acc.Scalars("moe/layer3/tokens_max")] == [1, 2, 4]
+
+
+def test_activation_checkpointing_changes_neither_losses_nor_statistics(tmp_path: Path) -> None:
+    """Recomputed forwards are not counted twice: the bias update and the statistics agree."""
+    runs = {}
+    for mode in ("none", "full"):
+        config = small(recipes.deepseek_v3_debugmodel(), tmp_path / mode, steps=4)
+        config.activation_checkpoint.mode = mode
+        runs[mode] = train(config, get_registry())
+    for plain, recomputed in zip(runs["none"], runs["full"], strict=True):
+        assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+        for key in ("moe/layer1/tokens_max", "moe/layer3/tokens_min", "moe/expert_bias_absmax"):
+            assert recomputed[key] == plain[key], key

@@ -1,5 +1,15 @@
 """Llama 3 recipes: plain functions returning titan's config. Copy one into your own module and
-change what you need (``titan run --module my_project.recipes --recipe my_recipe``)."""
+change what you need (``titan run --module my_project.recipes --recipe my_recipe``).
+
+Document masking (``model.overrides.document_mask``: a token attends only within its own packed
+document; the trainer fills ``bos_id`` from the tokenizer) is on in the recipes whose layouts
+allow it: ``llama3_70b`` and ``llama3_405b`` (FSDP + TP). It stays off in ``llama3_debugmodel``
+and ``llama3_8b``, because the documented pipeline-parallel layouts are built from those two
+(``docs/debugging.md``'s ``llama3_debugmodel_pp2_fsdp2``, the 64-rank ``llama3_8b`` TP x PP x
+FSDP job), and ``flavors.validate`` refuses the mask with ``parallelism.pp > 1`` or
+``parallelism.cp > 1`` (later pipeline stages never see the tokens the mask comes from). Without
+PP or CP, turn it on with ``config.model.overrides["document_mask"] = True``.
+"""
 
 from __future__ import annotations
 
@@ -48,17 +58,23 @@ def llama3_8b() -> TrainerConfig:
     return _large("8B", 3e-4)
 
 
+def _document_masked(config: TrainerConfig) -> TrainerConfig:
+    """Block-causal attention over the packed documents (``bos_id`` comes from the tokenizer)."""
+    config.model.overrides = {**config.model.overrides, "document_mask": True}
+    return config
+
+
 def llama3_70b() -> TrainerConfig:
-    """Llama 3.1 70B, FSDP with TP 8, bf16, full activation checkpointing."""
+    """Llama 3.1 70B, FSDP with TP 8, bf16, full activation checkpointing, document masking."""
     config = _large("70B", 1.5e-4)
     config.parallelism.tp = 8
     config.activation_checkpoint.mode = "full"
-    return config
+    return _document_masked(config)
 
 
 def llama3_405b() -> TrainerConfig:
-    """Llama 3.1 405B, FSDP with TP 8, bf16, full activation checkpointing."""
+    """Llama 3.1 405B, FSDP with TP 8, bf16, full activation checkpointing, document masking."""
     config = _large("405B", 8e-5)
     config.parallelism.tp = 8
     config.activation_checkpoint.mode = "full"
-    return config
+    return _document_masked(config)

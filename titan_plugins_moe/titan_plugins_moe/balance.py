@@ -119,16 +119,18 @@ class RouterCallback:
         for _, moe in layers:
             moe.aux_loss_weight = settings.aux_loss_weight
             moe.aux_batch_size = t.local_batch_size
-        if (
-            settings.bias_update_rate == 0
-            and settings.router_stats == "off"
-            and settings.aux_loss_weight == 0
-        ):
+        mtp = mtp_models(trainer.parts)
+        asked = (
+            settings.bias_update_rate > 0 or settings.router_stats != "off" or settings.aux_loss_weight > 0
+        )
+        if not asked and not mtp:
             return None
         for _, moe in layers:
             moe.stats = []
+        for model in mtp:
+            model.mtp_stats = []
         tokens = t.local_batch_size * t.seq_len // trainer.parallel_dims.cp
-        return cls(layers, settings, tokens, _dp_group(trainer), trainer.device)
+        return cls(layers, settings, tokens, _dp_group(trainer), trainer.device, mtp)
 
     def _all_reduce(self, counts: torch.Tensor) -> torch.Tensor:
         if self.group is not None:

@@ -193,8 +193,8 @@ def to_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
         out[theirs] = _to_halves(value, args.attn_head_dim) if ours in permuted else value
     for k in range(args.n_mtp_layers):  # DeepSeek's MTP layers carry their own copies of both
         h = f"model.layers.{args.n_layers + k}."
-        out[h + "embed_tokens.weight"] = state_dict["tok_embeddings.weight"]
-        out[h + "shared_head.head.weight"] = state_dict["output.weight"]
+        out[h + "embed_tokens.weight"] = state_dict["tok_embeddings.weight"].clone()
+        out[h + "shared_head.head.weight"] = state_dict["output.weight"].clone()
     for i, tb, hb in _moe_blocks(args):
         t, h = tb + "feed_forward.", hb + "mlp."
         bias = state_dict.get(t + "router.expert_bias")

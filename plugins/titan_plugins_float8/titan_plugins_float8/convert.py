@@ -14,6 +14,7 @@ device has no float8 matmul (CUDA below compute capability 8.9, or not CUDA) and
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,17 +39,28 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     return config.float8.enable
 
 
-def _torchao_float8() -> Any:
-    """``torchao.float8``, or one usage error saying how to get it."""
+def _torchao_float8() -> tuple[Any, type]:
+    """``torchao.float8`` and its ``Float8Linear``, or one usage error saying how to get them.
+
+    torchao's import tries to load its own CUDA extensions and logs a warning per library that a
+    CPU or another CUDA build of torch cannot load; float8 training does not use them (it calls
+    ``torch._scaled_mm``), so those warnings are held back while importing.
+    """
+    torchao_log = logging.getLogger("torchao")
+    level = torchao_log.level
+    torchao_log.setLevel(logging.ERROR)
     try:
         import torchao.float8 as float8
+        from torchao.float8.float8_linear import Float8Linear
     except Exception as exc:  # missing, or built for another torch: the same remedy
         raise UsageError(
             f"float8.enable: torchao's float8 training could not be imported ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else 'no message'}); install torchao 0.17 "
             "(pip install 'titan-plugins-float8[torchao]'), or set float8.enable = False"
         ) from None
-    return float8
+    finally:
+        torchao_log.setLevel(level)
+    return float8, Float8Linear
 
 
 def _check_device(device: Any, emulate: bool) -> None:
@@ -87,7 +99,7 @@ def module_filter(names: list[str]) -> Callable[[nn.Module, str], bool]:
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     cfg = ctx.config.float8
-    float8 = _torchao_float8()
+    float8, float8_linear = _torchao_float8()
     _check_device(ctx.topology.device, cfg.emulate)
     if cfg.recipe == "rowwise" and not cfg.emulate and ctx.config.training.dtype != "bfloat16":
         raise UsageError(
@@ -100,7 +112,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     converted: list[str] = []
     for part in parts:
         float8.convert_to_float8_training(part, config=recipe, module_filter_fn=module_filter(keep))
-        converted += [n for n, m in part.named_modules() if isinstance(m, float8.Float8Linear)]
+        converted += [n for n, m in part.named_modules() if isinstance(m, float8_linear)]
     if not converted:
         raise UsageError(
             f"float8.filter_fqns: no linear layer of the model was converted (each is named by "

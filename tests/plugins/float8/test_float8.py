@@ -40,7 +40,7 @@ def train(config: Any) -> tuple[Trainer, list[float]]:
 
 
 def float8_names(trainer: Trainer) -> set[str]:
-    from torchao.float8 import Float8Linear
+    from torchao.float8.float8_linear import Float8Linear
 
     return {n for n, m in trainer.parts[0].named_modules() if isinstance(m, Float8Linear)}
 
@@ -58,15 +58,15 @@ def test_linear_layers_become_float8_except_the_output_and_training_converges(tm
     # The default filter keeps the output projection in high precision.
     assert type(model.output) is nn.Linear and model.output.weight.dtype.is_floating_point
     assert trainer.ctx.applied[0] == "float8"  # before every other strategy
-    assert trainer.ctx.state["float8"]["converted"] == sorted(converted, key=list(converted).index) or True
+    assert set(trainer.ctx.state["float8"]["converted"]) == converted
     assert len(losses) == 8 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0] - 0.5
 
 
 def test_float8_losses_follow_the_high_precision_run(tmp_path: Path) -> None:
     """Same seed and data: float8 casts perturb each step a little, not the trajectory."""
-    _, plain = train(float8_config(tmp_path / "plain", **{"float8.enable": False}))
-    _, f8 = train(float8_config(tmp_path / "f8"))
+    _, plain = train(float8_config(tmp_path / "plain", **{"float8.enable": False, "training.steps": 5}))
+    _, f8 = train(float8_config(tmp_path / "f8", **{"training.steps": 5}))
     assert f8 != plain  # the float8 casts did happen
     assert f8 == pytest.approx(plain, rel=0.05)
 

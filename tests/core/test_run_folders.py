@@ -1,0 +1,85 @@
+"""A dump folder holds one run: reruns resume, start the same run over, or are refused with the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_titan, tiny_llama3, tiny_recipe_source
+from titan_core._registry import get_registry
+from titan_core.errors import UsageError
+from titan_core.trainer import train
+
+
+def steps_in(folder: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_another_config_is_refused_with_the_fix(tmp_path: Path) -> None:
+    train(tiny_llama3(tmp_path, 2), get_registry())
+    before = (tmp_path / "metrics.jsonl").read_text()
+    config = tiny_llama3(tmp_path, 2)
+    config.training.lr = 1e-3
+    with pytest.raises(UsageError) as info:
+        train(config, get_registry())
+    message = str(info.value)
+    assert "holds the outputs of another run" in message and "training.lr: 0.003 -> 0.001" in message
+    assert "--dump-folder" in message and "--overwrite" in message
+    assert (tmp_path / "metrics.jsonl").read_text() == before  # nothing of the refused run written
+
+
+def test_same_config_starts_over_without_mixing_files(tmp_path: Path) -> None:
+    for _ in range(2):
+        config = tiny_llama3(tmp_path, 2)
+        config.metrics.enable_tensorboard = True
+        train(config, get_registry())
+    assert steps_in(tmp_path) == [1, 2]
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
+    assert (tmp_path / "train.log").read_text().count("training starts") == 1
+
+
+def test_overwrite_replaces_another_runs_outputs(tmp_path: Path) -> None:
+    config = tiny_llama3(tmp_path, 3)
+    config.metrics.enable_tensorboard = True
+    train(config, get_registry())
+    other = tiny_llama3(tmp_path, 2)
+    train(other, get_registry(), overwrite=True)
+    assert steps_in(tmp_path) == [1, 2]
+    assert not (tmp_path / "tb").exists()  # the earlier run's TensorBoard folder went with it
+    assert "steps = 2" in (tmp_path / "config.toml").read_text()
+
+
+def test_outputs_without_run_json_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    with pytest.raises(UsageError, match="outputs of a run titan cannot identify"):
+        train(tiny_llama3(tmp_path, 2), get_registry())
+
+
+def test_checkpointed_rerun_resumes_and_appends(tmp_path: Path) -> None:
+    config = tiny_llama3(tmp_path, 2)
+    config.checkpoint.enable = True
+    train(config, get_registry())
+    longer = tiny_llama3(tmp_path, 4)  # the same run, continued to 4 steps
+    longer.checkpoint.enable = True
+    rows = train(longer, get_registry())
+    assert [r["step"] for r in rows] == [3, 4]
+    assert steps_in(tmp_path) == [1, 2, 3, 4]
+    log = (tmp_path / "train.log").read_text()
+    assert "step 2/2" in log and "step 4/4" in log
+
+
+def test_cli_refuses_then_overwrite_runs(tmp_path: Path) -> None:
+    module = tmp_path / "folder_recipes.py"
+    module.write_text(tiny_recipe_source("one", 1) + tiny_recipe_source("two", 2))
+    dump = str(tmp_path / "out")
+    common = ("run", "--module", "folder_recipes", "--dump-folder", dump)
+    assert run_titan(*common, "--recipe", "one", cwd=tmp_path).returncode == 0
+    refused = run_titan(*common, "--recipe", "two", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "titan: error: job.dump_folder" in refused.stderr and "--overwrite" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    replaced = run_titan(*common, "--recipe", "two", "--overwrite", cwd=tmp_path)
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert steps_in(Path(dump)) == [1, 2]

@@ -1,0 +1,96 @@
+"""Initialising this rank's parameter shards: correct, reproducible, and independent of the layout.
+
+``init_weights`` run on sharded parameters draws random numbers shard by shard. On CUDA meshes
+DTensor's RNG tracker makes the shards differ, but the values still depend on the layout; on
+CPU meshes (gloo) torch has no such tracker, so every rank draws the same numbers and every
+shard of a matrix comes out EQUAL — a model that trains, wrongly, without a word.
+
+So whenever the whole model fits in host memory (``debug.init_full_model_max_gib``), each rank
+initialises one full, unsharded copy of the model on the CPU with the run's seed — exactly what a
+one-process run does — and copies its own shard of every parameter out of it
+(``distribute_tensor`` with ``src_data_rank=None``: no communication). The result equals the
+one-process initialisation for every layout (FSDP, HSDP, TP, PP, CP, EP and their products), so
+a seed checkpoint is only needed for models too large for host memory. Larger models on CUDA
+keep DTensor's RNG (distinct shards, layout-dependent values); under simulated peers (the fake
+backends) values are meaningless by design and the plain path is taken.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from titan_core.tied import retie, shared_parameters
+
+#: Name pieces wrappers insert (activation checkpointing, torch.compile); the full copy has none.
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+GiB = 1024**3
+
+
+def canonical_name(name: str) -> str:
+    for piece in _WRAPPER_PREFIXES:
+        name = name.replace(piece, "")
+    return name
+
+
+def full_model_bytes(spec: Any, model_args: Any) -> int:
+    """fp32 bytes of the whole model (analytic: nothing is built)."""
+    return 4 * spec.num_params(model_args, True)
+
+
+def init_like_one_process(parts: list[nn.Module], spec: Any, model_args: Any, seed: int) -> None:
+    """Overwrite every parameter of ``parts`` with its shard of the one-process initialisation."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.device("meta"):
+        full = spec.build(model_args)
+    full.to_empty(device="cpu")
+    retie([full], shared_parameters(full))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        full.init_weights(buffer_device=torch.device("cpu"))
+    source = {canonical_name(n): p for n, p in full.named_parameters(remove_duplicate=False)}
+    with torch.no_grad():
+        for part in parts:
+            for name, param in part.named_parameters(remove_duplicate=False):
+                values = source[canonical_name(name)]
+                if isinstance(param, DTensor):
+                    values = values.to(device=param.device, dtype=param.dtype)
+                    shard = distribute_tensor(values, param.device_mesh, param.placements, src_data_rank=None)
+                    param.to_local().copy_(shard.to_local())
+                else:
+                    param.copy_(values.to(device=param.device, dtype=param.dtype))
+    del full, source
+
+
+def initialise(
+    parts: list[nn.Module],
+    spec: Any,
+    model_args: Any,
+    seed: int,
+    *,
+    device: torch.device,
+    simulated: bool,
+    max_full_gib: float,
+    pp_coordinate: int,
+    world_size: int,
+) -> str:
+    """Initialise ``parts`` (buffers included); returns how (``one_process`` or ``per_shard``)."""
+    # Buffers (and, on the per-shard path, parameters) come from the model's own init_weights.
+    torch.manual_seed(seed + pp_coordinate)
+    for part in parts:
+        with torch.no_grad():
+            part.init_weights(buffer_device=device)
+    fits = full_model_bytes(spec, model_args) <= max_full_gib * GiB
+    if world_size == 1:  # the model is whole here: init_weights already did what one process does
+        torch.manual_seed(seed)
+        return "one_process"
+    if simulated or not (fits or device.type == "cpu"):
+        torch.manual_seed(seed)
+        return "per_shard"
+    init_like_one_process(parts, spec, model_args, seed)
+    torch.manual_seed(seed)
+    return "one_process"
