@@ -76,21 +76,21 @@ class RunFolderLock:
 RUN_FILE = "run.json"
 #: Files a run writes at the top of its dump folder (besides its TensorBoard and checkpoint folders).
 RUN_FILES = ("config.toml", "metrics.jsonl", "train.log")
-#: Sections and fields that do not change what a run computes, left out of its identity: a rerun
-#: that changes only these is the same run (``training.steps`` is in: a run to another length
-#: restarted from step 0 is another run; resuming to more steps goes through the checkpoint).
-_NOT_IDENTITY = ("recipe", "job", "comm", "metrics", "checkpoint", "validation")
+#: The sections that define a run's results (plus ``debug.seed``); the others (job, metrics,
+#: comm, checkpoint, validation, debug switches, plugin sections) are operational: a rerun that
+#: changes only those is the same run. ``training.steps`` is in: a run to another length started
+#: from step 0 is another run (resuming to more steps goes through the checkpoint).
+_IDENTITY = ("model", "data", "training", "parallelism")
 
 
 def identity(config: Any) -> dict[str, Any]:
-    """What defines a run's results: its config without the operational sections."""
+    """What defines a run's results: see :data:`_IDENTITY`."""
     from titan_core.config import to_dict
 
     data = to_dict(config)
-    for key in _NOT_IDENTITY:
-        data.pop(key, None)
-    data.get("debug", {}).pop("max_steps", None)
-    return data
+    found = {key: data[key] for key in _IDENTITY}
+    found["debug"] = {"seed": data["debug"]["seed"]}
+    return found
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -227,6 +227,8 @@ class Trainer:
             dp_degree=self.parallel_dims.dp,
             seed=self.seed,
             shuffle_buffer=config.data.shuffle_buffer,
+            name=f"data.dataset {config.data.dataset!r}"
+            + (f" at data.path {config.data.path!r}" if config.data.path else ""),
         )
         self.val_batches = self._validation_batches(registry) if config.validation.enable else None
         if self.checkpointer is not None and not c.create_seed_checkpoint:
