@@ -84,6 +84,21 @@ def test_private_api_exists(module: str, path: str, why: str) -> None:
         pytest.fail(f"torch {torch.__version__} lacks {module}.{path} ({exc}); used by {why}")
 
 
+def test_grouped_mm_has_a_public_or_private_entry() -> None:
+    """The MoE plugin's grouped GEMM: torch.nn.functional.grouped_mm, or torch._grouped_mm before it."""
+    import torch
+    import torch.nn.functional as F
+
+    assert hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm"), "no grouped GEMM in this torch"
+
+
+def test_storage_info_fields_the_dcp_plugin_reads() -> None:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    fields = set(getattr(_StorageInfo, "__dataclass_fields__", {}))
+    assert {"relative_path", "offset", "length"} <= fields, fields
+
+
 def test_overrides_still_override_a_base_method() -> None:
     """The fake pipeline stage's overrides must shadow methods the base class really calls."""
     from torch.distributed.pipelining.stage import PipelineStage

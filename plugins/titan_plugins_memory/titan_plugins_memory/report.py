@@ -84,6 +84,17 @@ def tensor_account(parts: list[nn.Module], optimizer: torch.optim.Optimizer) -> 
     return account
 
 
+def execution_fake_mode(parts: list[nn.Module]) -> Any:
+    """The FakeTensorMode the model runs under (its parameters are fake tensors), or ``None``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for part in parts:
+        for p in part.parameters():
+            local = local_shard(p)
+            return local.fake_mode if isinstance(local, FakeTensor) else None
+    return None
+
+
 def accounted_bytes(account: dict[str, int]) -> int:
     return sum(account[k] for k in ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_state_bytes"))
 
@@ -222,7 +233,7 @@ class MemoryReport:
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self._base_bytes = accounted_bytes(tensor_account(self._parts, self._optimizer))
-            self._tracker = AllocationTracker()
+            self._tracker = AllocationTracker(fake_mode=execution_fake_mode(self._parts))
             self._tracker.__enter__()
 
     def after_forward_backward(self, step: int) -> None:

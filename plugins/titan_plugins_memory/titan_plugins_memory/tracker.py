@@ -73,8 +73,12 @@ def _address(storage: torch.UntypedStorage) -> int:
 class AllocationTracker(TorchDispatchMode):
     """Bytes of the storages operators create (or resize) while active, current and peak."""
 
-    def __init__(self, history: int = 0) -> None:
+    def __init__(self, history: int = 0, fake_mode: Any = None) -> None:
         super().__init__()
+        #: The FakeTensorMode the run executes under, if any: its fake tensors stand for real
+        #: memory and are counted. Other fake tensors (DTensor's sharding propagation makes some
+        #: to infer shapes) hold nothing and are not.
+        self.fake_mode = fake_mode
         self.current = 0
         self.peak = 0
         self._sizes: dict[int, int] = {}
@@ -157,7 +161,12 @@ class AllocationTracker(TorchDispatchMode):
                         if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
                     }
                 if id(storage) not in inputs:
-                    self._add(storage, fake=isinstance(t, FakeTensor))
+                    fake = (
+                        self.fake_mode is not None
+                        and isinstance(t, FakeTensor)
+                        and t.fake_mode is self.fake_mode
+                    )
+                    self._add(storage, fake=fake)
         return out
 
     def __enter__(self) -> AllocationTracker:

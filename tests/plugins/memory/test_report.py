@@ -153,7 +153,7 @@ def _step_peak(fake: bool) -> tuple[int, int]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
         x = torch.randn(64, 256)
-        with AllocationTracker() as tracker:
+        with AllocationTracker(fake_mode=mode if fake else None) as tracker:
             model(x).square().mean().backward()
         return tracker.peak, tracker.current
 
@@ -163,3 +163,15 @@ def test_tracker_counts_fake_tensors_as_the_real_run_allocates() -> None:
     real = _step_peak(fake=False)
     assert real[0] > 64 * 1024 * 4  # at least the hidden activations
     assert _step_peak(fake=True) == real
+
+
+def test_tracker_ignores_fake_tensors_of_another_mode() -> None:
+    """DTensor infers shapes on fake tensors of its own: they hold no memory of the run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with AllocationTracker() as tracker:
+        with FakeTensorMode():
+            shape_only = torch.empty(1024, 1024)
+        real = torch.empty(256)
+    assert tracker.current == 1024 and shape_only.shape == (1024, 1024)
+    del real
