@@ -44,8 +44,8 @@ DUMP_KEY = "titan_fr/dump"
 ACK_PREFIX = "titan_fr/dumped/"
 #: How long the failing rank waits for its peers' dumps before the error propagates.
 ACK_SECONDS = 20.0
-#: How often the watchdog thread looks for a dump request.
-POLL_SECONDS = 0.25
+#: How often the watchdog thread looks for a dump request (one store lookup per rank each time).
+POLL_SECONDS = 1.0
 
 
 def dump_path(dump_folder: str, rank: int) -> str:
@@ -103,8 +103,9 @@ class GlooFlightRecorder:
 
     def on_train_start(self, step: int) -> None:
         self.step = step
-        self._thread = threading.Thread(target=self._watch, name="titan-fr-watchdog", daemon=True)
-        self._thread.start()
+        if self.store is not None:
+            self._thread = threading.Thread(target=self._watch, name="titan-fr-watchdog", daemon=True)
+            self._thread.start()
 
     def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
         self.step = step
@@ -117,6 +118,8 @@ class GlooFlightRecorder:
         self.step = step
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ''}"
         self.dump(reason)
+        if self.store is None:
+            return
         try:
             self.store.set(DUMP_KEY, f"rank {self.rank} at step {step}: {reason}")
             keys = [f"{ACK_PREFIX}{r}" for r in self.peers if r != self.rank]
@@ -202,6 +205,10 @@ def build(trainer: Any) -> GlooFlightRecorder | None:
         return None
     import torch.distributed as dist
 
-    store = dist.distributed_c10d._get_default_store()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError) as exc:  # no store to reach the peers through
+        log.warning("flight recorder: no store to ask peers to dump; only this rank will", error=str(exc))
+        store = None
     peers = sorted({r for group in groups for r in dist.get_process_group_ranks(group or dist.group.WORLD)})
     return GlooFlightRecorder(trainer.config.job.dump_folder, dist.get_rank(), peers, store)

@@ -106,19 +106,24 @@ def warm_up_optimizer(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
     multiplies the weights by ``1 - lr * weight_decay`` before its update; both factors are then
     exactly 1 and 0), then every ``step`` counter back to 0, so the next real step computes what
     it would have computed on fresh state (Adam's moments of zero gradients are zeros). The
-    gradients are dropped again.
+    gradients are dropped again. On the CPU the step runs per parameter (``foreach=False``) so its
+    temporaries do not raise the process's peak RSS.
     """
     if any(optimizer.state.get(p) for p in params):
         return False  # e.g. restored from a checkpoint
-    saved = [
-        (group, {k: group[k] for k in ("lr", "weight_decay") if k in group})
-        for group in optimizer.param_groups
-    ]
+    # On the CPU the multi-tensor path's temporaries (a few copies of every shard) would stay in
+    # the process's heap and in its peak RSS; the per-parameter path makes the same state.
+    keys = ("lr", "weight_decay", "foreach")
+    saved = [(group, {k: group[k] for k in keys if k in group}) for group in optimizer.param_groups]
+    on_cpu = all(local_shard(p).device.type == "cpu" for p in params)
     had_grad = {id(p) for p in params if p.grad is not None}
     try:
         for group, values in saved:
             for key, value in values.items():
-                group[key] = torch.zeros_like(value) if isinstance(value, torch.Tensor) else 0.0
+                if key == "foreach":
+                    group[key] = False if on_cpu and not group.get("fused") else value
+                else:
+                    group[key] = torch.zeros_like(value) if isinstance(value, torch.Tensor) else 0.0
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

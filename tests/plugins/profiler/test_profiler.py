@@ -181,7 +181,7 @@ def _vm_data() -> int:
 
 
 # This process may map 1.5 GiB more than it has now: far more than the tiny model needs, far less
-# than the 4 GiB of logits (or the feed-forward's activations) this recipe's batch makes.
+# than the 2 GiB of logits (or the attention scores) this recipe's batch makes.
 resource.setrlimit(resource.RLIMIT_DATA, (_vm_data() + 1536 * 2**20, resource.RLIM_INFINITY))
 """
 
@@ -190,7 +190,8 @@ def test_cpu_out_of_memory_leaves_the_exit_snapshot_and_one_clear_line(tmp_path:
     huge = {
         **SNAPSHOT_RUN,
         "training.seq_len": 512,
-        "training.local_batch_size": 1024,  # logits: 1024 x 512 x vocab 2048 in float32
+        "training.local_batch_size": 512,  # logits: 512 x 512 x vocab 2048 in float32, 2 GiB
+        "data.bundled_documents": 2500,  # enough text for one such batch
         "model.overrides": {"dim": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
     }
     result = _run(tmp_path, huge, OOM_HEADER)
