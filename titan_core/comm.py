@@ -102,10 +102,19 @@ def end_process_groups(completed: bool, barrier_group: Any = None) -> None:
 
 
 def enable_flight_recorder(config: TrainerConfig, device: torch.device) -> None:
-    """On CUDA with ``comm.trace_buf_size > 0``: NCCL groups created from now on record and dump."""
-    if config.comm.trace_buf_size > 0 and device.type == "cuda":
+    """With ``comm.trace_buf_size > 0``: process groups created from now on record collectives.
+
+    On CUDA, NCCL dumps them itself on a timeout; on CPU torch records gloo collectives into the
+    same buffer (of ``comm.trace_buf_size`` entries) and the comm plugin's flight-recorder
+    callback dumps them.
+    """
+    if config.comm.trace_buf_size <= 0:
+        return
+    if device.type == "cuda":
         os.environ.update(flight_recorder_env(config, os.environ))
         os.makedirs(os.path.join(config.job.dump_folder, "comm_traces"), exist_ok=True)
+    elif not any(n in os.environ for n in _FR_BUFFER):
+        os.environ[_FR_BUFFER[0]] = str(config.comm.trace_buf_size)
 
 
 def flight_recorder_env(config: TrainerConfig, environ: Mapping[str, str]) -> dict[str, str]:

@@ -28,3 +28,14 @@ def describe(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocator's out-of-memory error: CUDA's ``torch.OutOfMemoryError``, or
+    the ``RuntimeError`` the CPU allocator raises. (Checked by name: no torch import.)"""
+    if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _CPU_OOM)

@@ -118,9 +118,9 @@ class MetricsLogger:
         tflops = self.flops_per_token * tps / 1e12
         row: dict[str, float] = {"step": step}
         if loss is not None:
-            row["loss"] = round(loss, 5)
+            row["loss"] = loss  # full precision: titan compare tells 1e-6 apart
         if grad_norm is not None:
-            row["grad_norm"] = round(grad_norm, 4)
+            row["grad_norm"] = grad_norm
         if lr is not None:
             row["lr"] = float(f"{lr:.4g}")
         row["tps"] = round(tps, 1)

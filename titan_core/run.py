@@ -119,11 +119,26 @@ def run(args: argparse.Namespace, registry: Any) -> int:
     try:
         train(config, registry, overwrite=getattr(args, "overwrite", False))
     except Exception as exc:
-        failure = peer_failure(exc, config)
+        failure = peer_failure(exc, config) or out_of_memory(exc, config)
         if failure is None:
             raise
         raise failure from None
     return 0
+
+
+def out_of_memory(exc: BaseException, config: Any) -> Exception | None:
+    """One titan error for an allocator's out-of-memory error (CUDA or CPU), else ``None``."""
+    from titan_core.errors import TitanError, is_out_of_memory
+
+    if not is_out_of_memory(exc):
+        return None
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    rank = os.environ.get("RANK", "0")
+    return TitanError(
+        f"out of memory on rank {rank} ({first[:200]}); lower training.local_batch_size or "
+        "training.seq_len, turn on activation_checkpoint.mode, or shard more (parallelism.*); "
+        f"a memory snapshot is in {config.job.dump_folder} when profiler.enable_memory_snapshot is on"
+    )
 
 
 #: Exception names torch raises when a collective with a peer fails (2.11-2.14).

@@ -481,9 +481,9 @@ class Trainer:
         cb = self.callbacks
         first = self.step + 1
         training_started = time.perf_counter()
-        for fn in cb.on_train_start:
-            fn(self.step)
         try:
+            for fn in cb.on_train_start:
+                fn(self.step)
             with _SigtermFlag() as sigterm:
                 self._run_steps(batches, sigterm)
         except BaseException as exc:

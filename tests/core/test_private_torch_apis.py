@@ -50,7 +50,27 @@ PRIVATE_APIS = [
     ),
     ("torch.cuda.memory", "_snapshot", "profiler/memory plugins: the allocator's snapshot"),
     ("torch.cuda.memory", "_dump_snapshot", "profiler plugin: writes the snapshot pickle"),
-    ("torch.cuda", "_memory_viz", "memory plugin: reads snapshot pickles for `titan memory view`"),
+    (
+        "torch.cuda",
+        "_memory_viz",
+        "memory plugin's tests and bench/gpu_debug.py read snapshot pickles with it",
+    ),
+    (
+        "torch._subclasses.fake_tensor",
+        "FakeTensor",
+        "memory plugin tracker: fake tensors stand for real memory",
+    ),
+    (
+        "torch._C._distributed_c10d",
+        "_dump_fr_trace",
+        "comm plugin: dumps the gloo flight recorder (no public API)",
+    ),
+    ("torch.distributed.distributed_c10d", "_get_default_store", "comm plugin: peers ask each other to dump"),
+    (
+        "torch.distributed.distributed_c10d",
+        "_world",
+        "comm plugin: process-group names for the dumps (pg_names)",
+    ),
     (
         "torch.distributed.pipelining.stage",
         "PipelineStage._warmup_forward_vote",

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import re
 
-_CPU_OOM = re.compile(r"DefaultCPUAllocator: (can't allocate memory|not enough memory)")
+from titan_core.errors import is_out_of_memory  # one predicate for every device: the core's
+
 _TRIED = re.compile(r"you tried to allocate (\d+) bytes")
 
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocator's out-of-memory error (CUDA or CPU)."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and _CPU_OOM.search(str(exc)) is not None
+__all__ = ["is_out_of_memory", "oom_message", "requested_bytes"]
 
 
 def requested_bytes(exc: BaseException) -> int | None:
