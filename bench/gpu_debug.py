@@ -85,7 +85,12 @@ def check_oom(out: Path) -> bool:
     folder = out / "oom"
     overrides = {
         **BASE,
-        "training.local_batch_size": 4096,  # logits alone: 4096 x 2048 x 2048 x 4 bytes = 64 GiB
+        # 16 x 32768 tokens: each (tokens, dim) bf16 activation is 4 GiB, and four 8B layers keep
+        # dozens of them for backward; the corpus must hold one batch (the loader checks it).
+        "training.local_batch_size": 16,
+        "training.seq_len": 32768,
+        "model.overrides": {**BASE["model.overrides"], "max_seq_len": 32768},
+        "data.bundled_documents": 120000,
         "profiler.enable_memory_snapshot": True,
         "profiler.memory_snapshot_freq": 100,
     }
