@@ -192,3 +192,48 @@ def test_initial_weights_of_another_depth_are_refused(tmp_path: Path, deeper: bo
     expected = "tensors the model lacks (layers.2." if deeper else "tensors of the model missing (layers.2."
     with pytest.raises(UsageError, match=re.escape(expected)):
         load_initial_weights([model], str(tmp_path / "w.pt"), spec, target)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"n_layers": 0}, "model.overrides.n_layers: expected a positive integer, got 0"),
+        ({"n_heads": 5}, "dim=64 must be a multiple of n_heads=5"),
+    ],
+)
+def test_model_arguments_that_cannot_build_are_one_error(
+    tmp_path: Path, overrides: dict, expected: str
+) -> None:
+    config = tiny(tmp_path, steps=1)
+    config.model.overrides = {**config.model.overrides, **overrides}
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        Trainer(config, Registry().load_entry_points())
+
+
+class _SigtermAtWithCheckpoint(_SigtermAt):
+    pass
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_a_resume_loses_nothing(tmp_path: Path) -> None:
+    from titan_core.trainer import Terminated
+
+    def config(steps: int = 6) -> object:
+        c = tiny(tmp_path / "run", steps)
+        c.checkpoint.enable = True
+        c.checkpoint.interval = 100  # only the SIGTERM save and the last step
+        c.metrics.log_freq = 1
+        return c
+
+    registry = Registry().load_entry_points()
+    registry.register(_SigtermAtWithCheckpoint(3), "sigterm")
+    with pytest.raises(Terminated, match="at step 3 after saving a checkpoint"):
+        train(config(), registry)
+    assert (tmp_path / "run" / "checkpoint" / "step-3").is_dir()
+    resumed = train(config(), Registry().load_entry_points())
+    assert [r["step"] for r in resumed] == [4, 5, 6]
+    straight_config = tiny(tmp_path / "straight", 6)
+    straight_config.metrics.log_freq = 1
+    straight = train(straight_config, Registry().load_entry_points())
+    by_step = {r["step"]: r["loss"] for r in straight}
+    assert all(abs(r["loss"] - by_step[r["step"]]) < 1e-4 * abs(by_step[r["step"]]) for r in resumed)

@@ -115,6 +115,11 @@ def check_tp(args: Llama3Args, tp: int) -> None:
 def validate(args: Llama3Args, parallel_dims: Any) -> None:
     """``ModelSpec.validate``: refuse what this model cannot do under ``parallel_dims``, before
     anything is built. One :class:`UsageError` per problem, naming what to change."""
+    for name in ("n_layers", "dim", "n_heads", "vocab_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(
+                f"model.overrides.{name}: expected a positive integer, got {getattr(args, name)}"
+            )
     if args.dim % args.n_heads:
         raise UsageError(
             f"model.overrides: dim={args.dim} must be a multiple of n_heads={args.n_heads} "
