@@ -286,3 +286,38 @@ class Attention(nn.Module):
         for linear in (self.wq, self.wk, self.wv):
             nn.init.trunc_normal_(linear.weight, mean=0.0, std=0.02)
         nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=std)
+
+
+def tp_plan_ends(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
+    """The tensor-parallel plan of a decoder's ends, shared by titan's model plugins.
+
+    The token embedding is split over the vocabulary and hands the first block a sequence shard;
+    the final norm runs on sequence shards; the output projection gathers the sequence and keeps
+    its logits split over the vocabulary under loss parallelism (``Shard(-1)``) or replicates
+    them. Missing ends (``None`` on a middle pipeline stage) are skipped. Tied embeddings are
+    re-tied: both weights are ``Shard(0)`` over the vocabulary on the same mesh.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    top: dict[str, Any] = {}
+    if getattr(model, "tok_embeddings", None) is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if getattr(model, "norm", None) is not None:
+        top["norm"] = SequenceParallel()
+    if getattr(model, "output", None) is not None:
+        top["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    tied = getattr(getattr(model, "args", None), "tie_embeddings", False)
+    if tied and model.tok_embeddings is not None and model.output is not None:
+        model.output.weight = model.tok_embeddings.weight

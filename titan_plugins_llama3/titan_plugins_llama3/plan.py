@@ -36,23 +36,10 @@ def apply_tp(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:
         parallelize_module,
     )
 
+    from titan_core.blocks import tp_plan_ends
+
     check_tp(model.args, tp_mesh.size())
-    top: dict[str, Any] = {}
-    if model.tok_embeddings is not None:
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    if model.norm is not None:
-        top["norm"] = SequenceParallel()
-    if model.output is not None:
-        top["output"] = ColwiseParallel(
-            input_layouts=Shard(1),
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        )
-    if top:
-        parallelize_module(model, tp_mesh, top)
-    if model.args.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
-        # Both weights are now Shard(0) over the vocabulary on the same mesh: tie them again.
-        model.output.weight = model.tok_embeddings.weight
+    tp_plan_ends(model, tp_mesh, loss_parallel)
 
     block_plan = {
         "attention_norm": SequenceParallel(),
