@@ -79,8 +79,12 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "train.log")
 #: The sections that define a run's results (plus ``debug.seed``); the others (job, metrics,
 #: comm, checkpoint, validation, debug switches, plugin sections) are operational: a rerun that
 #: changes only those is the same run. ``training.steps`` is in: a run to another length started
-#: from step 0 is another run (resuming to more steps goes through the checkpoint).
-_IDENTITY = ("model", "data", "training", "parallelism")
+#: from step 0 is another run (resuming to more steps goes through the checkpoint). The layout
+#: (``parallelism`` and the per-rank ``training.local_batch_size``) is not: the same run may go on
+#: under another layout (DCP reshards), and the documented loss-curve comparison runs every layout
+#: from one seed checkpoint in one folder.
+_IDENTITY = ("model", "data", "training")
+_LAYOUT_FIELDS = {"training": ("local_batch_size",)}
 
 
 def identity(config: Any) -> dict[str, Any]:
@@ -88,7 +92,10 @@ def identity(config: Any) -> dict[str, Any]:
     from titan_core.config import to_dict
 
     data = to_dict(config)
-    found = {key: data[key] for key in _IDENTITY}
+    found = {key: dict(data[key]) for key in _IDENTITY}
+    for section_name, names in _LAYOUT_FIELDS.items():
+        for name in names:
+            found[section_name].pop(name, None)
     found["debug"] = {"seed": data["debug"]["seed"]}
     return found
 

@@ -64,6 +64,7 @@ def test_export_and_import_as_documented(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.syspath_prepend(str(tmp_path))
     config = import_module("hf_recipes").llama3_from_hf()
     config.model.overrides = {"n_layers": 4}
+    config.job.dump_folder = "./outputs/mismatch"  # a fresh folder: the model check, not the folder's
     with pytest.raises(UsageError) as info:
         Trainer(config, get_registry())
     flat = " ".join(section.split())

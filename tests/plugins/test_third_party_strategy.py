@@ -64,7 +64,7 @@ def test_strategy_changes_the_loss_by_the_z_term(plugin_site: Path, recipes: Pat
 
 def test_plugin_command_is_listed_fast_and_runs(plugin_site: Path) -> None:
     titan = Path(sys.executable).parent / "titan"
-    env = titan_env(PYTHONPATH=str(plugin_site))
+    env = titan_env(PYTHONPATH=str(plugin_site), TITAN_DISABLE_PLUGINS="heavy")  # heavy imports torch
     # Fast means: listing commands imports no torch (timings belong in bench/, not in tests).
     probe = (
         "import sys\nfrom titan_core.cli import main\ntry:\n    main(['--help'])\n"

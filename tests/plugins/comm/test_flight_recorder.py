@@ -34,12 +34,21 @@ def test_flight_recorder_dumps_into_comm_traces(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("device", "size", "enabled"), [("cuda", 1234, True), ("cuda", 0, False), ("cpu", 1234, False)]
+    ("device", "size", "enabled", "buffer"),
+    [
+        ("cuda", 1234, True, "1234"),
+        ("cuda", 0, False, None),
+        ("cpu", 1234, False, "1234"),
+        ("cpu", 0, False, None),
+    ],
 )
-def test_flight_recorder_is_enabled_on_cuda_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, size: int, enabled: bool
+def test_flight_recorder_dumps_from_nccl_on_cuda_and_sizes_gloo_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, size: int, enabled: bool, buffer: str | None
 ) -> None:
-    """Both the default backend and real_pp_fake_spmd call this before their NCCL groups exist."""
+    """Both the default backend and real_pp_fake_spmd call this before their groups exist.
+
+    On CUDA NCCL dumps on a timeout; on CPU only the buffer size is set (gloo records into it and
+    the comm plugin's callback dumps), and ``comm.trace_buf_size = 0`` turns recording off."""
     names = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
     for name in (*names, "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
         monkeypatch.setenv(name, "")  # recorded, so what the call sets is undone after the test
@@ -48,7 +57,8 @@ def test_flight_recorder_is_enabled_on_cuda_only(
     config.job.dump_folder = str(tmp_path / "run")
     config.comm.trace_buf_size = size
     enable_flight_recorder(config, torch.device(device, 0) if device == "cuda" else torch.device(device))
-    assert (os.environ.get("TORCH_FR_BUFFER_SIZE") == "1234") is enabled
+    assert os.environ.get("TORCH_FR_BUFFER_SIZE") == buffer
+    assert ("TORCH_NCCL_DUMP_ON_TIMEOUT" in os.environ) is enabled
     assert (tmp_path / "run" / "comm_traces").is_dir() is enabled
 
 
