@@ -165,8 +165,17 @@ def peer_failure(exc: BaseException, config: Any) -> Exception | None:
 
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
     rank = os.environ.get("RANK", "?")
+    phase = next(
+        (
+            n.removeprefix("titan-phase: ")
+            for n in getattr(exc, "__notes__", ())
+            if n.startswith("titan-phase: ")
+        ),
+        None,
+    )
+    where = f" in {phase}" if phase else ""
     return TitanError(
-        f"rank {rank}: a collective with its peers failed: a peer died, or stalled past "
+        f"rank {rank}: a collective with its peers failed{where}: a peer died, or stalled past "
         f"comm.train_timeout_seconds={config.comm.train_timeout_seconds} ({first[:300]}); the "
         "first rank to fail names the cause in its own log; comm_traces/ holds the flight "
         "recorder's dumps where the backend writes them"

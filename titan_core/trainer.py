@@ -487,6 +487,10 @@ class Trainer:
             with _SigtermFlag() as sigterm:
                 self._run_steps(batches, sigterm)
         except BaseException as exc:
+            if hasattr(exc, "add_note"):
+                exc.add_note(
+                    f"titan-phase: {getattr(self, 'phase', 'the start of training')} of step {self.step}"
+                )
             log.error("training stopped", step=self.step, reason=f"{type(exc).__name__}: {exc}")
             for fn in cb.on_failure:
                 fn(self.step, exc)
@@ -540,16 +544,21 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             for fn in cb.before_forward_backward:
                 fn(step)
+            # What the step is doing (a plain string, for the error a failed collective ends in).
+            self.phase = "forward/backward (FSDP gathers and reduce-scatters, TP/CP/EP collectives, PP sends)"
             loss = self.accumulate(batches)
             for fn in cb.after_forward_backward:
                 fn(step)
+            self.phase = "the gradient-norm all-reduce"
             grad_norm = self.clip_gradients()
             if check_values:
                 ok = grad_norm.isfinite() if loss is None else _local(loss).isfinite() & grad_norm.isfinite()
                 self.first_bad = torch.where((self.first_bad == 0) & ~ok, step, self.first_bad)
+            self.phase = "the optimizer step"
             self.optimizer.step()
             for fn in cb.after_optimizer_step:
                 fn(step)
+            self.phase = "the loss all-reduce of the log line"
             lr = self.optimizer.param_groups[0]["lr"]  # the LR this step used (a Python float)
             self.scheduler.step()
             last = step == self.steps
@@ -579,9 +588,11 @@ class Trainer:
                     row.update(validation)  # to the metric writers (TensorBoard, metrics.jsonl)
             else:
                 self.metrics.step_done(step, None, None)
+            self.phase = "the end-of-step callbacks (checkpoint save)"
             for fn in cb.on_step_end:
                 fn(step, row, last or sigterm.raised)
             if step == first and self.topology.after_first_step is not None:
+                self.phase = "the barrier before the training timeout"
                 self.topology.after_first_step(self.mesh)
             if sigterm.raised and not last:
                 saved = " after saving a checkpoint" if self._saves(step, True) else ""
