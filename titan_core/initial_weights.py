@@ -104,14 +104,14 @@ def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(expected) - set(shapes))
     unexpected = sorted(set(shapes) - set(expected))
     wrong = sorted(k for k in expected if k in shapes and shapes[k] != expected[k])
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} tensors of the model missing ({', '.join(missing[:3])})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} tensors the model lacks ({', '.join(unexpected[:3])})")
-    if wrong:
-        shown = ", ".join(f"{k} {list(shapes[k])} in the file vs {list(expected[k])}" for k in wrong[:3])
-        problems.append(f"{len(wrong)} with another shape ({shown})")
+    problems = _mismatches(
+        missing,
+        unexpected,
+        wrong,
+        shapes,
+        expected,
+        ("tensors of the model missing", "tensors the model lacks", "in the file"),
+    )
     if problems:
         raise UsageError(
             f"{_FIELD}: {path!r} does not fit the model: {'; '.join(problems)}; was it saved from "
@@ -535,16 +535,35 @@ def _check_tensors(
             dropped = False
         if not dropped:
             unexpected.append(name)
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing ({', '.join(missing[:3])})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected ({', '.join(unexpected[:3])})")
-    if wrong:
-        shown = ", ".join(f"{n} {list(shapes[n])} in the files vs {list(expected[n])}" for n in wrong[:3])
-        problems.append(f"{len(wrong)} with another shape ({shown})")
+    problems = _mismatches(
+        missing, unexpected, wrong, shapes, expected, ("missing", "unexpected", "in the files")
+    )
     if problems:
         raise UsageError(
             f"{_FIELD}: the safetensors of {path!r} are not this model's tensors: "
             f"{'; '.join(problems)}; was the folder saved from a model with this config.json?"
         )
+
+
+def _mismatches(
+    missing: list[str],
+    unexpected: list[str],
+    wrong: list[str],
+    shapes: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    words: tuple[str, str, str],
+) -> list[str]:
+    """The problems of a load that does not fit, the first few names of each kind.
+
+    ``words``: how to call missing and unexpected tensors, and where ``shapes`` came from.
+    """
+    missing_word, unexpected_word, source = words
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} {missing_word} ({', '.join(missing[:3])})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} {unexpected_word} ({', '.join(unexpected[:3])})")
+    if wrong:
+        shown = ", ".join(f"{n} {list(shapes[n])} {source} vs {list(expected[n])}" for n in wrong[:3])
+        problems.append(f"{len(wrong)} with another shape ({shown})")
+    return problems
