@@ -60,7 +60,34 @@ def build_parser(registry: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The ``titan`` program (``argv=None``: read ``sys.argv`` and end the process) or, given
+    ``argv``, the same command run in-process, returning its exit code."""
+    if argv is None:
+        exit_process(_guarded_main(sys.argv[1:]))
+    return _guarded_main(list(argv))
+
+
+def exit_process(code: int) -> None:
+    """End the program with ``code``; one of several launched ranks skips interpreter teardown.
+
+    Once a distributed run has ended (outputs closed, process groups destroyed), a gloo worker
+    thread can still be releasing the tensors of the last collective; if that happens while the
+    interpreter finalizes, the release cannot take the GIL and the process aborts
+    ("terminate called without an active exception", exit -6) after a run that succeeded.
+    Nothing is left to do at that point, so a rank flushes its output and leaves at once.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1 and "torch.distributed" in sys.modules:
+        import logging
+
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _guarded_main(argv: list[str]) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:
@@ -68,8 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
-        print("titan: interrupted (Ctrl-C)", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # the trainer's says after which step it stopped
+        where = f" {exc}" if str(exc) else ""
+        print(f"titan: interrupted (Ctrl-C){where}", file=sys.stderr)
         return 130
 
 
@@ -345,4 +373,4 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -412,6 +412,11 @@ class Debug:
     #: ``memory_report_rank{rank}.json`` under ``job.dump_folder``; always on with the fake
     #: comm backends (docs/debugging.md; needs titan-plugins-memory).
     memory_report: bool = False
+    #: With a comm backend that simulates every peer: run steps on PyTorch fake tensors (shapes,
+    #: dtypes and storage sizes propagate; nothing is computed, initialised or loaded; batches
+    #: are zeros; loss and gradient norm log as NaN). ``auto``: on the CPU when the model allows
+    #: it (docs/debugging.md); ``on`` errors where it cannot; ``off`` computes.
+    fake_tensors: Literal["auto", "on", "off"] = "auto"
 
 
 #: The core's sections, in the order they print.

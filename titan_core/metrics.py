@@ -174,6 +174,10 @@ def _tag(key: str) -> str:
     return key if "/" in key else f"train/{key}"
 
 
+#: How long a failing run waits for the TensorBoard writer thread to end.
+_CLOSE_WAIT_S = 10.0
+
+
 class TensorBoardWriter:
     """Writes every logged row as scalars (``metrics.enable_tensorboard``, logging rank only)."""
 
@@ -201,7 +205,14 @@ class TensorBoardWriter:
         self.writer.close()
 
     def on_failure(self, step: int, exc: BaseException) -> None:
-        self.writer.close()
+        # Rows are flushed as they are logged; closing only ends the writer thread. An exception
+        # raised asynchronously (a second Ctrl-C) can leave that thread's queue unable to stop,
+        # so the close gets a bounded wait instead of hanging the failing run's exit.
+        import threading
+
+        closer = threading.Thread(target=self.writer.close, name="titan-tensorboard-close", daemon=True)
+        closer.start()
+        closer.join(timeout=_CLOSE_WAIT_S)
 
 
 class MetricsFileWriter:

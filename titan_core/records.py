@@ -64,6 +64,9 @@ class ModelSpec:
     #: Converts state dicts to and from Hugging Face ``transformers`` names (import/export);
     #: ``None`` when the model has no Hugging Face counterpart.
     state_dict_adapter: StateDictAdapter | None = None
+    #: Whether a step can run on fake tensors (shapes only; ``debug.fake_tensors``): ``False``
+    #: when shapes depend on values, e.g. how many tokens the router sends to each expert.
+    runs_on_fake_tensors: bool = True
 
     def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from titan_core.cli import main
+from titan_core.cli import exit_process, main
 
 if __name__ == "__main__":
-    sys.exit(main(["run", *sys.argv[1:]]))
+    exit_process(main(["run", *sys.argv[1:]]))

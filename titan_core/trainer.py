@@ -9,6 +9,7 @@ device values only on the steps that log or save.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -25,6 +26,7 @@ from titan_core._registry import Registry
 from titan_core.config import TrainerConfig
 from titan_core.data.loader import PackedBatches, load_tokenizer
 from titan_core.errors import PluginError, TitanError, UsageError
+from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
 from titan_core.metrics import MetricsLogger
 from titan_core.parallel_dims import ParallelDims
@@ -98,6 +100,15 @@ class Callbacks:
 class Trainer:
     def __init__(self, config: TrainerConfig, registry: Registry, *, overwrite: bool = False) -> None:
         """Build the run; ``overwrite`` deletes another run's outputs in the dump folder first."""
+        self._fake_mode: Any = None
+        try:
+            self._build(config, registry, overwrite)
+        except BaseException:
+            if self._fake_mode is not None:  # a failed build leaves no fake mode behind
+                self._fake_mode.__exit__(None, None, None)
+            raise
+
+    def _build(self, config: TrainerConfig, registry: Registry, overwrite: bool) -> None:
         self.config = config
         self.registry = registry
         self.step = 0
@@ -137,6 +148,7 @@ class Trainer:
                 f"{max_seq_len} ({config.model.name}/{config.model.flavor}); lower seq_len or set "
                 'model.overrides = {"max_seq_len": ...}'
             )
+        self.fake_tensors = wanted(config.debug.fake_tensors, self.topology, self.spec, self.device)
         strategies = select_strategies(registry.records("strategies"), config, self.parallel_dims)
         unhandled = unhandled_dims(self.parallel_dims, strategies)
         if unhandled:
@@ -178,25 +190,34 @@ class Trainer:
         )
 
         # 4. Materialise this rank's shards and initialise them, as one process would (init.py).
+        # Shape-only runs (fake_tensors.py) materialise fake tensors and stay fake until close.
+        if self.fake_tensors:
+            self._fake_mode = fake_mode()
+            self._fake_mode.__enter__()
         for part in self.parts:
             part.to_empty(device=self.device)
         retie(self.parts, tied)
-        from titan_core.init import initialise
+        if self.fake_tensors:
+            self.init_mode = "none (fake tensors)"
+        else:
+            from titan_core.init import initialise
 
-        self.init_mode = initialise(
-            self.parts,
-            self.spec,
-            self.model_args,
-            self.seed,
-            device=self.device,
-            simulated=self.topology.simulates_peers,
-            max_full_gib=config.debug.init_full_model_max_gib,
-            pp_coordinate=self.parallel_dims.coordinates(self.topology.rank)["pp"],
-            world_size=self.topology.world_size,
-        )
+            self.init_mode = initialise(
+                self.parts,
+                self.spec,
+                self.model_args,
+                self.seed,
+                device=self.device,
+                simulated=self.topology.simulates_peers,
+                max_full_gib=config.debug.init_full_model_max_gib,
+                pp_coordinate=self.parallel_dims.coordinates(self.topology.rank)["pp"],
+                world_size=self.topology.world_size,
+            )
         for part in self.parts:
             part.train()
-        if c.initial_load_path:
+        if c.initial_load_path and self.fake_tensors:
+            log.info("fake tensors: checkpoint.initial_load_path is not read (no values to load)")
+        elif c.initial_load_path:
             from titan_core.initial_weights import load_initial_weights
 
             load_initial_weights(self.parts, c.initial_load_path, self.spec, self.model_args)
@@ -218,7 +239,7 @@ class Trainer:
         # its state dict and a resume would silently bring back the old schedule.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: self.schedule(i))
         coords = self.parallel_dims.coordinates(self.topology.rank)
-        self.batches = PackedBatches(
+        self.batches: Any = PackedBatches(
             documents=lambda: dataset.documents(config.data),
             tokenizer=self.tokenizer,
             seq_len=t.seq_len,
@@ -230,6 +251,8 @@ class Trainer:
             name=f"data.dataset {config.data.dataset!r}"
             + (f" at data.path {config.data.path!r}" if config.data.path else ""),
         )
+        if self.fake_tensors:  # no values: skip tokenizing the job's stream to find this rank's batch
+            self.batches = ZeroBatches(t.local_batch_size, t.seq_len)
         self.val_batches = self._validation_batches(registry) if config.validation.enable else None
         if self.checkpointer is not None and not c.create_seed_checkpoint:
             self.step, meta = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
@@ -484,7 +507,7 @@ class Trainer:
         try:
             for fn in cb.on_train_start:
                 fn(self.step)
-            with _SigtermFlag() as sigterm:
+            with _StopSignals() as sigterm:
                 self._run_steps(batches, sigterm)
         except BaseException as exc:
             if hasattr(exc, "add_note"):
@@ -509,6 +532,19 @@ class Trainer:
         c = self.config
         dump = os.path.abspath(c.job.dump_folder)
         warm = " (after the first logged interval)" if s["warmup_excluded"] else ""
+        if self.fake_tensors:  # nothing was computed
+            shapes_only = "n/a (fake tensors: debug.fake_tensors)"
+            figures = {"tokens_per_s": "n/a", "mfu": "n/a", "final_loss": shapes_only}
+        else:
+            figures = {
+                "tokens_per_s": f"{s['tps']:,.0f}{warm}" if s["tps"] else "n/a",
+                "mfu": f"{s['mfu_pct']:.2f}%{warm}"
+                if s["mfu_pct"] is not None
+                else "n/a (set metrics.peak_tflops for this device)",
+                "final_loss": f"{s['loss']:.5f}"
+                if s["loss"] is not None
+                else "n/a (not computed on this rank)",
+            }
         files = [LOG_FILE, "metrics.jsonl", "config.toml", "run.json"] if self.is_logging_rank else []
         if c.metrics.enable_tensorboard:
             files.append(c.metrics.save_tb_folder + "/")
@@ -521,18 +557,14 @@ class Trainer:
             steps=f"{first}-{self.steps} of {self.steps}" if first <= self.steps else "none left",
             wall_time=_duration(time.perf_counter() - self.started_at),
             training_time=_duration(training_seconds),
-            tokens_per_s=f"{s['tps']:,.0f}{warm}" if s["tps"] else "n/a",
-            mfu=f"{s['mfu_pct']:.2f}%{warm}"
-            if s["mfu_pct"] is not None
-            else "n/a (set metrics.peak_tflops for this device)",
-            final_loss=f"{s['loss']:.5f}" if s["loss"] is not None else "n/a (not computed on this rank)",
+            **figures,
             outputs=f"{dump} ({', '.join(files)})" if files else dump,
             tensorboard=f"tensorboard --logdir {tb}"
             if c.metrics.enable_tensorboard
             else "off (metrics.enable_tensorboard = True writes it)",
         )
 
-    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], sigterm: _SigtermFlag) -> None:
+    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], sigterm: _StopSignals) -> None:
         cb = self.callbacks
         first = self.step + 1
         # Device-side: whether every loss and gradient norm so far was finite (read only when the
@@ -564,7 +596,7 @@ class Trainer:
             last = step == self.steps
             validates = self._validates(step)
             # The last step of a stopped run logs, and so does a step that validates.
-            logs = self.metrics.logs(step) or sigterm.raised or validates
+            logs = self.metrics.logs(step) or sigterm.raised or sigterm.interrupted or validates
             if check_values and (logs or last or sigterm.raised or self._saves(step, last)):
                 self._check_finite(step)
             row: dict[str, float] = {}
@@ -575,6 +607,9 @@ class Trainer:
                         validation = self.validate()
                 values = self._reduce_for_log(loss, grad_norm)
                 row = self.metrics.step_done(step, *values, lr=lr, force=True)
+                if self.fake_tensors:  # nothing was computed: no throughput to speak of
+                    for key in ("tps", "tflops", "mfu_pct"):
+                        row.pop(key, None)
                 for fn in cb.metrics:
                     row.update(fn(step))
                 self.metrics.emit(row)
@@ -597,6 +632,8 @@ class Trainer:
             if sigterm.raised and not last:
                 saved = " after saving a checkpoint" if self._saves(step, True) else ""
                 raise Terminated(f"stopped by SIGTERM at step {step}{saved}; run the same command to resume")
+            if sigterm.interrupted and not last:
+                raise KeyboardInterrupt(f"after step {step}")
 
     def _saves(self, step: int, last: bool) -> bool:
         return self.checkpointer is not None and self.checkpointer.should_save(step, last)
@@ -616,6 +653,8 @@ class Trainer:
 
         if loss is not None:
             loss = mean_over_dp(loss, self.ctx)
+        if is_fake(grad_norm):  # shape-only steps have no values
+            return (None if loss is None else math.nan), math.nan
         value = None if loss is None else float(loss)
         return value, float(grad_norm)
 
@@ -625,6 +664,9 @@ class Trainer:
         if self.lock is not None:
             self.lock.release()
         self.topology.shutdown(completed=completed)
+        if self._fake_mode is not None:
+            self._fake_mode.__exit__(None, None, None)
+            self._fake_mode = None
 
 
 class _CheckpointSaves:
@@ -640,27 +682,38 @@ class _CheckpointSaves:
             t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
 
 
-class _SigtermFlag:
-    """Turn SIGTERM into a flag the loop reads after each step (preemption: save, then stop)."""
+class _StopSignals:
+    """SIGTERM and a first Ctrl-C become flags the loop reads after each step.
+
+    SIGTERM (preemption): the step finishes, a checkpoint is saved, the run stops. Ctrl-C: the
+    step finishes and the run stops, so no writer (TensorBoard, metrics.jsonl, a checkpoint) is
+    cut off half-way by an exception raised at a random line; a second Ctrl-C stops at once.
+    """
 
     def __init__(self) -> None:
-        self.raised = False
-        self._previous: Any = None
+        self.raised = False  # SIGTERM
+        self.interrupted = False  # Ctrl-C
+        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _SigtermFlag:
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
+    def __enter__(self) -> _StopSignals:
+        for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+            with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+                self._previous[signum] = signal.signal(signum, handler)
         return self
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        log.warning("SIGTERM received; stopping after this step")
+    # The handlers only set flags: the signal may arrive while this thread holds the log's lock
+    # (a handler that logged would wait for it forever), or any other lock.
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.raised = True
 
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.interrupted = True
+        signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
+
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            if previous is not None:
+                signal.signal(signum, previous)
 
 
 def _scaled(loss_fn: Any, factor: float) -> Any:

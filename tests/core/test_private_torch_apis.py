@@ -38,6 +38,17 @@ PRIVATE_APIS = [
         "memory plugin tracker: follows every storage an operator allocates on CPU",
     ),
     (
+        "torch.distributed.tensor._sharding_prop",
+        "ShardingPropagator._propagate_tensor_meta_non_cached",
+        "memory plugin tracker: paused while DTensor infers global shapes on fake tensors of the "
+        "run's own FakeTensorMode (they stand for no memory; counted, a 405B rank 'peaked' at TBs)",
+    ),
+    (
+        "torch._subclasses.fake_tensor",
+        "FakeTensorMode",
+        "titan_core.fake_tensors: shape-only steps under simulated peers (debug.fake_tensors)",
+    ),
+    (
         "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
         "checkpoint_wrapper",
         "activation checkpointing: wraps blocks (what torchtitan uses; no public wrapper)",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -107,11 +109,13 @@ def test_a_signal_ends_the_run_with_one_line(tmp_path: Path, sig: int, code: int
     assert len(stderr.strip().splitlines()) == 1
 
 
-class _SigtermAt:
-    """Sends this process SIGTERM during ``step`` (what SLURM/Kubernetes do before preemption)."""
+class _SignalAt:
+    """Sends this process ``signum`` during ``step`` (SIGTERM: what SLURM/Kubernetes do before
+    preemption; SIGINT: a Ctrl-C)."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
         self.step = step
+        self.signum = signum
 
     @hookimpl
     def titan_callbacks(self) -> list[Callback]:
@@ -119,19 +123,34 @@ class _SigtermAt:
 
     def after_optimizer_step(self, step: int) -> None:
         if step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
 
 
 def test_sigterm_finishes_the_step_then_stops_with_one_error(tmp_path: Path) -> None:
     from titan_core.trainer import Terminated
 
     registry = Registry().load_entry_points()
-    registry.register(_SigtermAt(2), "sigterm")
+    registry.register(_SignalAt(2), "sigterm")
     with pytest.raises(Terminated, match="stopped by SIGTERM at step 2; run the same command to resume"):
         train(tiny(tmp_path), registry)
     assert Terminated.exit_code == 143
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2  # steps 1 and 2 were logged: the step in flight completed
+
+
+def test_ctrl_c_finishes_the_step_and_leaves_every_writer_whole(tmp_path: Path) -> None:
+    # A KeyboardInterrupt raised at a random line can cut a writer off half-way (a TensorBoard
+    # writer thread left unable to stop hung the run's exit); the first Ctrl-C stops at the step end.
+    registry = Registry().load_entry_points()
+    registry.register(_SignalAt(2, signal.SIGINT), "sigint")
+    config = tiny(tmp_path)
+    config.metrics.enable_tensorboard = True
+    with pytest.raises(KeyboardInterrupt, match=r"^after step 2\b"):
+        train(config, registry)
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2]  # the step in flight completed and logged
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
 
 
 def test_recipes_list_finds_a_module_in_the_current_folder(tmp_path: Path) -> None:
@@ -210,7 +229,7 @@ def test_model_arguments_that_cannot_build_are_one_error(
         Trainer(config, Registry().load_entry_points())
 
 
-class _SigtermAtWithCheckpoint(_SigtermAt):
+class _SigtermAtWithCheckpoint(_SignalAt):
     pass
 
 
@@ -237,3 +256,22 @@ def test_sigterm_saves_a_checkpoint_and_a_resume_loses_nothing(tmp_path: Path) -
     straight = train(straight_config, Registry().load_entry_points())
     by_step = {r["step"]: r["loss"] for r in straight}
     assert all(abs(r["loss"] - by_step[r["step"]]) < 1e-4 * abs(by_step[r["step"]]) for r in resumed)
+
+
+def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A signal can arrive while the main thread is inside the logger's write (holding its lock):
+    # a handler that logged there waited for that lock forever (a Ctrl-C'd run hung at exit).
+    from titan_core import trainer
+
+    class NoLogging:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"a signal handler called log.{name}")
+
+    monkeypatch.setattr(trainer, "log", NoLogging())
+    with trainer._StopSignals() as flags:
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)
+        assert flags.raised and flags.interrupted
+        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C stops at once
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

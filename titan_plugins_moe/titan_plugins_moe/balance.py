@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from titan_core.fake_tensors import is_fake
 from titan_plugins_moe.moe import MoE
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -162,6 +163,8 @@ class RouterCallback:
     @torch.no_grad()
     def metrics(self, step: int) -> dict[str, float]:
         steps, self.steps = max(self.steps, 1), 0
+        if is_fake(self.window):  # shape-only steps: no counts to report
+            return {}
         counts = self._all_reduce(self.window.clone()).double().cpu() / steps  # the one host read
         self.window.zero_()
         row: dict[str, float] = {}

@@ -23,6 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from titan_core.fake_tensors import even_split, is_fake
+
 
 def grouped_mm_function() -> Callable[..., torch.Tensor] | None:
     """torch's grouped GEMM: public ``F.grouped_mm`` (newer torch) or ``torch._grouped_mm``."""
@@ -70,8 +72,8 @@ def swiglu_loop(
     x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
 ) -> torch.Tensor:
     """The same, one expert at a time (the reference, and the fallback everywhere)."""
-    outs = [
-        (F.silu(chunk @ w1[i].T) * (chunk @ w3[i].T)) @ w2[i].T
-        for i, chunk in enumerate(torch.split(x, counts.tolist()))
-    ]
+    # Fake tensors (shape-only steps) have no counts to read: an even split stands for them.
+    sizes = even_split(x.shape[0], w1.shape[0]) if is_fake(counts) else counts.tolist()
+    chunks = torch.split(x, sizes)
+    outs = [(F.silu(chunk @ w1[i].T) * (chunk @ w3[i].T)) @ w2[i].T for i, chunk in enumerate(chunks)]
     return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[-2])

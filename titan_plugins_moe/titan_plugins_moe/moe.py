@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core import blocks
+from titan_core.fake_tensors import even_split, is_fake
 from titan_plugins_moe.flavors import MoEArgs
 from titan_plugins_moe.grouped_mm import swiglu_grouped_mm, swiglu_loop, use_grouped_mm
 
@@ -198,7 +199,10 @@ class MoE(nn.Module):
         flat = x.reshape(-1, dim)
         weights, experts, scores = self.router(flat)
         slots = experts.reshape(-1)  # (tokens * top_k,) token-major
-        counts = torch.bincount(slots, minlength=self.num_experts)
+        if is_fake(slots):  # no values to count: an even split (titan_core.fake_tensors)
+            counts = torch.tensor(even_split(slots.numel(), self.num_experts), device=slots.device)
+        else:
+            counts = torch.bincount(slots, minlength=self.num_experts)
         order = slots.argsort(stable=True)  # token slots grouped by expert
         routed = self.experts(flat[order // self.top_k], counts)
         # Back to token-major slots (a gather), weight in float32, sum over the top_k choices.

@@ -8,6 +8,13 @@ remembers each new storage (not one of the operator's inputs: views, in-place op
 ``UntypedStorage.resize_`` is wrapped while active because FSDP allocates and frees its
 all-gather buffers by resizing storages in place.
 
+Under fake execution (a run whose tensors are FakeTensors of one ``FakeTensorMode``) the fake
+storages stand for real memory and are counted, except those DTensor's sharding propagation
+makes: it runs each new operator once on fake tensors of the *global* shape, in the active fake
+mode (``ShardingPropagator._propagate_tensor_meta_non_cached``, private; pinned by
+``tests/core/test_private_torch_apis.py``), which nothing of the run allocates. The tracker
+pauses while it runs.
+
 With ``history`` > 0 it also keeps the last ``history`` allocation and free events with the
 Python stack that made each allocation, in the event format of
 ``torch.cuda.memory._snapshot()["device_traces"]`` (``action``, ``addr``, ``size``, ``frames``,
@@ -30,6 +37,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -85,6 +93,9 @@ class AllocationTracker(TorchDispatchMode):
         self._addrs: dict[int, int] = {}
         self._refs: dict[int, weakref.ref] = {}
         self._orig_resize: Any = None
+        self._orig_propagate: Any = None
+        #: > 0 while DTensor's sharding propagation runs (its tensors are not the run's).
+        self._paused = 0
         self.history = history
         #: Allocation and free events (``device_traces`` format), the last ``history`` of them.
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=history or 1)
@@ -148,6 +159,8 @@ class AllocationTracker(TorchDispatchMode):
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # let DTensor unwrap; its local ops come back here
         out = func(*args, **(kwargs or {}))
+        if self._paused:
+            return out
         inputs = None
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
@@ -174,6 +187,8 @@ class AllocationTracker(TorchDispatchMode):
         tracker = self
 
         def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            if tracker._paused:
+                return orig(storage, size)
             key, before = id(storage), storage.nbytes()
             addr = _address(storage) if tracker.history else 0
             result = orig(storage, size)
@@ -190,12 +205,25 @@ class AllocationTracker(TorchDispatchMode):
                         tracker.frames[key] = frames
                         tracker._event("alloc", tracker._addrs[key], after, frames)
             else:
-                tracker._add(storage)
+                # Under fake execution a resized meta storage is a fake tensor's standing for
+                # real memory (FSDP's unsharded parameters are allocated this way).
+                tracker._add(storage, fake=tracker.fake_mode is not None)
             return result
 
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        self._orig_propagate = propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def paused_propagate(propagator: Any, op_schema: Any) -> Any:
+            tracker._paused += 1
+            try:
+                return propagate(propagator, op_schema)
+            finally:
+                tracker._paused -= 1
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = paused_propagate  # type: ignore[method-assign]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate  # type: ignore[method-assign]
         super().__exit__(*exc)

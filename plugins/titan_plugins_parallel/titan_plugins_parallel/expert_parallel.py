@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from titan_core.errors import UsageError
+from titan_core.fake_tensors import even_split, is_fake
 
 if TYPE_CHECKING:
     import torch
@@ -77,12 +78,15 @@ def dispatch(
     received = torch.empty_like(num_tokens_per_expert)
     dist.all_to_all_single(received, num_tokens_per_expert.contiguous(), group=group)
     received = received.view(ep, n_local)
-    send_splits = num_tokens_per_expert.view(ep, n_local).sum(dim=1).tolist()
-    recv_splits = received.sum(dim=1).tolist()
+    if is_fake(received):  # shape-only steps: every rank sends every rank an even share
+        send_splits = recv_splits = even_split(tokens.shape[0], ep)
+    else:
+        send_splits = num_tokens_per_expert.view(ep, n_local).sum(dim=1).tolist()
+        recv_splits = received.sum(dim=1).tolist()
     arrived = funcol.all_to_all_single_autograd(tokens.contiguous(), recv_splits, send_splits, group)
     # Arrivals are grouped by source rank, then expert; regroup by local expert (stable).
     expert_of = torch.arange(n_local, device=tokens.device).repeat(ep)
-    expert_of = expert_of.repeat_interleave(received.flatten())
+    expert_of = expert_of.repeat_interleave(received.flatten(), output_size=sum(recv_splits))
     perm = expert_of.argsort(stable=True)
     return arrived[perm], received.sum(dim=0), DispatchState(perm, send_splits, recv_splits)
 

@@ -43,11 +43,13 @@ class SimulatedPeerStage(PipelineStage):
     keeps the stage from asking its peers for shapes.
     """
 
+    # ``torch.tensor`` of a Python value, not ``torch.ones``: under fake tensors (shape-only
+    # steps) a lifted one-element constant keeps its value, and the schedule reads it (.item()).
     def _warmup_forward_vote(self, has_backward: bool, received_acc: Any = None) -> torch.Tensor:
-        return torch.ones(1, dtype=torch.int32, device=self.device)  # every stage is static
+        return torch.tensor([1], dtype=torch.int32, device=self.device)  # every stage is static
 
     def _warmup_backward_result(self, received_result: Any = None) -> torch.Tensor:
-        return torch.ones(1, dtype=torch.int32, device=self.device)
+        return torch.tensor([1], dtype=torch.int32, device=self.device)
 
     def forward_one_chunk(self, fwd_chunk_id: int, args: Any, *rest: Any, **kwargs: Any) -> Any:
         # Static metadata has default strides, and torch < 2.13 compares the first stage's input

@@ -265,3 +265,147 @@ def test_llama3_8b_as_a_64_rank_job_fits_this_machine(recipes: Path) -> None:
     # The speed (under 2 minutes on 2 cores) is measured by bench/fake_speed.py, not asserted here:
     # a timing limit in a test fails whenever the machine is busy.
     print(f"one fake 8B step took {elapsed:.0f}s")
+
+
+FAKE_TENSORS_OFF = '''
+
+def llama3_debugmodel_fsdp4_computed():
+    """The same rank, every kernel run (``debug.fake_tensors = "off"``)."""
+    config = llama3_debugmodel_fsdp4()
+    config.debug.fake_tensors = "off"
+    config.job.dump_folder = "./computed"
+    return config
+
+
+def llama3_debugmodel_fake_tensors_on():
+    """Fake tensors asked for where peers are real."""
+    config = llama3_debugmodel_fsdp4()
+    config.parallelism.dp_shard = -1
+    config.debug.fake_tensors = "on"
+    return config
+'''
+
+
+def fake_run(
+    recipes: Path, recipe: str, backend: str = "fake", ngpu: str = "4"
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "titan_core.cli", "run", "--module", "my_debug_configs"),
+            *("--recipe", recipe, "--comm-backend", backend),
+        ],
+        cwd=recipes,
+        env=env(NGPU=ngpu, TITAN_DEFAULT_MAX_STEPS="2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_pure_fake_on_the_cpu_takes_shape_only_steps_with_the_computed_memory(recipes: Path) -> None:
+    (recipes / "my_debug_configs.py").write_text(RECIPES + FAKE_TENSORS_OFF)
+    shapes = fake_run(recipes, "llama3_debugmodel_fsdp4")
+    assert shapes.returncode == 0, shapes.stdout[-3000:] + shapes.stderr[-3000:]
+    rows = step_rows(shapes.stdout)
+    assert [r["step"] for r in rows] == [1, 2]
+    # Nothing was computed: no loss, no gradient norm, no throughput figure pretending otherwise.
+    assert all(r["loss"] != r["loss"] and r["grad_norm"] != r["grad_norm"] for r in rows)  # NaN
+    assert not any("tps" in r or "tflops" in r for r in rows)
+    summary = next(r for r in log_records(shapes.stdout) if r.get("event") == "run summary")
+    assert summary["final_loss"].startswith("n/a (fake tensors")
+
+    computed = fake_run(recipes, "llama3_debugmodel_fsdp4_computed")
+    assert computed.returncode == 0, computed.stdout[-3000:] + computed.stderr[-3000:]
+    assert all(r["loss"] == r["loss"] for r in step_rows(computed.stdout))  # computed: finite values
+
+    fake = json.loads((recipes / "out" / "memory_report_rank0.json").read_text())
+    real = json.loads((recipes / "computed" / "memory_report_rank0.json").read_text())
+    for point in ("after_init", "after_optimizer_warmup"):  # the same tensors, to the byte
+        by = (
+            {o["point"]: o["accounted_bytes"] for o in fake["observations"]},
+            {o["point"]: o["accounted_bytes"] for o in real["observations"]},
+        )
+        assert by[0][point] == by[1][point], point
+    assert fake["params_bytes"] == real["params_bytes"]
+    assert fake["optimizer_state_bytes"] == real["optimizer_state_bytes"]
+    # The step's peak too: FSDP's gathered parameters and every activation live as long.
+    assert fake["peak_bytes"] == real["peak_bytes"]
+
+
+def test_fake_tensors_on_with_real_peers_is_one_error(recipes: Path) -> None:
+    (recipes / "my_debug_configs.py").write_text(RECIPES + FAKE_TENSORS_OFF)
+    result = fake_run(recipes, "llama3_debugmodel_fake_tensors_on", backend="default", ngpu="1")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        "titan: error: debug.fake_tensors = 'on' needs a comm backend that simulates its peers "
+        "(this run's 'default' backend has real ones, so values matter); set "
+        "debug.fake_tensors = 'auto' or use --comm-backend fake"
+    ]
+
+
+MOE_RECIPES = '''
+from titan_plugins_moe.recipes import qwen3_moe_debugmodel
+
+
+def qwen3_ep2_fsdp4(fake_tensors="auto"):
+    """Qwen3-MoE debug flavor, EP 2 inside FSDP 4: tokens cross ranks by all-to-all."""
+    config = qwen3_moe_debugmodel()
+    config.parallelism.dp_shard = 4
+    config.parallelism.ep = 2
+    config.training.seq_len = 64
+    config.training.local_batch_size = 4
+    config.training.device = "cpu"
+    config.metrics.enable_tensorboard = False
+    config.debug.fake_tensors = fake_tensors
+    config.job.dump_folder = "./moe_" + fake_tensors
+    return config
+
+
+def qwen3_ep2_fsdp4_computed():
+    return qwen3_ep2_fsdp4("off")
+'''
+
+
+@pytest.mark.slow
+def test_moe_shape_only_steps_route_evenly_and_account_like_the_computed_step(recipes: Path) -> None:
+    """Tokens per expert and per rank are values: fake tensors take them as an even split."""
+    (recipes / "my_debug_configs.py").write_text(MOE_RECIPES)
+    shapes = fake_run(recipes, "qwen3_ep2_fsdp4")
+    assert shapes.returncode == 0, shapes.stdout[-3000:] + shapes.stderr[-3000:]
+    rows = step_rows(shapes.stdout)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] != r["loss"] for r in rows)
+    assert not any(key.startswith("moe/") for r in rows for key in r)  # no counts to report
+    computed = fake_run(recipes, "qwen3_ep2_fsdp4_computed")
+    assert computed.returncode == 0, computed.stdout[-3000:] + computed.stderr[-3000:]
+    assert any(key.startswith("moe/imbalance") for key in step_rows(computed.stdout)[-1])
+    fake = json.loads((recipes / "moe_auto" / "memory_report_rank0.json").read_text())
+    real = json.loads((recipes / "moe_off" / "memory_report_rank0.json").read_text())
+    assert fake["optimizer_state_bytes"] == real["optimizer_state_bytes"] > 0
+    # The computed routing is not perfectly even, so the step's peak differs a little.
+    assert abs(fake["peak_bytes"] - real["peak_bytes"]) <= 0.02 * real["peak_bytes"]
+
+
+@pytest.mark.slow
+def test_a_deepseek_v3_671b_rank_of_ep64_pp8_runs_its_step_on_this_machine(tmp_path: Path) -> None:
+    """Rank 64 (stage 1: eight MoE layers) of the recipe's 512-rank job, shape-only on the CPU."""
+    result = subprocess.run(
+        [str(REPO / "run_train.sh"), "--dump-folder", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env(NGPU="512", FAKE_PP_RANK="1", COMM_BACKEND="fake", CONFIG="deepseek_v3_671b"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "memory_report_rank64.json").read_text())
+    assert (report["pp_rank"], report["world_size"]) == (1, 512)
+    assert report["degrees"]["pp"] == 8 and report["degrees"]["ep"] == 64
+    # Eight MoE layers: 4 of 256 experts each (3 x 7168 x 2048 weights), 1/64 of the rest.
+    assert report["params_numel"] >= 8 * 4 * 3 * 7168 * 2048
+    after = {o["point"]: o for o in report["observations"]}["after_optimizer_step"]
+    assert after["grads_bytes"] == report["params_bytes"] == 4 * report["params_numel"]
+    assert after["optimizer_state_bytes"] >= 2 * report["params_bytes"]
+    gib = 1024**3
+    assert report["peak_bytes"] > 3 * report["params_bytes"]  # activations come on top
+    assert report["max_rss_bytes"] < 2 * gib  # nothing of it was allocated

@@ -175,3 +175,47 @@ def test_tracker_ignores_fake_tensors_of_another_mode() -> None:
         real = torch.empty(256)
     assert tracker.current == 1024 and shape_only.shape == (1024, 1024)
     del real
+
+
+def test_tracker_counts_storages_resized_under_fake_execution() -> None:
+    """FSDP allocates and frees unsharded parameters by resizing their storage: under fake
+    execution those storages stand for real memory too (missing them hid the peak's gathered
+    parameters)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        unsharded = torch.empty(1024)
+        unsharded.untyped_storage().resize_(0)
+        with AllocationTracker(fake_mode=mode) as tracker:
+            unsharded.untyped_storage().resize_(4096)
+            gathered = tracker.current
+            unsharded.untyped_storage().resize_(0)
+    assert gathered == 4096 and tracker.peak == 4096 and tracker.current == 0
+
+
+def test_tracker_under_fake_execution_ignores_dtensor_global_shape_inference() -> None:
+    """DTensor infers each new operator's output on fake tensors of the *global* shape, in the
+    active fake mode: the run's allocations are the local shards only."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=64)
+    try:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        n = dist.get_world_size()
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with mode:
+            x = distribute_tensor(torch.empty(n * 64, 1024), mesh, [Shard(0)])
+            with AllocationTracker(fake_mode=mode) as tracker:
+                y = (x * 3.0).sin()  # two new operators: two global-shape inferences
+        local = 64 * 1024 * 4
+        assert tracker.peak == 2 * local and y.to_local().shape == (64, 1024)
+    finally:
+        if owned:
+            dist.destroy_process_group()
