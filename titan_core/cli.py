@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from titan_core.errors import TitanError
@@ -162,10 +162,19 @@ def run_command(args: argparse.Namespace) -> int:
     return run(args, get_registry())
 
 
-def configure_plugins(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="plugins_command", metavar="{list}")
-    listing = sub.add_parser("list", help="list plugins, their hooks, import time and status")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
+def _list_only(dest: str, help: str) -> Callable[[argparse.ArgumentParser], None]:
+    """``configure`` of a group command whose one subcommand is ``list [--json]``."""
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest=dest, metavar="{list}")
+        listing = sub.add_parser("list", help=help)
+        listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+    return configure
+
+
+configure_plugins = _list_only("plugins_command", "list plugins, their hooks, import time and status")
+configure_models = _list_only("models_command", "models, flavors and parameter counts (total and active)")
 
 
 def plugins_command(args: argparse.Namespace) -> int:
@@ -315,12 +324,6 @@ def _recipes_copy(args: argparse.Namespace) -> int:
         raise UsageError(f"FILE {args.file!r}: cannot write it ({exc.strerror})") from None
     print(f"wrote {path} (recipe {function}, from {args.name}); run it with:\n  {run}")
     return 0
-
-
-def configure_models(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="models_command", metavar="{list}")
-    listing = sub.add_parser("list", help="models, flavors and parameter counts (total and active)")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def models_command(args: argparse.Namespace) -> int:
