@@ -68,8 +68,12 @@ class MetricsLogger:
         flops_per_token: float,
         tokens_per_step: int,
         total_steps: int,
+        throughput: bool = True,
     ) -> None:
+        """``throughput=False``: rows and the summary carry no tokens/s, TFLOP/s or MFU (a run
+        of shape-only steps computes nothing)."""
         self.log_freq = config.metrics.log_freq
+        self.throughput = throughput
         self.device = device
         self.flops_per_token = flops_per_token
         self.tokens_per_step = tokens_per_step
@@ -123,10 +127,11 @@ class MetricsLogger:
             row["grad_norm"] = grad_norm
         if lr is not None:
             row["lr"] = float(f"{lr:.4g}")
-        row["tps"] = round(tps, 1)
-        row["tflops"] = round(tflops, 3)
-        if self.peak:
-            row["mfu_pct"] = round(100 * tflops / self.peak, 2)
+        if self.throughput:
+            row["tps"] = round(tps, 1)
+            row["tflops"] = round(tflops, 3)
+            if self.peak:
+                row["mfu_pct"] = round(100 * tflops / self.peak, 2)
         row.update({k: round(v, 3) for k, v in memory_stats(self.device).items()})
         row["step_time_s"] = round(step_time, 4)
         self.history.append(row)
@@ -144,7 +149,7 @@ class MetricsLogger:
         steps = sum(n for n, _ in after)
         seconds = sum(t for _, t in after)
         out: dict[str, Any] = {"tps": None, "mfu_pct": None, "loss": None, "warmup_excluded": False}
-        if steps and seconds > 0:
+        if steps and seconds > 0 and self.throughput:
             tps = self.tokens_per_step * steps / seconds
             out["tps"] = tps
             out["warmup_excluded"] = len(self._intervals) > 1

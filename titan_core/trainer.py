@@ -100,12 +100,12 @@ class Callbacks:
 class Trainer:
     def __init__(self, config: TrainerConfig, registry: Registry, *, overwrite: bool = False) -> None:
         """Build the run; ``overwrite`` deletes another run's outputs in the dump folder first."""
-        self._fake_mode: Any = None
+        #: Contexts the run stays inside until ``close`` (the fake mode of shape-only steps).
+        self._contexts = ExitStack()
         try:
             self._build(config, registry, overwrite)
         except BaseException:
-            if self._fake_mode is not None:  # a failed build leaves no fake mode behind
-                self._fake_mode.__exit__(None, None, None)
+            self._contexts.close()  # a failed build leaves no mode behind
             raise
 
     def _build(self, config: TrainerConfig, registry: Registry, overwrite: bool) -> None:
@@ -192,8 +192,7 @@ class Trainer:
         # 4. Materialise this rank's shards and initialise them, as one process would (init.py).
         # Shape-only runs (fake_tensors.py) materialise fake tensors and stay fake until close.
         if self.fake_tensors:
-            self._fake_mode = fake_mode()
-            self._fake_mode.__enter__()
+            self._contexts.enter_context(fake_mode())
         for part in self.parts:
             part.to_empty(device=self.device)
         retie(self.parts, tied)
@@ -239,20 +238,22 @@ class Trainer:
         # its state dict and a resume would silently bring back the old schedule.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: self.schedule(i))
         coords = self.parallel_dims.coordinates(self.topology.rank)
-        self.batches: Any = PackedBatches(
-            documents=lambda: dataset.documents(config.data),
-            tokenizer=self.tokenizer,
-            seq_len=t.seq_len,
-            batch_size=t.local_batch_size,
-            dp_rank=coords["dp_replicate"] * self.parallel_dims.dp_shard + coords["dp_shard"],
-            dp_degree=self.parallel_dims.dp,
-            seed=self.seed,
-            shuffle_buffer=config.data.shuffle_buffer,
-            name=f"data.dataset {config.data.dataset!r}"
-            + (f" at data.path {config.data.path!r}" if config.data.path else ""),
-        )
+        self.batches: Any
         if self.fake_tensors:  # no values: skip tokenizing the job's stream to find this rank's batch
             self.batches = ZeroBatches(t.local_batch_size, t.seq_len)
+        else:
+            self.batches = PackedBatches(
+                documents=lambda: dataset.documents(config.data),
+                tokenizer=self.tokenizer,
+                seq_len=t.seq_len,
+                batch_size=t.local_batch_size,
+                dp_rank=coords["dp_replicate"] * self.parallel_dims.dp_shard + coords["dp_shard"],
+                dp_degree=self.parallel_dims.dp,
+                seed=self.seed,
+                shuffle_buffer=config.data.shuffle_buffer,
+                name=f"data.dataset {config.data.dataset!r}"
+                + (f" at data.path {config.data.path!r}" if config.data.path else ""),
+            )
         self.val_batches = self._validation_batches(registry) if config.validation.enable else None
         if self.checkpointer is not None and not c.create_seed_checkpoint:
             self.step, meta = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
@@ -281,6 +282,7 @@ class Trainer:
             self.spec.flops_per_token(self.model_args, t.seq_len),
             tokens // self.parallel_dims.cp,  # tokens this device processes per step
             total_steps=self.steps,
+            throughput=not self.fake_tensors,
         )
         self.is_logging_rank = self._is_logging_rank()
         self.run_folder.claim(is_logging_rank=self.is_logging_rank)
@@ -607,9 +609,6 @@ class Trainer:
                         validation = self.validate()
                 values = self._reduce_for_log(loss, grad_norm)
                 row = self.metrics.step_done(step, *values, lr=lr, force=True)
-                if self.fake_tensors:  # nothing was computed: no throughput to speak of
-                    for key in ("tps", "tflops", "mfu_pct"):
-                        row.pop(key, None)
                 for fn in cb.metrics:
                     row.update(fn(step))
                 self.metrics.emit(row)
@@ -664,9 +663,7 @@ class Trainer:
         if self.lock is not None:
             self.lock.release()
         self.topology.shutdown(completed=completed)
-        if self._fake_mode is not None:
-            self._fake_mode.__exit__(None, None, None)
-            self._fake_mode = None
+        self._contexts.close()
 
 
 class _CheckpointSaves:
