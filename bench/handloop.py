@@ -19,6 +19,7 @@ Prints one JSON line per step with titan's metric names (``tps``, ``tflops``, ``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -33,10 +34,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.recipes import CONFIGS, document_masking
+from titan_core import blocks as titan_blocks
 from titan_plugins_llama3.flavors import FLAVORS, flops_per_token
 from titan_plugins_llama3.model import Llama3
 
 PEAK_TFLOPS = 989.0  # H100/H200 dense bf16, torchtitan's figure
+
+#: ``--without NAME``: the optimisations of the performance work, each of which can be turned off.
+WITHOUT = {
+    "document_mask": "document masking (flex attention, block-causal BlockMask) instead of causal SDPA "
+    "over the packed sequence",
+    "fuse_qkv": "one Q/K/V matmul over the concatenated weights instead of three",
+    "gqa": "grouped-query attention without K/V copies (enable_gqa) instead of repeat_interleave",
+    "fsdp": "bf16 parameters, fp32 master weights and reduction through FSDP2 on a 1-GPU mesh instead of "
+    "autocast over fp32 weights",
+    "fused_adamw": "fused AdamW instead of foreach",
+    "compile": "torch.compile per block instead of eager blocks",
+}
 
 
 def batches(data: str | None, tokenizer_path: str | None, seq: int, batch: int, steps: int) -> torch.Tensor:
@@ -93,6 +107,11 @@ def _sac_context() -> Any:
     return create_selective_checkpoint_contexts(policy)
 
 
+def _expanded_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> Any:
+    """titan's attention without ``grouped_kv``: ``call_attention`` repeats K/V heads first."""
+    return titan_blocks.attention(q, k, v, mask=mask)
+
+
 class Recompute(nn.Module):
     """Selective activation checkpointing of one block."""
 
@@ -119,18 +138,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq", type=int, help="override seq_len (smoke runs)")
     parser.add_argument("--batch", type=int, help="override the batch size (smoke runs)")
     parser.add_argument("--model", type=json.loads, default={}, help="JSON model overrides (smoke runs)")
+    parser.add_argument(
+        "--without",
+        choices=sorted(WITHOUT),
+        action="append",
+        default=[],
+        help="turn one optimisation off (repeatable), for the per-optimisation table",
+    )
+    parser.add_argument("--trace", help="write a torch.profiler chrome trace of the second-to-last step here")
     opts = parser.parse_args(argv)
 
     flavor, overrides, seq, batch, steps, compiled = CONFIGS[opts.config]
     steps, seq, batch = opts.steps or steps, opts.seq or seq, opts.batch or batch
     overrides = {**overrides, **opts.model}
-    compiled = compiled and not opts.no_compile
+    without = set(opts.without)
+    compiled = compiled and not opts.no_compile and "compile" not in without
     data, tokenizer = os.environ.get("TITAN_BENCH_DATA"), os.environ.get("TITAN_BENCH_TOKENIZER")
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    args = attrs.evolve(FLAVORS[flavor], **{**overrides, **document_masking(tokenizer)})
+    masking = {"document_mask": False} if "document_mask" in without else document_masking(tokenizer)
+    args = attrs.evolve(FLAVORS[flavor], **{**overrides, **masking, "fuse_qkv": "fuse_qkv" not in without})
     torch.manual_seed(0)
 
     # FSDP2 needs a process group and a mesh, even for one GPU.
@@ -157,16 +186,29 @@ def main(argv: list[str]) -> int:
         if compiled:
             block.compile()
         model.layers[key] = block
+    if "gqa" in without:  # an attention function that does not declare grouped_kv: K/V expanded first
+        for block in model.layers.values():
+            inner = getattr(block, "block", block)  # under Recompute
+            inner.attention.attention_fn = lambda q, k, v, mask=None: titan_blocks.attention(
+                q, k, v, mask=mask
+            )
     # fp32 on CPU (smoke runs): a policy with no dtypes.
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if cuda else MixedPrecisionPolicy()
-    for i, key in enumerate(blocks):
-        fully_shard(model.layers[key], mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    autocast: Any = contextlib.nullcontext()
+    if "fsdp" in without:  # fp32 weights, bf16 compute by autocast
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
+    else:
+        for i, key in enumerate(blocks):
+            fully_shard(model.layers[key], mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     model.to_empty(device=device)
     model.init_weights(buffer_device=device)
 
     params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=cuda)
+    fused = cuda and "fused_adamw" not in without
+    optimizer = torch.optim.AdamW(
+        params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=fused, foreach=not fused
+    )
     warmup, decay_steps = 5, int(0.8 * (steps - 5))
 
     def lr_factor(step: int) -> float:  # titan's schedule: linear warm-up, linear decay to 0.1
@@ -179,12 +221,31 @@ def main(argv: list[str]) -> int:
     fpt = flops_per_token(args, seq)
     out = open(opts.log, "w") if opts.log else None  # noqa: SIM115 - closed below
     print(
-        json.dumps({"event": "built", "config": opts.config, "ac": opts.ac, "compile": compiled}), flush=True
+        json.dumps(
+            {
+                "event": "built",
+                "config": opts.config,
+                "ac": opts.ac,
+                "compile": compiled,
+                "without": sorted(without),
+            }
+        ),
+        flush=True,
     )
+    prof = None
+    if opts.trace:  # the second-to-last step, as titan's profiler.profile_freq traces one step
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        prof = torch.profiler.profile(
+            activities=activities[: 1 + cuda],
+            schedule=torch.profiler.schedule(wait=max(steps - 3, 0), warmup=1, active=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(opts.trace),
+        )
+        prof.start()
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
         tokens = data_all[step - 1]
-        logits = model(tokens[:, :-1])
+        with autocast:
+            logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
@@ -211,6 +272,10 @@ def main(argv: list[str]) -> int:
         print(line, flush=True)
         if out:
             out.write(line + "\n")
+        if prof is not None:
+            prof.step()
+    if prof is not None:
+        prof.stop()
     if out:
         out.close()
     dist.destroy_process_group()

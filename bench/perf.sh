@@ -14,15 +14,26 @@
 #   check           python3 -m bench.gpu_perf_check (flex/GQA/recompile/1-GPU FSDP checks)
 #   float8check     python3 -m bench.gpu_float8_check (torchao on this torch, float8 numerics,
 #                   compiled float8 blocks, selective AC keeping flex attention and _scaled_mm)
+#   profile[:CONFIG] titan and the hand loop on CONFIG (default bench_8b_l8_compile), 10 steps each,
+#                   step 9 traced by torch.profiler; bench/trace_summary.py prints where each
+#                   step's time goes (GPU busy and idle, time by kernel kind, the longest gaps)
+#   ablate[:CONFIG] what each optimisation buys on CONFIG (default bench_8b_l8_compile): the hand
+#                   loop with each --without NAME against itself (10 steps each), titan with
+#                   data.prefetch 0 and with a log line every 5 steps against itself (20 steps);
+#                   prints bench/perf_table.py --ablation
 #   table           python3 bench/perf_table.py over everything measured on this machine
 #
-# The whole benchmark takes about 15 minutes, so it is meant for two back-to-back calls on the
+# The whole benchmark takes about 25 minutes, so it is meant for three back-to-back calls on the
 # same warm machine (state is kept in /tmp/titan_perf between them; each call stops its runs
-# before PERF_DEADLINE seconds, default 570):
-#   call 1: bash bench/perf.sh titan hand:bench_1b_compile table
-#   call 2: bash bench/perf.sh hand:bench_8b_l8_compile peer table
-# The table of call 2 then holds every row; each call also leaves its logs under $OUT/logs, and
+# before PERF_DEADLINE seconds, default 570). titan and the hand loop run back to back on each
+# shape, so that both meet the GPU in the same thermal state:
+#   call 1: bash bench/perf.sh titan:bench_debugmodel titan:bench_1b titan:bench_1b_compile \
+#             hand:bench_1b_compile titan:bench_8b_l8_compile hand:bench_8b_l8_compile table
+#   call 2: bash bench/perf.sh peer float8:bench_8b_l8_compile_float8_rowwise table
+#   call 3: bash bench/perf.sh ablate float8:bench_8b_l8_compile_float8 table
+# The table of the last call then holds every row; each call also leaves its logs under $OUT/logs, and
 # `python3 bench/perf_table.py DIR1 DIR2` rebuilds the table from the two calls' logs anywhere.
+# PERF_STOP_ON_FAIL=1 ends a call at its first failed run.
 set -u
 T0=$(date +%s)
 DEADLINE=${PERF_DEADLINE:-570}
@@ -70,8 +81,18 @@ capped() { # capped NAME CAP CMD... -> $W/NAME.log; skipped when too little time
   local rc=$?
   echo "$name $CALL rc=$rc wall=$(($(date +%s) - s))s" | tee -a "$W/calls.txt"
   grep -a '"event": "step"' "$W/$name.log" | tail -n 1 | cut -c1-240
-  [ $rc -eq 0 ] || grep -aE "Error|error:" "$W/$name.log" | tail -n 3 | cut -c1-300
+  if [ $rc -ne 0 ]; then
+    grep -aE "Error|error:" "$W/$name.log" | tail -n 3 | cut -c1-300
+    # PERF_STOP_ON_FAIL=1: a failed run ends the call (the device time is not spent on the rest).
+    [ "${PERF_STOP_ON_FAIL:-0}" = 1 ] && { echo "== stopping: $name failed"; finish; exit 1; }
+  fi
   return $rc
+}
+
+finish() { # the logs of this call under $OUT/logs
+  cp "$W"/*.log "$W"/calls.txt "$OUT/logs/" 2>/dev/null
+  [ -d "$W/peer" ] && mkdir -p "$OUT/logs/peer" && cp "$W"/peer/*.log "$W"/peer/summary.txt "$OUT/logs/peer/" 2>/dev/null
+  echo "== done in $(($(date +%s) - T0))s"
 }
 
 for stage in "${@:-titan hand peer table}"; do
@@ -92,6 +113,27 @@ for stage in "${@:-titan hand peer table}"; do
         for c in ${arg:-$HAND_CONFIGS}; do
           capped "hand_$c" "${CAP[$c]}" python3 -m bench.handloop --config "$c"
         done ;;
+      profile)
+        c=${arg:-bench_8b_l8_compile}
+        TITAN_BENCH_PROFILE_STEP=9 capped "profile_titan_$c" 240 python3 -m titan_core.cli run --module bench.recipes --recipe "$c" \
+          --dump-folder "outputs/profile/$c" --overwrite
+        capped "profile_hand_$c" 240 python3 -m bench.handloop --config "$c" --steps 10 --trace "$W/hand_trace_$c.json"
+        python3 bench/trace_summary.py "outputs/profile/$c/profile_traces/iteration_9/rank0_trace.json" "$W/hand_trace_$c.json" \
+          | tee "$OUT/profile_$c.md" ;;
+      ablate)
+        c=${arg:-bench_8b_l8_compile}
+        capped "ablate_hand_$c" 150 python3 -m bench.handloop --config "$c" --steps 10
+        for w in document_mask fuse_qkv gqa fsdp fused_adamw compile; do
+          capped "ablate_hand_without_${w}_$c" 150 python3 -m bench.handloop --config "$c" --steps 10 --without "$w"
+        done
+        for v in titan= titan_prefetch0=TITAN_BENCH_PREFETCH=0 titan_logfreq5=TITAN_BENCH_LOG_FREQ=5; do
+          (
+            [ -n "${v#*=}" ] && export "${v#*=}"
+            capped "ablate_${v%%=*}_$c" 150 python3 -m titan_core.cli run --module bench.recipes --recipe "$c" \
+              --dump-folder "outputs/ablate/${v%%=*}" --overwrite
+          )
+        done
+        python3 bench/perf_table.py --ablation "$c" "$W" | tee "$OUT/ablation_$c.md" ;;
       check) capped check 240 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
       peer)
         l=$(($(left) - 15))
@@ -103,10 +145,8 @@ for stage in "${@:-titan hand peer table}"; do
         python3 bench/perf_table.py "$W" | tee "$OUT/perf_table.md"
         echo "calls:"; cat "$W/calls.txt" ;;
       float8check) capped float8check 240 python3 -m bench.gpu_float8_check; grep -aE "^(PASS|FAIL)|checks passed" "$W/float8check.log" ;;
-      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] peer check float8check table)"; exit 2 ;;
+      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] peer check float8check table)"; exit 2 ;;
     esac
   done
 done
-cp "$W"/*.log "$W"/calls.txt "$OUT/logs/" 2>/dev/null
-[ -d "$W/peer" ] && mkdir -p "$OUT/logs/peer" && cp "$W"/peer/*.log "$W"/peer/summary.txt "$OUT/logs/peer/" 2>/dev/null
-echo "== done in $(($(date +%s) - T0))s"
+finish

@@ -1,6 +1,6 @@
 """The performance table: titan, the hand-written loop and torchtitan 0.3.0 side by side.
 
-``python3 bench/perf_table.py DIR [DIR ...] [--skip N] [--markdown]`` reads the logs that
+``python3 bench/perf_table.py DIR [DIR ...] [--skip N] [--ablation CONFIG]`` reads the logs that
 ``bench/perf.sh`` leaves in each DIR (``titan_<config>.log``, ``hand_<config>.log``,
 ``peer/r*.log``; later DIRs win for the same run) and prints one row per run.
 
@@ -177,6 +177,65 @@ def float8_rows(dirs: list[Path], skip: int) -> list[dict[str, Any]]:
     return out
 
 
+# The per-optimisation runs of ``bench/perf.sh ablate``. Model and PyTorch-level optimisations are
+# measured on the hand loop (``--without NAME``), which runs titan's model; the trainer's own on
+# titan.
+#: Ablation runs that turn an optimisation on that the baseline has off (the benchmark configs
+#: log every step, as torchtitan's do).
+_TURNED_ON = {"titan_logfreq5"}
+
+
+def ablations() -> dict[str, str]:
+    """Log name suffix of ``bench/perf.sh ablate`` -> the optimisation it measures."""
+    return {
+        **{f"hand_without_{name}": f"hand loop: {what}" for name, what in _handloop_without().items()},
+        "titan_prefetch0": "titan: batches prepared on a background thread and pinned (data.prefetch = 2) "
+        "instead of inside the step (0)",
+        "titan_logfreq5": "titan: no host synchronisation on steps that do not log (a log line every 5 steps "
+        "against every step)",
+    }
+
+
+def ablation_rows(dirs: list[Path], config: str, skip: int) -> list[dict[str, Any]]:
+    """Each ablation run against its baseline (``ablate_hand_CONFIG`` / ``ablate_titan_CONFIG``)."""
+    out = []
+    for suffix, what in ablations().items():
+        kind = suffix.split("_", 1)[0]
+        base_path = find(dirs, f"ablate_{kind}_{config}.log")
+        path = find(dirs, f"ablate_{suffix}_{config}.log")
+        base_rows = json_steps(base_path) if base_path else []
+        rows = json_steps(path) if path else []
+        if not (rows and base_rows):
+            out.append({"change": what, "missing": True})
+            continue
+        base, run = summarize(base_rows, config, skip), summarize(rows, config, skip)
+        if suffix in _TURNED_ON:  # the run turns the optimisation on; the baseline has it off
+            base, run = run, base
+        out.append({"change": what, "without": run, "with": base})
+    return out
+
+
+def render_ablations(rows: list[dict[str, Any]], config: str, skip: int) -> str:
+    head = ["optimisation", f"tok/s without -> with (steps>{skip})", "with / without", "max reserved GiB"]
+    title = CONFIGS.get(config, (config,))[0]
+    lines = [f"{title}:", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        if r.get("missing"):
+            lines.append(f"| {r['change']} | not measured | | |")
+            continue
+        w, b = r["without"], r["with"]
+        tps = f"{w['tps']:,.0f} (cv {w['cv_pct']:.1f}%) -> {b['tps']:,.0f} (cv {b['cv_pct']:.1f}%)"
+        memory = f"{_gib(w['reserved'])} -> {_gib(b['reserved'])}"
+        lines.append(f"| {r['change']} | {tps} | {b['tps'] / w['tps']:.3f} | {memory} |")
+    return "\n".join(lines)
+
+
+def _handloop_without() -> dict[str, str]:
+    from bench.handloop import WITHOUT
+
+    return WITHOUT
+
+
 def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
@@ -221,7 +280,15 @@ def main(argv: list[str]) -> int:
         i = argv.index("--skip")
         skip = int(argv[i + 1])
         del argv[i : i + 2]
+    ablate = None
+    if "--ablation" in argv:
+        i = argv.index("--ablation")
+        ablate = argv[i + 1]
+        del argv[i : i + 2]
     dirs = [Path(a) for a in argv] or [Path("/tmp/titan_perf")]
+    if ablate:
+        print(render_ablations(ablation_rows(dirs, ablate, skip), ablate, skip))
+        return 0
     print(render(table(dirs, skip), skip))
     print(
         f"\nFLOPs/token: 6 x non-embedding params + 12 x layers x heads x head_dim x seq (torchtitan's); "

@@ -8,6 +8,10 @@ The data and tokenizer are the peer kit's when ``bench/perf.sh`` sets ``TITAN_BE
 ``.jsonl`` file from ``.peer/make_data.py``) and ``TITAN_BENCH_TOKENIZER`` (torchtitan's test
 tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
 ``TITAN_BENCH_DOCUMENT_MASK=0`` turns document masking off (plain causal attention).
+``TITAN_BENCH_PROFILE_STEP=N`` runs N + 1 steps and writes a torch.profiler trace of step N
+(``bench/trace_summary.py`` reads it). For the per-optimisation table (``bench/perf.sh ablate``):
+``TITAN_BENCH_STEPS`` changes the step count, ``TITAN_BENCH_PREFETCH`` sets ``data.prefetch``
+(0: each batch prepared inside the step), ``TITAN_BENCH_LOG_FREQ`` sets ``metrics.log_freq``.
 
 ``bench_8b_l8_compile_float8`` and ``..._float8_rowwise`` are ``bench_8b_l8_compile`` with
 torchao's float8 linear layers (``float8.enable``, the output projection kept in bf16): titan
@@ -81,14 +85,21 @@ def _bench(name: str) -> TrainerConfig:
     config.data.tokenizer_path = tokenizer
     config.training.seq_len = seq_len
     config.training.local_batch_size = batch
-    config.training.steps = steps
     config.training.lr = 3e-4
     config.training.warmup_steps = 5
     config.training.dtype = "bfloat16"
     config.activation_checkpoint.mode = "selective"
     config.compile.enable = compiled
-    config.metrics.log_freq = 1
     config.metrics.enable_tensorboard = False
+    env = os.environ.get
+    config.training.steps = int(env("TITAN_BENCH_STEPS", steps))
+    config.data.prefetch = int(env("TITAN_BENCH_PREFETCH", config.data.prefetch))
+    config.metrics.log_freq = int(env("TITAN_BENCH_LOG_FREQ", 1))
+    profile_step = int(os.environ.get("TITAN_BENCH_PROFILE_STEP", "0"))
+    if profile_step:
+        config.training.steps = profile_step + 1
+        config.profiler.enable_profiling = True
+        config.profiler.profile_freq = profile_step
     if name in FLOAT8:
         config.float8.enable = True
         config.float8.recipe = FLOAT8[name][1]

@@ -11,6 +11,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$SITE
 dists=(./ ./titan_plugins_llama3)
 for d in ./titan_plugins_moe ./plugins/*/; do [ -f "$d/pyproject.toml" ] && dists+=("$d"); done
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" "${dists[@]}" || return 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" "${dists[@]}" || return 1
 python3 -c "import torch, titan_core; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name())"
 python3 -m titan_core.cli plugins list

@@ -49,6 +49,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 #: torch's fused RMSNorm (``weight * x / sqrt(mean(x^2) + eps)``); re-exported so that model
 #: plugins import every block from one place.
@@ -250,15 +251,40 @@ def call_attention(
     return fn(q, k, v) if mask is None else fn(q, k, v, mask=mask)
 
 
+def _fusable(linears: tuple[nn.Module, ...]) -> bool:
+    """Whether the projections can run as one matmul over their concatenated weights.
+
+    Only plain ``nn.Linear`` modules without biases or hooks holding plain weights: a subclass
+    (torchao's ``Float8Linear``) computes differently, a hook (LoRA, activation statistics)
+    expects its module to run, and a DTensor weight (tensor parallel) would be concatenated over
+    its sharded dimension. FSDP2's weights are plain tensors inside the forward.
+    """
+    return all(
+        type(m) is nn.Linear
+        and m.bias is None
+        and not m._forward_hooks
+        and not m._forward_pre_hooks
+        and not isinstance(m.weight, DTensor)
+        for m in linears
+    )
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE: ``wq/wk/wv/wo`` projections, no biases.
 
     ``forward(x (batch, seq, dim), freqs_cis, mask=None)``. Heads are reshaped with ``-1``
     (``view(batch, seq, -1, head_dim)``) so the module works on a tensor-parallel slice of them.
+
+    ``fuse_qkv`` (default) computes Q, K and V with one matmul over ``cat(wq, wk, wv)`` when
+    the three projections allow it (:func:`_fusable`), separately otherwise: one large GEMM
+    instead of three (two of them narrow, ``n_kv_heads * head_dim`` wide) in forward and in
+    backward, while the parameters, their names and checkpoints stay ``wq``/``wk``/``wv``.
+    Selective activation checkpointing then counts one matmul where it counted three.
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None, *, fuse_qkv: bool = True) -> None:
         super().__init__()
+        self.fuse_qkv = fuse_qkv
         n_kv_heads = n_kv_heads or n_heads
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
@@ -272,11 +298,22 @@ class Attention(nn.Module):
         # Replaced by context parallelism with an attention that sees the whole sequence.
         self.attention_fn: Any = attention
 
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``wq(x), wk(x), wv(x)``; one matmul when ``fuse_qkv`` and the modules allow it."""
+        linears = (self.wq, self.wk, self.wv)
+        if not (self.fuse_qkv and _fusable(linears)):
+            return self.wq(x), self.wk(x), self.wv(x)
+        weights = [m.weight for m in linears]
+        qkv = F.linear(x, torch.cat(weights))
+        q, k, v = qkv.split([w.shape[0] for w in weights], dim=-1)
+        return q, k, v
+
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
         bs, seq, _ = x.shape
-        q = self.wq(x).view(bs, seq, -1, self.head_dim)
-        k = self.wk(x).view(bs, seq, -1, self.head_dim)
-        v = self.wv(x).view(bs, seq, -1, self.head_dim)
+        q, k, v = self.projections(x)
+        q = q.view(bs, seq, -1, self.head_dim)
+        k = k.view(bs, seq, -1, self.head_dim)
+        v = v.view(bs, seq, -1, self.head_dim)
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
         out = call_attention(self.attention_fn, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))

@@ -258,6 +258,10 @@ class Data:
     #: Sequences each data-parallel rank shuffles among; 0 keeps the packing order, so runs
     #: with different DP degrees see the same global batches (for loss comparisons).
     shuffle_buffer: int = field(default=256, validator=non_negative)
+    #: Batches prepared ahead on a background thread (tokenized, packed and, on CUDA, pinned
+    #: for an asynchronous copy), so the step never waits for the data; 0 prepares each batch
+    #: inside the step.
+    prefetch: int = field(default=2, validator=non_negative)
 
 
 @section

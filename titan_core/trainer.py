@@ -25,6 +25,7 @@ from torch import nn
 from titan_core._registry import Registry
 from titan_core.config import TrainerConfig
 from titan_core.data.loader import PackedBatches, load_tokenizer
+from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import PluginError, TitanError, UsageError
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
@@ -102,6 +103,8 @@ class Trainer:
         """Build the run; ``overwrite`` deletes another run's outputs in the dump folder first."""
         #: Contexts the run stays inside until ``close`` (the fake mode of shape-only steps).
         self._contexts = ExitStack()
+        #: The background thread preparing batches while training (``data.prefetch``).
+        self.prefetcher: Prefetcher | None = None
         try:
             self._build(config, registry, overwrite)
         except BaseException:
@@ -497,6 +500,9 @@ class Trainer:
         # Resumed: skip the batches the restored steps consumed.
         for _ in range(self.step * self.accumulation):
             next(batches)
+        if self.config.data.prefetch and isinstance(self.batches, PackedBatches):
+            self.prefetcher = Prefetcher(batches, self.config.data.prefetch, pin=self.device.type == "cuda")
+            batches = self.prefetcher
         log.info(
             "training starts",
             steps=self.steps,
@@ -625,6 +631,10 @@ class Trainer:
             self.phase = "the end-of-step callbacks (checkpoint save)"
             for fn in cb.on_step_end:
                 fn(step, row, last or sigterm.raised)
+            if step == first and self.device.type == "cuda":
+                # The first step compiles, autotunes and creates the optimizer state; the freed
+                # fragments it leaves in the caching allocator would otherwise stay reserved.
+                torch.cuda.empty_cache()
             if step == first and self.topology.after_first_step is not None:
                 self.phase = "the barrier before the training timeout"
                 self.topology.after_first_step(self.mesh)
@@ -658,6 +668,8 @@ class Trainer:
         return value, float(grad_norm)
 
     def close(self, *, completed: bool = False) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.metrics.close()
         detach_file()
         if self.lock is not None:

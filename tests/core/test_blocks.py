@@ -179,3 +179,70 @@ def test_flex_path_joins_a_compiled_callers_graph_without_recompiling() -> None:
         reference = blocks.attention(q, k, v, mask=blocks.document_mask(tokens, BOS))
         torch.testing.assert_close(compiled(q, k, v, block_mask), reference, atol=1e-5, rtol=1e-5)
     assert len(graphs) == 1
+
+
+def _matmuls(module: torch.nn.Module, *args: object) -> int:
+    """aten matmul calls of one forward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.n += func in ops
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        module(*args)
+    return Count.n
+
+
+def _pair() -> tuple[blocks.Attention, blocks.Attention]:
+    torch.manual_seed(0)
+    fused = blocks.Attention(64, 8, 2)
+    separate = blocks.Attention(64, 8, 2, fuse_qkv=False)
+    separate.load_state_dict(fused.state_dict())
+    return fused, separate
+
+
+def test_fused_qkv_is_one_matmul_with_the_separate_projections_results() -> None:
+    fused, separate = _pair()
+    x = torch.randn(2, 12, 64, requires_grad=True)
+    freqs = blocks.rope_frequencies(8, 12, 1e4)
+    assert _matmuls(fused, x, freqs) == 2 and _matmuls(separate, x, freqs) == 4  # qkv + wo / q, k, v + wo
+    out_f, out_s = fused(x, freqs), separate(x, freqs)
+    torch.testing.assert_close(out_f, out_s)
+    grads_f = torch.autograd.grad(out_f.square().sum(), [x, *fused.parameters()])
+    grads_s = torch.autograd.grad(out_s.square().sum(), [x, *separate.parameters()])
+    for g_f, g_s in zip(grads_f, grads_s, strict=True):
+        torch.testing.assert_close(g_f, g_s)
+    assert list(fused.state_dict()) == ["wq.weight", "wk.weight", "wv.weight", "wo.weight"]
+
+
+def test_fused_qkv_falls_back_where_a_projection_must_run_itself() -> None:
+    """A hooked projection, a Linear subclass (torchao's Float8Linear) and a biased one each run
+    as their own module: fusing would skip the hook or compute something else."""
+    freqs = blocks.rope_frequencies(8, 12, 1e4)
+    x = torch.randn(2, 12, 64)
+
+    hooked, _ = _pair()
+    seen: list[torch.Size] = []
+    hooked.wk.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    assert _matmuls(hooked, x, freqs) == 4 and seen == [torch.Size([2, 12, 16])]
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    subclassed, separate = _pair()
+    subclassed.wv = Scaled(64, 16, bias=False)
+    subclassed.wv.weight = separate.wv.weight
+    separate.wv = subclassed.wv
+    torch.testing.assert_close(subclassed(x, freqs), separate(x, freqs))
+    assert _matmuls(subclassed, x, freqs) == 4
+
+    biased, _ = _pair()
+    biased.wq = torch.nn.Linear(64, 64, bias=True)
+    assert _matmuls(biased, x, freqs) == 4

@@ -183,12 +183,16 @@ class PackedBatches:
                     tokens += (
                         len(ids) + (self.tokenizer.bos_id is not None) + (self.tokenizer.eos_id is not None)
                     )
-                while len(buffer) >= window:
+                # Cut sequences at an offset and drop the consumed head once per chunk (slicing
+                # the rest off after every sequence copied the whole buffer each time).
+                start = 0
+                while len(buffer) - start >= window:
                     if index % self.dp_degree == self.dp_rank:
                         produced += 1
-                        yield buffer[:window]
-                    buffer = buffer[window:]
+                        yield buffer[start : start + window]
+                    start += window
                     index += 1
+                del buffer[:start]
             if epoch == 0:
                 self._check_size(index, tokens)
             epoch += 1

@@ -40,6 +40,9 @@ class Llama3Args:
     document_mask: bool = False
     #: The token that starts a document; set by the trainer from the tokenizer's BOS id.
     bos_id: int | None = None
+    #: Compute Q, K and V with one matmul over the concatenated ``wq``/``wk``/``wv`` weights
+    #: (parameters and checkpoints keep the three names; ``titan_core.blocks.Attention``).
+    fuse_qkv: bool = True
 
     @property
     def kv_heads(self) -> int:

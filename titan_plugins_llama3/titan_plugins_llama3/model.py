@@ -56,7 +56,7 @@ def FeedForward(args: Any) -> blocks.FeedForward:
 class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: Llama3Args) -> None:
         super().__init__()
-        self.attention = blocks.Attention(args.dim, args.n_heads, args.n_kv_heads)
+        self.attention = blocks.Attention(args.dim, args.n_heads, args.n_kv_heads, fuse_qkv=args.fuse_qkv)
         self.feed_forward = blocks.FeedForward(args.dim, args.ffn_hidden_dim)
         self.attention_norm = blocks.RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = blocks.RMSNorm(args.dim, eps=args.norm_eps)
