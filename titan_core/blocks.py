@@ -282,7 +282,9 @@ class Attention(nn.Module):
     Selective activation checkpointing then counts one matmul where it counted three.
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None, *, fuse_qkv: bool = True) -> None:
+    def __init__(
+        self, dim: int, n_heads: int, n_kv_heads: int | None = None, *, fuse_qkv: bool = True
+    ) -> None:
         super().__init__()
         self.fuse_qkv = fuse_qkv
         n_kv_heads = n_kv_heads or n_heads
