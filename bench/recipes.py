@@ -11,7 +11,8 @@ tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
 ``TITAN_BENCH_PROFILE_STEP=N`` runs N + 1 steps and writes a torch.profiler trace of step N
 (``bench/trace_summary.py`` reads it). For the per-optimisation table (``bench/perf.sh ablate``):
 ``TITAN_BENCH_STEPS`` changes the step count, ``TITAN_BENCH_PREFETCH`` sets ``data.prefetch``
-(0: each batch prepared inside the step), ``TITAN_BENCH_LOG_FREQ`` sets ``metrics.log_freq``.
+(0: each batch prepared inside the step), ``TITAN_BENCH_LOG_FREQ`` sets ``metrics.log_freq``,
+``TITAN_BENCH_AC`` sets ``activation_checkpoint.mode`` (default ``selective``).
 
 ``bench_8b_l8_compile_float8`` and ``..._float8_rowwise`` are ``bench_8b_l8_compile`` with
 torchao's float8 linear layers (``float8.enable``, the output projection kept in bf16): titan
@@ -95,6 +96,7 @@ def _bench(name: str) -> TrainerConfig:
     config.training.steps = int(env("TITAN_BENCH_STEPS", steps))
     config.data.prefetch = int(env("TITAN_BENCH_PREFETCH", config.data.prefetch))
     config.metrics.log_freq = int(env("TITAN_BENCH_LOG_FREQ", 1))
+    config.activation_checkpoint.mode = env("TITAN_BENCH_AC", "selective")  # type: ignore[assignment]
     profile_step = int(os.environ.get("TITAN_BENCH_PROFILE_STEP", "0"))
     if profile_step:
         config.training.steps = profile_step + 1
