@@ -81,3 +81,29 @@ def test_auto_uses_the_loop_off_cuda() -> None:
     x, _, w1, w2, _ = _operands([1, 1])
     assert not use_grouped_mm(x, w1, w2)
     assert not use_grouped_mm(x.bfloat16(), w1.bfloat16(), w2.bfloat16())
+
+
+def test_the_loop_in_a_compiled_block_does_not_recompile_for_new_counts() -> None:
+    """The loop reads the counts on the host: compiled, every new pattern of counts (an expert
+    with 0 or 1 tokens, other splits) was a new graph, until dynamo's recompile limit sent the
+    block back to eager. It runs eagerly inside the compiled caller instead."""
+    graphs: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    def block(
+        x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+    ) -> object:
+        return 2 * swiglu_loop(torch.tanh(x), counts, w1, w2, w3) + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend=backend)
+    patterns = [[3, 2, 2, 1], [0, 4, 4, 0], [1, 1, 1, 5], [8, 0, 0, 0], [2, 3, 1, 2], [0, 1, 0, 7]]
+    after_first = None
+    for counts in patterns:
+        x, n, w1, w2, w3 = _operands(counts)
+        torch.testing.assert_close(compiled(x, n, w1, w2, w3), block(x, n, w1, w2, w3))
+        after_first = len(graphs) if after_first is None else after_first
+    assert len(graphs) == after_first, f"{len(graphs) - after_first} recompilations for new counts"

@@ -68,6 +68,11 @@ def swiglu_grouped_mm(
     return gmm(h, w2.transpose(-2, -1), offs=offs).to(dtype)
 
 
+# Not compiled: the loop's sizes are the counts read on the host, so a compiled block would
+# specialise on them and recompile for every new split (an expert with 0 or 1 tokens among them)
+# until dynamo's recompile limit sends the whole block back to eager. Here the compiled caller
+# breaks its graph around the loop, which runs eagerly, one matmul chain per expert.
+@torch.compiler.disable
 def swiglu_loop(
     x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
 ) -> torch.Tensor:
