@@ -84,6 +84,19 @@ def tiny_llama3(dump_folder: Path | str, steps: int = 4) -> object:
     return config
 
 
+def assert_same_forward_backward(a: object, b: object, x: object, *args: object) -> None:
+    """Two modules with the same parameters give the same output and the same gradients (of
+    the input and of every parameter, in order) for ``module(x, *args)``."""
+    import torch
+
+    out_a, out_b = a(x, *args), b(x, *args)
+    torch.testing.assert_close(out_a, out_b)
+    grads_a = torch.autograd.grad(out_a.square().sum(), [x, *a.parameters()])
+    grads_b = torch.autograd.grad(out_b.square().sum(), [x, *b.parameters()])
+    for g_a, g_b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(g_a, g_b)
+
+
 def tiny_recipe_source(name: str, steps: int, extra: str = "") -> str:
     """A user recipe module (source text) defining ``name()``: the tiny Llama 3, ``steps`` steps."""
     return (

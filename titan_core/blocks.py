@@ -11,6 +11,7 @@ A model plugin composes these instead of copying them (titan's Llama 3 and MoE m
     ffn = blocks.FeedForward(dim, hidden_dim)                               # w2(silu(w1 x) * w3 x)
     norm = blocks.RMSNorm(dim, eps=1e-5)                                    # torch's nn.RMSNorm
     attn = blocks.Attention(dim, n_heads, n_kv_heads)  # wq/wk/wv/wo + RoPE; forward(x, freqs_cis, mask)
+    q, k, v = blocks.project_qkv(attn.wq, attn.wk, attn.wv, x)              # one matmul where it can
 
 **The attention-function contract.** An attention module stores its attention function in
 ``self.attention_fn`` (default :func:`attention`) and calls it on ``(batch, heads, seq, head_dim)``
@@ -269,6 +270,19 @@ def _fusable(linears: tuple[nn.Module, ...]) -> bool:
     )
 
 
+def project_qkv(
+    wq: nn.Module, wk: nn.Module, wv: nn.Module, x: torch.Tensor, *, fuse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``wq(x), wk(x), wv(x)``: one matmul over the concatenated weights when ``fuse`` and the
+    three projections allow it (:func:`_fusable`), three calls otherwise."""
+    linears = (wq, wk, wv)
+    if not (fuse and _fusable(linears)):
+        return wq(x), wk(x), wv(x)
+    weights = [m.weight for m in linears]
+    q, k, v = F.linear(x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
+    return q, k, v
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE: ``wq/wk/wv/wo`` projections, no biases.
 
@@ -300,19 +314,9 @@ class Attention(nn.Module):
         # Replaced by context parallelism with an attention that sees the whole sequence.
         self.attention_fn: Any = attention
 
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``wq(x), wk(x), wv(x)``; one matmul when ``fuse_qkv`` and the modules allow it."""
-        linears = (self.wq, self.wk, self.wv)
-        if not (self.fuse_qkv and _fusable(linears)):
-            return self.wq(x), self.wk(x), self.wv(x)
-        weights = [m.weight for m in linears]
-        qkv = F.linear(x, torch.cat(weights))
-        q, k, v = qkv.split([w.shape[0] for w in weights], dim=-1)
-        return q, k, v
-
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
         bs, seq, _ = x.shape
-        q, k, v = self.projections(x)
+        q, k, v = project_qkv(self.wq, self.wk, self.wv, x, fuse=self.fuse_qkv)
         q = q.view(bs, seq, -1, self.head_dim)
         k = k.view(bs, seq, -1, self.head_dim)
         v = v.view(bs, seq, -1, self.head_dim)

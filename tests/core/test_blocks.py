@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import assert_same_forward_backward
 from titan_core import blocks
 
 BOS = 0
@@ -212,12 +213,7 @@ def test_fused_qkv_is_one_matmul_with_the_separate_projections_results() -> None
     x = torch.randn(2, 12, 64, requires_grad=True)
     freqs = blocks.rope_frequencies(8, 12, 1e4)
     assert _matmuls(fused, x, freqs) == 2 and _matmuls(separate, x, freqs) == 4  # qkv + wo / q, k, v + wo
-    out_f, out_s = fused(x, freqs), separate(x, freqs)
-    torch.testing.assert_close(out_f, out_s)
-    grads_f = torch.autograd.grad(out_f.square().sum(), [x, *fused.parameters()])
-    grads_s = torch.autograd.grad(out_s.square().sum(), [x, *separate.parameters()])
-    for g_f, g_s in zip(grads_f, grads_s, strict=True):
-        torch.testing.assert_close(g_f, g_s)
+    assert_same_forward_backward(fused, separate, x, freqs)
     assert list(fused.state_dict()) == ["wq.weight", "wk.weight", "wv.weight", "wo.weight"]
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import assert_same_forward_backward
 from titan_core.errors import UsageError
 from titan_plugins_moe.flavors import FLAVORS, MoEArgs, flops_per_token, num_params
 from titan_plugins_moe.model import MoE, MoETransformer
@@ -160,3 +161,16 @@ def test_layout_checks_name_what_to_change() -> None:
         validate(
             attrs.evolve(FLAVORS["debugmodel"], score_func="relu"), SimpleNamespace(tp=1, pp=1, cp=1, ep=1)
         )
+
+
+def test_qwen3_attention_fuses_qkv_with_the_separate_projections_results() -> None:
+    """q/k norm and an explicit head width sit after the projections: fusing them changes nothing."""
+    from titan_plugins_moe.attention import Attention, rope_frequencies
+
+    args = FLAVORS["qwen3_debugmodel"]
+    torch.manual_seed(0)
+    fused, separate = Attention(args), Attention(attrs.evolve(args, fuse_qkv=False))
+    separate.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 12, args.dim, requires_grad=True)
+    freqs = rope_frequencies(args, 12)
+    assert_same_forward_backward(fused, separate, x, freqs)

@@ -82,11 +82,13 @@ def rope_frequencies(args: MoEArgs, seq_len: int, device: torch.device | str | N
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with RoPE, an explicit head width and optional q/k RMSNorm."""
+    """Grouped-query attention with RoPE, an explicit head width and optional q/k RMSNorm; Q, K
+    and V from one matmul where the projections allow it (``blocks.project_qkv``, ``fuse_qkv``)."""
 
     def __init__(self, args: MoEArgs) -> None:
         super().__init__()
         self.head_dim = hd = args.attn_head_dim
+        self.fuse_qkv = args.fuse_qkv
         self.wq = nn.Linear(args.dim, args.n_heads * hd, bias=False)
         self.wk = nn.Linear(args.dim, args.kv_heads * hd, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * hd, bias=False)
@@ -100,9 +102,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
         bs, seq, _ = x.shape
-        q = self.wq(x).view(bs, seq, -1, self.head_dim)
-        k = self.wk(x).view(bs, seq, -1, self.head_dim)
-        v = self.wv(x).view(bs, seq, -1, self.head_dim)
+        q, k, v = blocks.project_qkv(self.wq, self.wk, self.wv, x, fuse=self.fuse_qkv)
+        q = q.view(bs, seq, -1, self.head_dim)
+        k = k.view(bs, seq, -1, self.head_dim)
+        v = v.view(bs, seq, -1, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = blocks.apply_rope(q, freqs_cis), blocks.apply_rope(k, freqs_cis)

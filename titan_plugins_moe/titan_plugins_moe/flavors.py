@@ -65,6 +65,9 @@ class MoEArgs:
     document_mask: bool = False
     #: The token that starts a document; set by the trainer from the tokenizer's BOS id.
     bos_id: int | None = None
+    #: ``gqa`` attention computes Q, K and V with one matmul over the concatenated weights
+    #: (parameters and checkpoints keep ``wq``/``wk``/``wv``; ``titan_core.blocks.project_qkv``).
+    fuse_qkv: bool = True
     #: ``gqa`` (grouped-query, optional q/k RMSNorm) or ``mla`` (multi-head latent attention).
     attention: str = "gqa"
     #: RMSNorm over each query and key head before RoPE (Qwen3).
