@@ -189,9 +189,7 @@ def main(argv: list[str]) -> int:
     if "gqa" in without:  # an attention function that does not declare grouped_kv: K/V expanded first
         for block in model.layers.values():
             inner = getattr(block, "block", block)  # under Recompute
-            inner.attention.attention_fn = lambda q, k, v, mask=None: titan_blocks.attention(
-                q, k, v, mask=mask
-            )
+            inner.attention.attention_fn = _expanded_kv_attention
     # fp32 on CPU (smoke runs): a policy with no dtypes.
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if cuda else MixedPrecisionPolicy()
     autocast: Any = contextlib.nullcontext()

@@ -89,7 +89,6 @@ def _bench(name: str) -> TrainerConfig:
     config.training.lr = 3e-4
     config.training.warmup_steps = 5
     config.training.dtype = "bfloat16"
-    config.activation_checkpoint.mode = "selective"
     config.compile.enable = compiled
     config.metrics.enable_tensorboard = False
     env = os.environ.get
@@ -97,7 +96,7 @@ def _bench(name: str) -> TrainerConfig:
     config.data.prefetch = int(env("TITAN_BENCH_PREFETCH", config.data.prefetch))
     config.metrics.log_freq = int(env("TITAN_BENCH_LOG_FREQ", 1))
     config.activation_checkpoint.mode = env("TITAN_BENCH_AC", "selective")  # type: ignore[assignment]
-    profile_step = int(os.environ.get("TITAN_BENCH_PROFILE_STEP", "0"))
+    profile_step = int(env("TITAN_BENCH_PROFILE_STEP", "0"))
     if profile_step:
         config.training.steps = profile_step + 1
         config.profiler.enable_profiling = True

@@ -500,7 +500,9 @@ class Trainer:
         # Resumed: skip the batches the restored steps consumed.
         for _ in range(self.step * self.accumulation):
             next(batches)
-        if self.config.data.prefetch and isinstance(self.batches, PackedBatches):
+        # Shape-only runs' zero batches cost nothing to make (and the thread would make them
+        # outside the fake mode, which is the training thread's).
+        if self.config.data.prefetch and not self.fake_tensors:
             self.prefetcher = Prefetcher(batches, self.config.data.prefetch, pin=self.device.type == "cuda")
             batches = self.prefetcher
         log.info(
@@ -515,8 +517,8 @@ class Trainer:
         try:
             for fn in cb.on_train_start:
                 fn(self.step)
-            with _StopSignals() as sigterm:
-                self._run_steps(batches, sigterm)
+            with _StopSignals() as signals:
+                self._run_steps(batches, signals)
         except BaseException as exc:
             if hasattr(exc, "add_note"):
                 exc.add_note(
@@ -572,7 +574,7 @@ class Trainer:
             else "off (metrics.enable_tensorboard = True writes it)",
         )
 
-    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], sigterm: _StopSignals) -> None:
+    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], signals: _StopSignals) -> None:
         cb = self.callbacks
         first = self.step + 1
         # Device-side: whether every loss and gradient norm so far was finite (read only when the
@@ -604,8 +606,8 @@ class Trainer:
             last = step == self.steps
             validates = self._validates(step)
             # The last step of a stopped run logs, and so does a step that validates.
-            logs = self.metrics.logs(step) or sigterm.raised or sigterm.interrupted or validates
-            if check_values and (logs or last or sigterm.raised or self._saves(step, last)):
+            logs = self.metrics.logs(step) or signals.terminated or signals.interrupted or validates
+            if check_values and (logs or last or signals.terminated or self._saves(step, last)):
                 self._check_finite(step)
             row: dict[str, float] = {}
             if logs:
@@ -630,7 +632,7 @@ class Trainer:
                 self.metrics.step_done(step, None, None)
             self.phase = "the end-of-step callbacks (checkpoint save)"
             for fn in cb.on_step_end:
-                fn(step, row, last or sigterm.raised)
+                fn(step, row, last or signals.terminated)
             if step == first and self.device.type == "cuda":
                 # The first step compiles, autotunes and creates the optimizer state; the freed
                 # fragments it leaves in the caching allocator would otherwise stay reserved.
@@ -638,10 +640,10 @@ class Trainer:
             if step == first and self.topology.after_first_step is not None:
                 self.phase = "the barrier before the training timeout"
                 self.topology.after_first_step(self.mesh)
-            if sigterm.raised and not last:
+            if signals.terminated and not last:
                 saved = " after saving a checkpoint" if self._saves(step, True) else ""
                 raise Terminated(f"stopped by SIGTERM at step {step}{saved}; run the same command to resume")
-            if sigterm.interrupted and not last:
+            if signals.interrupted and not last:
                 raise KeyboardInterrupt(f"after step {step}")
 
     def _saves(self, step: int, last: bool) -> bool:
@@ -700,7 +702,7 @@ class _StopSignals:
     """
 
     def __init__(self) -> None:
-        self.raised = False  # SIGTERM
+        self.terminated = False  # SIGTERM
         self.interrupted = False  # Ctrl-C
         self._previous: dict[int, Any] = {}
 
@@ -713,7 +715,7 @@ class _StopSignals:
     # The handlers only set flags: the signal may arrive while this thread holds the log's lock
     # (a handler that logged would wait for it forever), or any other lock.
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.raised = True
+        self.terminated = True
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.interrupted = True

@@ -271,7 +271,7 @@ def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> 
     with trainer._StopSignals() as flags:
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGINT)
-        assert flags.raised and flags.interrupted
+        assert flags.terminated and flags.interrupted
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C stops at once
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
