@@ -60,6 +60,12 @@ def _bundled(data: Data) -> Iterable[str]:
     return documents(data.bundled_documents)
 
 
+def _bundled_held_out(data: Data) -> Iterable[str]:
+    from titan_core.data.corpus import HELD_OUT_SEED, documents
+
+    return documents(data.bundled_documents, seed=HELD_OUT_SEED)
+
+
 def _text(data: Data) -> Iterable[str]:
     from titan_core.data.loader import read_text_files
 
@@ -69,7 +75,12 @@ def _text(data: Data) -> Iterable[str]:
 @hookimpl
 def titan_datasets() -> list[Dataset]:
     return [
-        Dataset("bundled", _bundled, "generated English-like corpus shipped with titan (offline)"),
+        Dataset(
+            "bundled",
+            _bundled,
+            "generated English-like corpus shipped with titan (offline)",
+            held_out=_bundled_held_out,
+        ),
         Dataset("text", _text, "local .jsonl ({'text': ...} per line) or .txt files at data.path"),
     ]
 

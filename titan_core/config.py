@@ -340,7 +340,10 @@ class Validation:
     #: ``validation/perplexity``.
     enable: bool = False
     #: Dataset of the validation data (``bundled``, ``text`` or a plugin's); ``None`` uses
-    #: ``data.dataset`` (for the bundled corpus that is the training text: a smoke test only).
+    #: ``data.dataset``. Validation that reads the training dataset at the training path reads
+    #: its held-out documents instead (the bundled corpus has them: same grammar, other draws);
+    #: a dataset without them (``text``) is read as it is, with a warning: give held-out data
+    #: with ``validation.path`` (or ``validation.dataset``).
     dataset: str | None = None
     #: File or folder for datasets that read local files; ``None`` uses ``data.path``.
     path: str | None = None

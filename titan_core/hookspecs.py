@@ -83,7 +83,11 @@ def titan_comm_backends() -> list[CommBackend]:
 
 @hookspec
 def titan_datasets() -> list[Dataset]:
-    """Return the text datasets this plugin provides; ``config.data.dataset`` selects one."""
+    """Return the text datasets this plugin provides; ``config.data.dataset`` selects one.
+
+    A dataset with ``held_out`` documents (:class:`~titan_core.records.Dataset`) is validated on
+    those when validation reads the training data, so its validation loss is not on training text.
+    """
 
 
 @hookspec

@@ -12,7 +12,7 @@ normalises their names and fails on a name provided twice, naming both distribut
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from torch import nn
 
-    from titan_core.config import TrainerConfig
+    from titan_core.config import Data, TrainerConfig
     from titan_core.parallel_dims import ParallelDims
     from titan_core.topology import Topology
 
@@ -174,8 +174,14 @@ class Dataset:
     name: str
     #: ``documents(data_config) -> Iterable[str]``: yields documents in a fixed order; called
     #: with the ``data`` section once per epoch.
-    documents: Callable[[Any], Any]
+    documents: Callable[[Data], Iterable[str]]
     description: str = ""
+    #: ``held_out(data_config) -> Iterable[str]``: documents that ``documents`` never yields, of
+    #: the same distribution; used for validation when validation reads this dataset with its
+    #: training path (``validation.dataset`` and ``validation.path`` unset), so the validation
+    #: loss is not measured on training text. ``None``: validation then reads ``documents`` (and
+    #: the trainer warns that the loss is on training text).
+    held_out: Callable[[Data], Iterable[str]] | None = None
 
 
 @attrs.frozen

@@ -334,15 +334,37 @@ class Trainer:
         return wanted // per_microbatch
 
     def _validation_batches(self, registry: Registry) -> PackedBatches:
-        """The validation data: ``validation.dataset``/``path`` (else ``data``'s), unshuffled."""
+        """The validation data: ``validation.dataset``/``path`` (else ``data``'s), unshuffled.
+
+        Validation that would read the training dataset at the training path reads the
+        dataset's held-out documents (``Dataset.held_out``) instead: a loss on training text
+        says nothing about how the model does on text it has not seen. A dataset without them
+        is read as it is, with a warning naming the fields that fix it.
+        """
         import attrs
 
         v, d = self.config.validation, self.config.data
         name = v.dataset or d.dataset
         dataset = registry.get("datasets", name, what="validation.dataset")
         data = attrs.evolve(d, dataset=name, path=v.path if v.path is not None else d.path)
+        documents = dataset.documents
+        label = f"validation.dataset {name!r}"
+        # The same record read at the same path (the dataset's own notion of one: compared as
+        # given) yields the training documents.
+        if dataset == registry.get("datasets", d.dataset, what="dataset") and data.path == d.path:
+            if dataset.held_out is not None:
+                documents = dataset.held_out
+                label += " (held-out documents)"
+            else:
+                log.warning(
+                    f"validation reads the training data: dataset {name!r} has no held-out "
+                    "documents, so validation/loss is measured on training text; set "
+                    "validation.path or validation.dataset to held-out data",
+                    dataset=name,
+                    path=data.path,
+                )
         try:
-            first = next(iter(dataset.documents(data)), None)
+            first = next(iter(documents(data)), None)
         except UsageError as exc:  # the dataset names data.*: here it is validation.*
             text = str(exc)
             raise UsageError("validation." + text[5:] if text.startswith("data.") else text) from None
@@ -350,7 +372,7 @@ class Trainer:
             raise UsageError(f"validation.dataset = {name!r} yields no documents; check validation.path")
         coords = self.parallel_dims.coordinates(self.topology.rank)
         return PackedBatches(
-            documents=lambda: dataset.documents(data),
+            documents=lambda: documents(data),
             tokenizer=self.tokenizer,
             seq_len=self.config.training.seq_len,
             batch_size=self.config.training.local_batch_size,
@@ -358,7 +380,7 @@ class Trainer:
             dp_degree=self.parallel_dims.dp,
             seed=self.seed,
             shuffle_buffer=0,
-            name=f"validation.dataset {name!r}",
+            name=label,
         )
 
     def _param_groups(self) -> list[dict[str, Any]]:

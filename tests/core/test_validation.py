@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import itertools
 import math
+import types
+from collections.abc import Iterable
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
 from tests.conftest import tiny_llama3
 from tests.parallel_harness import log_records, run_titan_train, write_seed_checkpoint
-from titan_core._registry import get_registry
+from titan_core import Dataset, hookimpl
+from titan_core._registry import Registry, get_registry
+from titan_core.config import Data
 from titan_core.errors import UsageError
 from titan_core.parallelize import cross_entropy_loss
 from titan_core.trainer import Trainer, train
@@ -60,8 +65,8 @@ def test_validation_on_other_files(tmp_path: Path) -> None:
     config = with_validation(tmp_path / "out", steps=2)
     config.validation.dataset, config.validation.path = "text", str(corpus)
     rows = train(config, get_registry())
-    on_training_data = train(with_validation(tmp_path / "same", steps=2), get_registry())
-    assert rows[-1]["validation/loss"] != pytest.approx(on_training_data[-1]["validation/loss"], rel=1e-3)
+    on_bundled = train(with_validation(tmp_path / "same", steps=2), get_registry())
+    assert rows[-1]["validation/loss"] != pytest.approx(on_bundled[-1]["validation/loss"], rel=1e-3)
 
 
 def test_missing_validation_path_names_the_validation_field(tmp_path: Path) -> None:
@@ -69,6 +74,98 @@ def test_missing_validation_path_names_the_validation_field(tmp_path: Path) -> N
     config.validation.dataset, config.validation.path = "text", str(tmp_path / "nowhere")
     with pytest.raises(UsageError, match=r"^validation\.path: .*nowhere' does not exist"):
         Trainer(config, get_registry())
+
+
+# -- held-out documents (Dataset.held_out) ------------------------------------------------------
+
+
+def windows(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> set[tuple[int, ...]]:
+    """The packed token windows (``seq_len + 1`` tokens) of ``batches``."""
+    return {
+        tuple(row.tolist()) for inputs, labels in batches for row in torch.cat([inputs, labels[:, -1:]], 1)
+    }
+
+
+def test_bundled_held_out_documents_are_never_training_documents() -> None:
+    bundled = get_registry().get("datasets", "bundled")
+    data = Data()  # the default 4000 documents
+    training, held_out = list(bundled.documents(data)), list(bundled.held_out(data))
+    assert len(held_out) == len(training) == 4000
+    assert not set(held_out) & set(training)
+
+
+def test_bundled_validation_reads_no_training_sequence(tmp_path: Path) -> None:
+    trainer = Trainer(with_validation(tmp_path), get_registry())
+    try:
+        # One whole pass over the training documents, in packing order (BOS + text + EOS each).
+        loader = attrs.evolve(trainer.batches, shuffle_buffer=0, batch_size=1)
+        tokens = sum(len(ids) + 2 for ids in trainer.tokenizer.encode_batch(list(loader.documents())))
+        training = windows(itertools.islice(iter(loader), tokens // (loader.seq_len + 1)))
+        validation = windows(itertools.islice(iter(trainer.val_batches), 2))
+    finally:
+        trainer.close()
+    assert len(validation) == 4 and len(training) > 500
+    assert not validation & training
+
+
+def plugin(**hooks: object) -> types.ModuleType:
+    """A third-party plugin module implementing ``hooks`` (name -> records)."""
+    module = types.ModuleType("third_party_data")
+    for hook, records in hooks.items():
+        module.__dict__[hook] = hookimpl(lambda records=records: list(records))  # type: ignore[misc]
+    return module
+
+
+def training_text(data: Data) -> Iterable[str]:
+    return (f"The river falls {i} times and the market opens." for i in range(400))
+
+
+def held_out_text(data: Data) -> Iterable[str]:
+    return (f"A quiet storm gathers {i} times while the tower sleeps." for i in range(400))
+
+
+def third_party_trainer(tmp_path: Path, dataset: Dataset) -> Trainer:
+    registry = Registry().load_entry_points()
+    registry.register(plugin(titan_datasets=[dataset]), "third_party_data")
+    config = with_validation(tmp_path, steps=2)
+    config.data.dataset = dataset.name
+    return Trainer(config, registry)
+
+
+def test_a_plugins_held_out_documents_are_validated_on(tmp_path: Path) -> None:
+    trainer = third_party_trainer(tmp_path, Dataset("mine", training_text, held_out=held_out_text))
+    try:
+        ((inputs, _),) = itertools.islice(iter(trainer.val_batches), 1)
+        ((train_inputs, _),) = itertools.islice(iter(attrs.evolve(trainer.batches, shuffle_buffer=0)), 1)
+        rows = trainer.train()
+    finally:
+        trainer.close()
+    tok = trainer.tokenizer
+    first = [tok.bos_id, *tok.encode_batch([next(iter(held_out_text(Data())))])[0]]
+    assert inputs[0, : len(first)].tolist() == first
+    assert train_inputs[0, : len(first)].tolist() != first  # training still reads `documents`
+    assert [r["step"] for r in rows if "validation/loss" in r] == [2]
+    assert "validation reads the training data" not in (tmp_path / "train.log").read_text()
+
+
+def test_a_dataset_without_held_out_documents_validates_on_training_text_and_warns(tmp_path: Path) -> None:
+    trainer = third_party_trainer(tmp_path, Dataset("plain", training_text))
+    try:
+        ((inputs, _),) = itertools.islice(iter(trainer.val_batches), 1)
+        rows = trainer.train()
+    finally:
+        trainer.close()
+    tok = trainer.tokenizer
+    first = [tok.bos_id, *tok.encode_batch([next(iter(training_text(Data())))])[0]]
+    assert inputs[0, : len(first)].tolist() == first
+    assert [r["step"] for r in rows if "validation/loss" in r] == [2]
+    warnings = [
+        line
+        for line in (tmp_path / "train.log").read_text().splitlines()
+        if "validation reads the training" in line
+    ]
+    assert len(warnings) == 1
+    assert "'plain'" in warnings[0] and "set validation.path or validation.dataset" in warnings[0]
 
 
 @pytest.fixture(scope="module")
