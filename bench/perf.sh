@@ -21,6 +21,9 @@
 #                   loop with each --without NAME against itself (10 steps each), titan with
 #                   data.prefetch 0 and with a log line every 5 steps against itself (20 steps);
 #                   prints bench/perf_table.py --ablation
+#   recompute[:CONFIG] titan on CONFIG (default bench_8b_l8_compile) with selective AC and with
+#                   activation_checkpoint.mode = memory_budget at each budget of
+#                   bench/perf_table.py's BUDGETS (20 steps each); prints perf_table.py --recompute
 #   table           python3 bench/perf_table.py over everything measured on this machine
 #
 # The whole benchmark takes about 25 minutes, so it is meant for three back-to-back calls on the
@@ -134,6 +137,15 @@ for stage in "${@:-titan hand peer table}"; do
           )
         done
         python3 bench/perf_table.py --ablation "$c" "$W" | tee "$OUT/ablation_$c.md" ;;
+      recompute)
+        c=${arg:-bench_8b_l8_compile}
+        capped "ablate_titan_$c" 150 python3 -m titan_core.cli run --module bench.recipes --recipe "$c" \
+          --dump-folder outputs/ablate/titan --overwrite
+        for b in $(python3 -c "from bench.perf_table import BUDGETS; print(*BUDGETS)"); do
+          TITAN_BENCH_AC=memory_budget TITAN_BENCH_MEMORY_BUDGET=$b capped "recompute_titan_budget${b}_$c" 150 \
+            python3 -m titan_core.cli run --module bench.recipes --recipe "$c" --dump-folder "outputs/recompute/$b" --overwrite
+        done
+        python3 bench/perf_table.py --recompute "$c" "$W" | tee "$OUT/recompute_$c.md" ;;
       check) capped check 240 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
       peer)
         l=$(($(left) - 15))
@@ -145,7 +157,7 @@ for stage in "${@:-titan hand peer table}"; do
         python3 bench/perf_table.py "$W" | tee "$OUT/perf_table.md"
         echo "calls:"; cat "$W/calls.txt" ;;
       float8check) capped float8check 240 python3 -m bench.gpu_float8_check; grep -aE "^(PASS|FAIL)|checks passed" "$W/float8check.log" ;;
-      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] peer check float8check table)"; exit 2 ;;
+      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] recompute[:CONFIG] peer check float8check table)"; exit 2 ;;
     esac
   done
 done

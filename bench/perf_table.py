@@ -1,7 +1,7 @@
 """The performance table: titan, the hand-written loop and torchtitan 0.3.0 side by side.
 
-``python3 bench/perf_table.py DIR [DIR ...] [--skip N] [--ablation CONFIG]`` reads the logs that
-``bench/perf.sh`` leaves in each DIR (``titan_<config>.log``, ``hand_<config>.log``,
+``python3 bench/perf_table.py DIR [DIR ...] [--skip N] [--ablation CONFIG | --recompute CONFIG]``
+reads the logs that ``bench/perf.sh`` leaves in each DIR (``titan_<config>.log``, ``hand_<config>.log``,
 ``peer/r*.log``; later DIRs win for the same run) and prints one row per run.
 
 Every figure is computed here the same way for the three sources, from each step's tokens/s:
@@ -230,6 +230,48 @@ def render_ablations(rows: list[dict[str, Any]], config: str, skip: int) -> str:
     return "\n".join(lines)
 
 
+#: Memory budgets ``bench/perf.sh recompute`` measures against selective AC (the ``op`` policy).
+BUDGETS = ("0.5", "0.7", "0.9")
+
+
+def recompute_rows(dirs: list[Path], config: str, skip: int) -> list[dict[str, Any]]:
+    """titan with selective AC (``ablate_titan_CONFIG``) and with each compiler memory budget."""
+    out = []
+    runs = {"selective AC, op policy": f"ablate_titan_{config}.log"}
+    runs.update({f"memory budget {b}": f"recompute_titan_budget{b}_{config}.log" for b in BUDGETS})
+    for what, name in runs.items():
+        path = find(dirs, name)
+        rows = json_steps(path) if path else []
+        out.append(
+            {"change": what, **summarize(rows, config, skip)} if rows else {"change": what, "missing": True}
+        )
+    return out
+
+
+def render_recompute(rows: list[dict[str, Any]], config: str, skip: int) -> str:
+    head = [
+        "recomputation",
+        f"tok/s (steps>{skip})",
+        "/ selective",
+        "MFU",
+        "max reserved GiB",
+        "loss first -> last",
+    ]
+    title = CONFIGS.get(config, (config,))[0]
+    lines = [f"{title}:", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    base = rows[0] if not rows[0].get("missing") else None
+    for r in rows:
+        if r.get("missing"):
+            lines.append(f"| {r['change']} | not measured | | | | |")
+            continue
+        ratio = f"{r['tps'] / base['tps']:.3f}" if base else "n/a"
+        lines.append(
+            f"| {r['change']} | {r['tps']:,.0f} (cv {r['cv_pct']:.1f}%) | {ratio} | {r['mfu']:.1f}% | "
+            f"{_gib(r['reserved'])} | {r['loss1']:.3f} -> {r['lossN']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def _handloop_without() -> dict[str, str]:
     from bench.handloop import WITHOUT
 
@@ -285,7 +327,15 @@ def main(argv: list[str]) -> int:
         i = argv.index("--ablation")
         ablate = argv[i + 1]
         del argv[i : i + 2]
+    recompute = None
+    if "--recompute" in argv:
+        i = argv.index("--recompute")
+        recompute = argv[i + 1]
+        del argv[i : i + 2]
     dirs = [Path(a) for a in argv] or [Path("/tmp/titan_perf")]
+    if recompute:
+        print(render_recompute(recompute_rows(dirs, recompute, skip), recompute, skip))
+        return 0
     if ablate:
         print(render_ablations(ablation_rows(dirs, ablate, skip), ablate, skip))
         return 0

@@ -13,6 +13,21 @@ import pytest
 # (module, attribute path, where titan uses it and why)
 PRIVATE_APIS = [
     (
+        "torch._dynamo",
+        "list_backends",
+        "compile plugin: checks compile.backend (torch.compiler has no backend registry)",
+    ),
+    (
+        "torch._dynamo",
+        "lookup_backend",
+        "compile plugin: the backend that activation_checkpoint.mode = 'memory_budget' wraps",
+    ),
+    (
+        "torch._functorch.config",
+        "activation_memory_budget",
+        "compile plugin: the min-cut partitioner's budget under 'memory_budget' (a compiler knob only)",
+    ),
+    (
         "torch.distributed.device_mesh",
         "DeviceMesh._flatten",
         "parallel_dims.build_mesh: flattened dp_shard_cp / dp_cp views (no public API in 2.11-2.14)",

@@ -5,7 +5,8 @@ follows ``selective_ac_option``: ``op`` wraps every block with a selective-check
 keeps the expensive outputs (attention, flex attention included; every other matmul, float8's too;
 reduce-scatters and all-to-alls, whose recomputation would communicate again) and recomputes the
 cheap elementwise rest; an integer ``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...).
-The other fields go to ``torch.utils.checkpoint.checkpoint`` (non-reentrant):
+``memory_budget`` wraps nothing: the compiler decides (``compile.py``). The other fields go to
+``torch.utils.checkpoint.checkpoint`` (non-reentrant):
 ``preserve_rng_state``, ``determinism_check`` and ``debug``.
 
 Blocks are wrapped with ``checkpoint_wrapper`` from ``torch.distributed.algorithms._checkpoint``,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
-    return config.activation_checkpoint.mode != "none"
+    return config.activation_checkpoint.mode in ("full", "selective")
 
 
 def wrapped_indices(mode: str, n_blocks: int, option: str = "op") -> list[int]:

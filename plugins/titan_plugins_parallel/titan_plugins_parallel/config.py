@@ -7,7 +7,7 @@ those of titan's first release.
 
 from typing import Any, Literal
 
-from titan_core.config import field, section
+from titan_core.config import field, in_range, section
 
 
 def _selective_option(_inst: Any, _attr: Any, value: str) -> None:
@@ -17,8 +17,9 @@ def _selective_option(_inst: Any, _attr: Any, value: str) -> None:
 
 @section
 class ActivationCheckpoint:
-    #: ``none``, ``full`` (recompute every block) or ``selective`` (see ``selective_ac_option``).
-    mode: Literal["none", "full", "selective"] = "none"
+    #: ``none``, ``full`` (recompute every block), ``selective`` (see ``selective_ac_option``) or
+    #: ``memory_budget`` (the compiler chooses what to recompute; needs ``compile.enable``).
+    mode: Literal["none", "full", "selective", "memory_budget"] = "none"
     #: Under ``selective``: ``op`` recomputes cheap operators of every block but keeps the outputs
     #: of attention, every other matmul and collectives (reduce-scatter, all-to-all); an integer
     #: ``N`` (``"2"``) recomputes every N-th block whole.
@@ -29,20 +30,33 @@ class ActivationCheckpoint:
     determinism_check: Literal["default", "none"] = "default"
     #: Capture debug information about recomputation (slower; not with the ``op`` policy).
     debug: bool = False
+    #: Under ``memory_budget``: the share of each compiled block's activations kept for backward,
+    #: 0 (recompute all it can) to 1 (keep what the compiler would keep without a budget).
+    memory_budget: float = field(default=0.5, validator=in_range(0.0, 1.0))
 
 
 @section
 class Compile:
     #: ``torch.compile`` each transformer block.
     enable: bool = False
+    #: ``torch.compile`` backend (``torch._dynamo.list_backends()``): ``inductor`` generates
+    #: kernels; ``aot_eager`` traces and partitions without code generation (for debugging).
+    backend: str = "inductor"
 
 
 def check(config: Any) -> list[str]:
     """Checks across fields of the plugin's sections (run once after the recipe)."""
     ac = config.activation_checkpoint
+    errors = []
     if ac.debug and ac.mode == "selective" and ac.selective_ac_option == "op":
-        return [
+        errors.append(
             "activation_checkpoint.debug: torch.utils.checkpoint cannot debug the per-operator "
             "policy (selective_ac_option = 'op'); use mode 'full', an integer option, or debug = False"
-        ]
-    return []
+        )
+    if ac.mode == "memory_budget" and not config.compile.enable:
+        errors.append(
+            "activation_checkpoint.mode: 'memory_budget' is a compiler option (the compiler "
+            "chooses what each compiled block recomputes); set compile.enable = true, or use "
+            "mode 'selective' or 'full'"
+        )
+    return errors

@@ -74,3 +74,84 @@ def test_blocks_share_one_graph_and_never_recompile(tmp_path: Path, monkeypatch:
     assert n_blocks == 4
     assert compiled_at and set(compiled_at) == {1}, compiled_at
     assert len(compiled_at) < n_blocks
+
+
+def _saved_bytes_and_grads(trainer: Trainer) -> tuple[int, list[torch.Tensor]]:
+    """Bytes autograd keeps for backward over one step of ``trainer``, and the gradients.
+
+    Views of the model's parameters and buffers are not counted: they are held anyway (a compiled
+    block that recomputes the rotary slice saves the whole rotary table, which costs nothing)."""
+    batch = next(iter(trainer.batches))
+    held = {
+        t.untyped_storage().data_ptr() for t in [*trainer.parts[0].parameters(), *trainer.parts[0].buffers()]
+    }
+    saved = [0]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.untyped_storage().data_ptr() not in held:
+            saved[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        trainer.forward_backward(*batch)
+    grads = [p.grad.clone() for p in trainer.parts[0].parameters()]
+    return saved[0], grads
+
+
+@pytest.mark.slow
+def test_a_smaller_memory_budget_keeps_fewer_activations_for_the_same_gradients(
+    tmp_path: Path, seed_checkpoint: Path
+) -> None:
+    """``memory_budget``: the compiler recomputes more under a smaller budget, and the gradients
+    stay those of no recomputation. The trainers share one process without a dynamo reset: each
+    must partition its own graphs, not reuse those another trainer compiled under another budget."""
+    torch._dynamo.reset()
+    runs: dict[str, tuple[int, list[torch.Tensor]]] = {}
+    for mode, budget in (("none", 1.0), ("memory_budget", 1.0), ("memory_budget", 0.0)):
+        config = tiny_config(
+            **{
+                "checkpoint.initial_load_path": str(seed_checkpoint),
+                "job.dump_folder": str(tmp_path / f"{mode}{budget}"),
+                "compile.enable": True,
+                "compile.backend": "aot_eager",  # partitions like inductor, generates no C++
+                "activation_checkpoint.mode": mode,
+                "activation_checkpoint.memory_budget": budget,
+            }
+        )
+        trainer = Trainer(config, get_registry())
+        try:
+            runs[f"{mode}{budget}"] = _saved_bytes_and_grads(trainer)
+        finally:
+            trainer.close()
+    (kept, grads), (all_kept, _), (least_kept, least_grads) = runs.values()
+    assert least_kept < 0.75 * all_kept, {k: v[0] for k, v in runs.items()}
+    assert all_kept <= kept
+    for a, b in zip(grads, least_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_memory_budget_needs_compile_and_a_budget_in_0_1() -> None:
+    from titan_core.config import ConfigError, TrainerConfig, validate
+
+    config = TrainerConfig()
+    config.activation_checkpoint.mode = "memory_budget"
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    assert [p.split(":")[0] for p in info.value.problems] == ["activation_checkpoint.mode"]
+    assert "compile.enable = true" in info.value.problems[0]
+    config.compile.enable = True
+    validate(config, source="r")
+    with pytest.raises(ConfigError, match=r"activation_checkpoint.memory_budget.*\[0.0, 1.0\]"):
+        config.activation_checkpoint.memory_budget = 1.5
+
+
+def test_an_unknown_backend_is_one_error_naming_the_backends(tmp_path: Path) -> None:
+    from titan_core.errors import UsageError
+
+    config = tiny_config(
+        **{"job.dump_folder": str(tmp_path), "compile.enable": True, "compile.backend": "inductr"}
+    )
+    with pytest.raises(
+        UsageError, match=r"compile.backend = 'inductr' is not a torch.compile backend; .*inductor"
+    ):
+        Trainer(config, get_registry())
