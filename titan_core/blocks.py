@@ -52,6 +52,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from titan_core.errors import UsageError
+
 #: torch's fused RMSNorm (``weight * x / sqrt(mean(x^2) + eps)``); re-exported so that model
 #: plugins import every block from one place.
 RMSNorm = nn.RMSNorm
@@ -144,6 +146,30 @@ def document_mask(tokens: torch.Tensor, bos_id: int) -> Any:
     pos = torch.arange(seq, device=tokens.device)
     causal = pos[:, None] >= pos[None, :]
     return (causal & (docs[:, :, None] == docs[:, None, :]))[:, None]
+
+
+def stage_inputs(
+    model: nn.Module, tokens: torch.Tensor, positions: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """What a decoder's blocks take: ``(h, freqs_cis, mask)`` for ``tokens`` (or hidden states).
+
+    ``model`` has ``args`` (``document_mask``, ``bos_id``), ``tok_embeddings`` (``None`` on a
+    pipeline stage after the first, whose input is already hidden states) and ``freqs_cis``.
+    ``positions (seq,)`` selects the rotary rows of a sequence shard (context parallel); without
+    it attention takes the first rows it needs (:func:`apply_rope`). ``mask`` is ``None`` unless
+    ``args.document_mask``, which needs the tokens, so only the first stage can build it.
+    """
+    mask = None
+    if model.args.document_mask:
+        if model.tok_embeddings is None:
+            raise UsageError(
+                "model.overrides.document_mask: a pipeline stage without the embedding cannot "
+                "see the tokens the mask comes from; set parallelism.pp = 1 or document_mask = False"
+            )
+        mask = document_mask(tokens, model.args.bos_id)
+    h = model.tok_embeddings(tokens) if model.tok_embeddings is not None else tokens
+    freqs_cis = model.freqs_cis[positions] if positions is not None else model.freqs_cis
+    return h, freqs_cis, mask
 
 
 def document_ends(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:

@@ -120,17 +120,8 @@ class Llama3(nn.Module):
         """``tokens (batch, seq)`` -> logits ``(batch, seq, vocab)``; on a middle pipeline stage
         the input and output are hidden states ``(batch, seq, dim)``. ``positions (seq,)`` gives
         each token's position when the sequence is a shard (context parallel)."""
-        mask = None
-        if self.args.document_mask:
-            if self.tok_embeddings is None:
-                raise UsageError(
-                    "model.overrides.document_mask: a pipeline stage without the embedding cannot "
-                    "see the tokens the mask comes from; set parallelism.pp = 1 or document_mask = False"
-                )
-            mask = blocks.document_mask(tokens, self.args.bos_id)
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # Under sequence parallelism h holds a slice of the sequence: attention takes its rows.
-        freqs_cis = self.freqs_cis[positions] if positions is not None else self.freqs_cis
+        h, freqs_cis, mask = blocks.stage_inputs(self, tokens, positions)
         for block in self.layers.values():
             h = block(h, freqs_cis) if mask is None else block(h, freqs_cis, mask)
         h = self.norm(h) if self.norm is not None else h

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from titan_core import blocks
-from titan_core.errors import UsageError
 from titan_plugins_moe.attention import Attention, MLAttention, rope_frequencies
 from titan_plugins_moe.flavors import MoEArgs, check_args
 from titan_plugins_moe.moe import MoE, _AddAuxLoss, _records_this_forward
@@ -128,17 +127,7 @@ class MoETransformer(nn.Module):
         """``tokens (batch, seq)`` -> logits ``(batch, seq, vocab)``; on a middle pipeline stage
         the input and output are hidden states ``(batch, seq, dim)``. ``positions (seq,)`` gives
         each token's position when the sequence is a shard (context parallel)."""
-        mask = None
-        if self.args.document_mask:
-            if self.tok_embeddings is None:
-                raise UsageError(
-                    "model.overrides.document_mask: a pipeline stage without the embedding cannot "
-                    "see the tokens the mask comes from; set parallelism.pp = 1 or document_mask = False"
-                )
-            mask = blocks.document_mask(tokens, self.args.bos_id)
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        # Attention takes the rows it needs (apply_rope slices to its sequence length).
-        freqs_cis = self.freqs_cis[positions] if positions is not None else self.freqs_cis
+        h, freqs_cis, mask = blocks.stage_inputs(self, tokens, positions)
         for block in self.layers.values():
             h = block(h, freqs_cis, mask=mask)
         if self.norm is None or self.output is None:
