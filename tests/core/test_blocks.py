@@ -242,3 +242,32 @@ def test_fused_qkv_falls_back_where_a_projection_must_run_itself() -> None:
     biased, _ = _pair()
     biased.wq = torch.nn.Linear(64, 64, bias=True)
     assert _matmuls(biased, x, freqs) == 4
+
+
+def test_stage_inputs_embed_tokens_slice_rotary_rows_and_mask_only_with_the_embedding() -> None:
+    from types import SimpleNamespace
+
+    from titan_core.errors import UsageError
+
+    tokens = torch.tensor([[0, 5, 6, 0, 7, 8]])
+    freqs = torch.arange(10.0)
+    stage = SimpleNamespace(
+        args=SimpleNamespace(document_mask=True, bos_id=0),
+        tok_embeddings=torch.nn.Embedding(9, 4),
+        freqs_cis=freqs,
+    )
+    h, f, mask = blocks.stage_inputs(stage, tokens, torch.tensor([4, 5, 6, 7, 8, 9]))
+    assert h.shape == (1, 6, 4)
+    assert f.tolist() == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    assert torch.equal(mask, blocks.document_mask(tokens, 0))
+    assert blocks.stage_inputs(stage, tokens, None)[1] is freqs
+    stage.args.document_mask = False
+    assert blocks.stage_inputs(stage, tokens, None)[2] is None
+    later = SimpleNamespace(
+        args=SimpleNamespace(document_mask=True, bos_id=0), tok_embeddings=None, freqs_cis=freqs
+    )
+    with pytest.raises(UsageError, match="a pipeline stage without the embedding cannot see the tokens"):
+        blocks.stage_inputs(later, torch.randn(1, 6, 4), None)
+    later.args.document_mask = False
+    hidden = torch.randn(1, 6, 4)
+    assert blocks.stage_inputs(later, hidden, None)[0] is hidden
