@@ -41,18 +41,6 @@ def rope_frequencies(args: Llama3Args, seq_len: int, device: torch.device | None
     return blocks.rope_frequencies(args.head_dim, seq_len, args.rope_theta, rope_scaling(args), device=device)
 
 
-# The two factories below keep ``titan_plugins_moe.model``'s imports working until it builds its
-# modules from ``titan_core.blocks`` directly; remove them then.
-def Attention(args: Any) -> blocks.Attention:
-    """Llama 3's attention module; ``blocks.Attention`` with the arguments' sizes."""
-    return blocks.Attention(args.dim, args.n_heads, args.n_kv_heads)
-
-
-def FeedForward(args: Any) -> blocks.FeedForward:
-    """Llama 3's SwiGLU feed-forward; ``blocks.FeedForward`` with the arguments' sizes."""
-    return blocks.FeedForward(args.dim, args.ffn_hidden_dim)
-
-
 class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: Llama3Args) -> None:
         super().__init__()
