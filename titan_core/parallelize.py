@@ -18,7 +18,8 @@ contributions of :class:`ParallelContext` — the same for titan's strategies an
 - ``step_contexts``: context-manager factories entered around forward, loss and backward (loss
   parallelism);
 - ``replace_forward_backward``: a step function that replaces the trainer's forward/backward
-  (pipeline schedules); at most one strategy may;
+  (pipeline schedules), with a forward-only ``evaluate`` for validation if it can; at most one
+  strategy may;
 - ``mixed_precision_applied``: the strategy casts parameters to the compute dtype itself, so the
   trainer does not autocast;
 - ``computes_loss``: false on ranks whose loss is not meaningful (pipeline ranks without the last
@@ -55,7 +56,9 @@ ORDER = {
     "fsdp": 60,
 }
 
-#: ``step(inputs, labels, kwargs) -> loss | None``: one forward/backward over a batch.
+#: ``step(inputs, labels, kwargs) -> loss | None``: one forward/backward over a batch. A step
+#: that replaces the trainer's may also have ``evaluate`` of the same signature: the forward
+#: alone (see :meth:`ParallelContext.replace_forward_backward`).
 StepFn = Callable[["torch.Tensor", "torch.Tensor", dict[str, Any]], Any]
 
 
@@ -102,6 +105,15 @@ class ParallelContext:
         ``build`` is called once the parts are materialised; ``step(inputs, labels, kwargs)``
         runs forward and backward over the whole batch and returns the loss (``None`` when this
         rank does not compute it). Two strategies replacing it is a usage error.
+
+        Validation: the trainer knows no forward of its own for a replaced step, so give the
+        step object (any callable) an ``evaluate(inputs, labels, kwargs) -> loss | None``
+        method: the forward and the loss alone, returning what ``step`` would for the same batch
+        (the same ``loss_fn``, so the same scaling, on the same ranks). The trainer calls it
+        under ``torch.no_grad()`` with the parts in eval mode, inside ``batch_transforms`` and
+        ``step_contexts`` as for ``step``. Without it, validation runs ``step`` itself and
+        drops the gradients: the same loss, at the cost of a backward (and, under FSDP, its
+        gradient reduce-scatters) per validation batch.
         """
         if self._step_builder is not None and self._step_builder[0] != owner:
             raise UsageError(

@@ -453,15 +453,18 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Mean validation loss over ``validation.steps`` batches (all DP ranks) and perplexity.
 
-        One-step layouts run a forward without gradients; a strategy that replaced the step
-        (pipeline parallel) has no forward-only path, so its step function runs instead (forward
+        A forward without gradients: the trainer's own, or the ``evaluate`` of a strategy's
+        replacement step (pipeline parallel runs its schedule forward only). A replacement
+        without ``evaluate`` has no forward-only path, so its step function runs instead (forward
         and backward) and the gradients are dropped. Buffers (e.g. MoE token counts) are put back
         as they were, so validation leaves no trace on training.
         """
         from titan_core.grad_norm import mean_over_dp
 
         assert self.val_batches is not None
-        replaced = self._step_fn is not self._forward_backward
+        # ``!=``, not ``is not``: every ``self._forward_backward`` is a new bound method.
+        replaced = self._step_fn != self._forward_backward
+        evaluate = getattr(self._step_fn, "evaluate", None) if replaced else None
         buffers = [(b, b.detach().clone()) for part in self.parts for b in part.buffers()]
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         for part in self.parts:
@@ -470,14 +473,14 @@ class Trainer:
             for inputs, labels in itertools.islice(iter(self.val_batches), self.config.validation.steps):
                 inputs = inputs.to(self.device, non_blocking=True)
                 labels = labels.to(self.device, non_blocking=True)
-                if replaced:
+                if replaced and evaluate is None:
                     loss = self.forward_backward(inputs, labels)
                     self.optimizer.zero_grad(set_to_none=True)
                     if loss is not None:
                         loss = _plain(loss).float() * self.accumulation  # undo the microbatch scaling
                 else:
                     with torch.no_grad():
-                        loss = self._eval_loss(inputs, labels)
+                        loss = self._eval_loss(inputs, labels, evaluate)
                 if loss is not None:
                     total += _plain(loss).float()
         finally:
@@ -490,13 +493,20 @@ class Trainer:
         perplexity = math.exp(min(value, 700))
         return {"validation/loss": round(value, 5), "validation/perplexity": round(perplexity, 3)}
 
-    def _eval_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _eval_loss(
+        self, inputs: torch.Tensor, labels: torch.Tensor, evaluate: Any = None
+    ) -> torch.Tensor | None:
+        """One batch's loss, forward only: the trainer's forward, or a replacement's ``evaluate``."""
         kwargs: dict[str, Any] = {}
         for transform in self.ctx.batch_transforms:
             inputs, labels, kwargs = transform(inputs, labels, kwargs)
         with ExitStack() as stack:
             for context in self.ctx.step_contexts:
                 stack.enter_context(context())
+            if evaluate is not None:
+                loss = evaluate(inputs, labels, kwargs)
+                # What the step returns: scaled by 1 / microbatches per step, like its loss_fn.
+                return None if loss is None else _plain(loss).float() * self.accumulation
             with self.autocast:
                 logits = self.parts[0](inputs, **kwargs)
             return self._loss_fn(logits, labels).detach()

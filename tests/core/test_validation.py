@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import tiny_llama3
 from tests.parallel_harness import log_records, run_titan_train, write_seed_checkpoint
-from titan_core import Dataset, hookimpl
+from titan_core import Dataset, Strategy, hookimpl
 from titan_core._registry import Registry, get_registry
 from titan_core.config import Data
 from titan_core.errors import UsageError
@@ -57,6 +57,85 @@ def test_validation_leaves_training_unchanged(tmp_path: Path) -> None:
     without = [r["loss"] for r in train(plain, get_registry())]
     with_it = [r["loss"] for r in train(with_validation(tmp_path / "val"), get_registry())]
     assert with_it == pytest.approx(without, rel=1e-6)
+
+
+def test_validation_runs_no_backward_and_keeps_the_gradients(tmp_path: Path) -> None:
+    trainer = Trainer(with_validation(tmp_path), get_registry())
+    backward = {"training": 0, "validation": 0}
+    phase = ["training"]
+    params = list(trainer.parts[0].parameters())
+    for param in params:
+        param.register_hook(lambda grad: backward.__setitem__(phase[0], backward[phase[0]] + 1))
+    validate, kept = trainer.validate, []
+
+    def observed() -> dict[str, float]:
+        before = [p.grad.clone() for p in params]  # the step's gradients (zeroed at the next one)
+        phase[0] = "validation"
+        try:
+            return validate()
+        finally:
+            phase[0] = "training"
+            kept.append(
+                all(
+                    p.grad is not None and torch.equal(p.grad, g) for p, g in zip(params, before, strict=True)
+                )
+            )
+
+    trainer.validate = observed  # type: ignore[method-assign]
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    assert kept == [True, True]  # steps 2 and 4 validated
+    assert backward["validation"] == 0 and backward["training"] == 4 * len(params)
+
+
+class ReplacedStep:
+    """A third party's replacement of the step (``ctx.replace_forward_backward``): forward/backward."""
+
+    def __init__(self, parts: list[torch.nn.Module], loss_fn: object) -> None:
+        self.parts, self.loss_fn = parts, loss_fn
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        loss = self.loss_fn(self.parts[0](inputs, **kwargs), labels)
+        loss.backward()
+        return loss.detach()
+
+
+class ReplacedStepWithEvaluate(ReplacedStep):
+    """The same, with the forward-only ``evaluate`` validation uses."""
+
+    evaluated = 0
+
+    def evaluate(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        assert not torch.is_grad_enabled() and not self.parts[0].training
+        ReplacedStepWithEvaluate.evaluated += 1
+        return self.loss_fn(self.parts[0](inputs, **kwargs), labels)
+
+
+@pytest.mark.parametrize("step", [ReplacedStep, ReplacedStepWithEvaluate])
+def test_a_replaced_step_validates_with_its_evaluate_or_its_step(tmp_path: Path, step: type) -> None:
+    def apply(parts: list[torch.nn.Module], ctx: object) -> list[torch.nn.Module]:
+        ctx.replace_forward_backward("replaced", step)
+        return parts
+
+    registry = Registry().load_entry_points()
+    strategy = Strategy("replaced", 70, lambda config, dims: True, apply)
+    registry.register(plugin(titan_strategies=[strategy]), "third_party_step")
+    config = with_validation(tmp_path)
+    config.training.global_batch_size = 4  # 2 microbatches: the step's loss_fn is scaled by 1/2
+    ReplacedStepWithEvaluate.evaluated = 0
+    trainer = Trainer(config, registry)
+    try:
+        rows = trainer.train()
+        with torch.no_grad():
+            batches = itertools.islice(iter(trainer.val_batches), 2)
+            expected = sum(float(cross_entropy_loss(trainer.parts[0](i), lab)) for i, lab in batches) / 2
+    finally:
+        trainer.close()
+    assert "replaced" in trainer.ctx.applied
+    assert rows[-1]["validation/loss"] == pytest.approx(expected, rel=1e-4)
+    assert ReplacedStepWithEvaluate.evaluated == (4 if step is ReplacedStepWithEvaluate else 0)
 
 
 def test_validation_on_other_files(tmp_path: Path) -> None:
@@ -194,7 +273,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> list[tu
     [
         {"parallelism.dp_shard": 2, "training.local_batch_size": 2},
         {"parallelism.tp": 2, "parallelism.dp_shard": 1, "training.local_batch_size": 4},
-        # PP has no forward-only path: its step function runs and the gradients are dropped.
+        # PP validates through its schedule, forward only (schedule.eval).
         {"parallelism.pp": 2, "parallelism.dp_shard": 1, "training.local_batch_size": 4},
     ],
     ids=["fsdp2", "tp2", "pp2"],

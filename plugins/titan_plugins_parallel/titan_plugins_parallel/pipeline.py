@@ -16,6 +16,9 @@ Loss and logging: each microbatch's loss is divided by the number of microbatche
 backward (so gradients are those of the whole batch's mean loss, with no rescaling pass), the
 last stage adds them up, and the step broadcasts that loss over the PP group. Every PP rank thus
 returns the same loss and its ``step`` log line carries it, whichever rank ``LOG_RANK`` shows.
+
+Validation runs the schedule forward only (``schedule.eval``: no backward, no gradients, no
+gradient reduction under FSDP), with the same loss and broadcast as a training step.
 """
 
 from __future__ import annotations
@@ -182,13 +185,16 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     ctx.state["pp"] = plan
     ctx.computes_loss = plan.has_last
     ctx.replace_forward_backward(
-        "pp", lambda parts, loss_fn: Pipeline(parts, loss_fn, ctx, cls, plan, n_micro).step
+        "pp", lambda parts, loss_fn: Pipeline(parts, loss_fn, ctx, cls, plan, n_micro)
     )
     return stages
 
 
 class Pipeline:
     """One training step through the schedule: ``step(inputs, labels, kwargs) -> loss | None``.
+
+    The object is the trainer's step function (calling it is ``step``); ``evaluate`` is the
+    forward-only step validation uses (``ParallelContext.replace_forward_backward``).
 
     ``kwargs`` are per-step forward arguments that are the same for every sample (context
     parallel's ``positions``); every stage's forward receives them through a pre-hook, since the
@@ -263,7 +269,24 @@ class Pipeline:
         # Simulated PP peers: nothing would arrive, keep None off the last stage.
         return "pp" in self.ctx.topology.simulated
 
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+        return self.step(inputs, labels, kwargs)
+
     def step(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+        """Forward and backward of every microbatch; the batch's loss on every PP rank."""
+        return self._run(self.schedule.step, inputs, labels, kwargs)
+
+    def evaluate(self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+        """The forward alone (``schedule.eval``); the loss ``step`` would return for this batch.
+
+        The schedule's own switch, not a second schedule: the stages, their buffers and the
+        loss function (scaling included) are the training step's. Validation calls it only
+        after a training step, so the backward is set up before the first eval (pytorch#162822:
+        torch 2.9 left it unset when a schedule evaluated first).
+        """
+        return self._run(self.schedule.eval, inputs, labels, kwargs)
+
+    def _run(self, run: Any, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> Any:
         import torch
         import torch.distributed as dist
 
@@ -275,7 +298,7 @@ class Pipeline:
         with ExitStack() as stack:
             if self._autocast:
                 stack.enter_context(torch.autocast(ctx.topology.device.type, dtype=torch.bfloat16))
-            self.schedule.step(*args, target=target, losses=losses)
+            run(*args, target=target, losses=losses)
         self._step_kwargs = {}
         loss = torch.stack([_plain(x) for x in losses]).sum() if self.plan.has_last else None
         if self._last_rank is None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from tests.parallel_harness import GLOBAL_BATCH, log_records, run_titan_train
+from tests.parallel_harness import GLOBAL_BATCH, REPO, child_env, log_records, run_titan_train
 from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
 from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
@@ -163,3 +167,114 @@ def test_pp2_with_fsdp2_matches_one_process(
         "training.local_batch_size": GLOBAL_BATCH // 2,
     }
     assert_rows_close(layout_rows(tmp_path, 4, seed_checkpoint, overrides), reference_rows)
+
+
+# -- validation: forward only (schedule.eval) ----------------------------------------------------
+
+#: Trains a layout (``tiny_config`` + the JSON overrides of argv[1]) in this process and prints
+#: one ``validation result`` record per rank: the step rows, the gradients computed while training and while
+#: validating (a hook on every parameter), and whether each validation left the step's gradients
+#: as they were.
+VALIDATION_SCRIPT = """
+import json
+import sys
+
+import torch
+
+from tests.parallel_harness import tiny_config
+from titan_core._registry import get_registry
+from titan_core.trainer import Trainer
+
+trainer = Trainer(tiny_config(**json.loads(sys.argv[1])), get_registry())
+params = [p for part in trainer.parts for p in part.parameters()]
+backward = {"training": 0, "validation": 0}
+phase = ["training"]
+for param in params:
+    param.register_hook(lambda grad: backward.__setitem__(phase[0], backward[phase[0]] + 1))
+validate, kept = trainer.validate, []
+
+
+def observed():
+    before = [p.grad.clone() for p in params]
+    phase[0] = "validation"
+    try:
+        return validate()
+    finally:
+        phase[0] = "training"
+        same = [p.grad is not None and torch.equal(p.grad, g) for p, g in zip(params, before, strict=True)]
+        kept.append(all(same))
+
+
+trainer.validate = observed
+completed = False
+try:
+    rows = trainer.train()
+    completed = True
+finally:
+    trainer.close(completed=completed)
+result = {"rank": trainer.topology.rank, "rows": rows, "backward": backward, "kept": kept}
+print(json.dumps({"event": "validation result", **result}), flush=True)
+"""
+
+
+def validation_run(folder: Path, nproc: int, seed: Path, overrides: dict[str, Any]) -> dict[int, dict]:
+    """Each rank's ``validation result`` of :data:`VALIDATION_SCRIPT` for a run from ``seed``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "validate_layout.py"
+    script.write_text(VALIDATION_SCRIPT)
+    overrides = {
+        "job.dump_folder": str(folder / "out"),
+        "checkpoint.initial_load_path": str(seed),
+        "training.steps": 3,
+        **overrides,
+    }
+    launch = [sys.executable]
+    if nproc > 1:
+        launch += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+        launch += ["--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"]
+    result = subprocess.run(
+        [*launch, str(script), json.dumps(overrides)],
+        cwd=REPO,
+        env=child_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    found = [r for r in log_records(result.stdout) if r.get("event") == "validation result"]
+    assert result.returncode == 0 and len(found) == nproc, result.stdout[-3000:] + result.stderr[-5000:]
+    return {r["rank"]: r for r in found}
+
+
+#: Validation after every step, the first one included: pytorch#162822 (torch 2.9) left the
+#: backward infrastructure uninitialised when a schedule evaluated before its first step; titan
+#: validates only after a step, and training must go on correctly after each validation.
+EVERY_STEP = {"validation.enable": True, "validation.freq": 1, "validation.steps": 2}
+
+
+@pytest.fixture(scope="module")
+def one_process_validation(tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path) -> dict:
+    return validation_run(tmp_path_factory.mktemp("validation_one"), 1, seed_checkpoint, EVERY_STEP)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
+def test_pp2_validation_is_forward_only_and_leaves_training_unchanged(
+    schedule: str, tmp_path: Path, seed_checkpoint: Path, one_process_validation: dict
+) -> None:
+    layout = {"parallelism.pp": 2, "parallelism.pp_schedule": schedule}
+    validated = validation_run(tmp_path / "validated", 2, seed_checkpoint, {**layout, **EVERY_STEP})
+    plain = validation_run(tmp_path / "plain", 2, seed_checkpoint, layout)
+    expected = [r["validation/loss"] for r in one_process_validation["rows"]]
+    assert len(expected) == 3
+    for rank in (0, 1):
+        got, without = validated[rank], plain[rank]
+        # The validation loss is the one process's (broadcast to the rank without the last stage).
+        assert [r["validation/loss"] for r in got["rows"]] == pytest.approx(expected, rel=1e-4)
+        # No gradient is computed while validating; the step's gradients are left as they were.
+        assert got["backward"]["validation"] == 0 and got["kept"] == [True, True, True]
+        assert got["backward"]["training"] == without["backward"]["training"] > 0
+        # Training after each validation goes on exactly as without validation.
+        assert [r["loss"] for r in got["rows"]] == pytest.approx(
+            [r["loss"] for r in without["rows"]], rel=1e-6
+        )
+        assert [r["grad_norm"] for r in got["rows"]] == [r["grad_norm"] for r in without["rows"]]
