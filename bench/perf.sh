@@ -23,7 +23,9 @@
 #                   prints bench/perf_table.py --ablation
 #   recompute[:CONFIG] titan on CONFIG (default bench_8b_l8_compile) with selective AC and with
 #                   activation_checkpoint.mode = memory_budget at each budget of
-#                   bench/perf_table.py's BUDGETS (20 steps each); prints perf_table.py --recompute
+#                   bench/perf_table.py's BUDGETS (20 steps each; bench/recompute_plan.py says
+#                   what each saves and recomputes); TITAN_BENCH_MIXED_PRECISION=autocast for
+#                   autocast instead of one-GPU FSDP2; prints perf_table.py --recompute
 #   table           python3 bench/perf_table.py over everything measured on this machine
 #
 # The whole benchmark takes about 25 minutes, so it is meant for three back-to-back calls on the
@@ -138,12 +140,15 @@ for stage in "${@:-titan hand peer table}"; do
         done
         python3 bench/perf_table.py --ablation "$c" "$W" | tee "$OUT/ablation_$c.md" ;;
       recompute)
+        # TITAN_BENCH_MIXED_PRECISION=autocast measures the same with autocast instead of
+        # one-GPU FSDP2 (less memory); the logs carry the choice in their names.
         c=${arg:-bench_8b_l8_compile}
-        capped "ablate_titan_$c" 150 python3 -m titan_core.cli run --module bench.recipes --recipe "$c" \
-          --dump-folder outputs/ablate/titan --overwrite
+        mp=${TITAN_BENCH_MIXED_PRECISION:-fsdp}
+        capped "recompute_titan_selective_${mp}_$c" 150 python3 -m titan_core.cli run --module bench.recipes \
+          --recipe "$c" --dump-folder "outputs/recompute/selective_$mp" --overwrite
         for b in $(python3 -c "from bench.perf_table import BUDGETS; print(*BUDGETS)"); do
-          TITAN_BENCH_AC=memory_budget TITAN_BENCH_MEMORY_BUDGET=$b capped "recompute_titan_budget${b}_$c" 150 \
-            python3 -m titan_core.cli run --module bench.recipes --recipe "$c" --dump-folder "outputs/recompute/$b" --overwrite
+          TITAN_BENCH_AC=memory_budget TITAN_BENCH_MEMORY_BUDGET=$b capped "recompute_titan_budget${b}_${mp}_$c" 150 \
+            python3 -m titan_core.cli run --module bench.recipes --recipe "$c" --dump-folder "outputs/recompute/${b}_$mp" --overwrite
         done
         python3 bench/perf_table.py --recompute "$c" "$W" | tee "$OUT/recompute_$c.md" ;;
       check) capped check 240 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;

@@ -113,6 +113,11 @@ def summarize(rows: list[dict[str, Any]], config: str, skip: int) -> dict[str, A
         "tflops": tflops,
         "mfu": 100 * tflops / PEAK_TFLOPS,
         "reserved": peak("max_reserved_gib"),
+        # Titan resets the peaks at every log line: the steady steps' own peak, without step 1's
+        # compilation and autotuning.
+        "reserved_steady": max(
+            (r["max_reserved_gib"] for r in steady if "max_reserved_gib" in r), default=None
+        ),
         "allocated": peak("max_allocated_gib"),
         "loss1": rows[0]["loss"],
         "lossN": rows[-1]["loss"],
@@ -230,44 +235,52 @@ def render_ablations(rows: list[dict[str, Any]], config: str, skip: int) -> str:
     return "\n".join(lines)
 
 
-#: Memory budgets ``bench/perf.sh recompute`` measures against selective AC (the ``op`` policy).
-BUDGETS = ("0.5", "0.7", "0.9")
+#: Memory budgets ``bench/perf.sh recompute`` measures against selective AC (the ``op`` policy):
+#: ``bench/recompute_plan.py`` finds 0.4 recomputing what the op policy does, 0.45-0.6 less.
+BUDGETS = ("0.45", "0.5", "0.6")
 
 
 def recompute_rows(dirs: list[Path], config: str, skip: int) -> list[dict[str, Any]]:
-    """titan with selective AC (``ablate_titan_CONFIG``) and with each compiler memory budget."""
+    """titan with selective AC and with each compiler memory budget (``bench/perf.sh recompute``),
+    under one-GPU FSDP2 and, where measured, under autocast."""
     out = []
-    runs = {"selective AC, op policy": f"ablate_titan_{config}.log"}
-    runs.update({f"memory budget {b}": f"recompute_titan_budget{b}_{config}.log" for b in BUDGETS})
-    for what, name in runs.items():
-        path = find(dirs, name)
-        rows = json_steps(path) if path else []
-        out.append(
-            {"change": what, **summarize(rows, config, skip)} if rows else {"change": what, "missing": True}
+    for precision in ("fsdp", "autocast"):
+        runs = {
+            f"selective AC, op policy, {precision}": f"recompute_titan_selective_{precision}_{config}.log"
+        }
+        runs.update(
+            {
+                f"memory budget {b}, {precision}": f"recompute_titan_budget{b}_{precision}_{config}.log"
+                for b in BUDGETS
+            }
         )
+        found = {what: find(dirs, name) for what, name in runs.items()}
+        if precision != "fsdp" and not any(found.values()):
+            continue
+        for what, path in found.items():
+            rows = json_steps(path) if path else []
+            out.append(
+                {"change": what, **summarize(rows, config, skip)}
+                if rows
+                else {"change": what, "missing": True}
+            )
     return out
 
 
 def render_recompute(rows: list[dict[str, Any]], config: str, skip: int) -> str:
-    head = [
-        "recomputation",
-        f"tok/s (steps>{skip})",
-        "/ selective",
-        "MFU",
-        "max reserved GiB",
-        "loss first -> last",
-    ]
+    head = ["recomputation", f"tok/s (steps>{skip})", "/ selective, fsdp", "MFU", "max reserved GiB"]
+    head += [f"max reserved steps>{skip}", "loss first -> last"]
     title = CONFIGS.get(config, (config,))[0]
     lines = [f"{title}:", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     base = rows[0] if not rows[0].get("missing") else None
     for r in rows:
         if r.get("missing"):
-            lines.append(f"| {r['change']} | not measured | | | | |")
+            lines.append(f"| {r['change']} | not measured | | | | | |")
             continue
         ratio = f"{r['tps'] / base['tps']:.3f}" if base else "n/a"
         lines.append(
             f"| {r['change']} | {r['tps']:,.0f} (cv {r['cv_pct']:.1f}%) | {ratio} | {r['mfu']:.1f}% | "
-            f"{_gib(r['reserved'])} | {r['loss1']:.3f} -> {r['lossN']:.3f} |"
+            f"{_gib(r['reserved'])} | {_gib(r['reserved_steady'])} | {r['loss1']:.3f} -> {r['lossN']:.3f} |"
         )
     return "\n".join(lines)
 

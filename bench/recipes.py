@@ -13,7 +13,8 @@ tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
 ``TITAN_BENCH_STEPS`` changes the step count, ``TITAN_BENCH_PREFETCH`` sets ``data.prefetch``
 (0: each batch prepared inside the step), ``TITAN_BENCH_LOG_FREQ`` sets ``metrics.log_freq``,
 ``TITAN_BENCH_AC`` sets ``activation_checkpoint.mode`` (default ``selective``) and
-``TITAN_BENCH_MEMORY_BUDGET`` its ``memory_budget`` (for ``bench/perf.sh recompute``).
+``TITAN_BENCH_MEMORY_BUDGET`` its ``memory_budget``, ``TITAN_BENCH_MIXED_PRECISION``
+``training.single_device_mixed_precision`` (``fsdp`` or ``autocast``; for ``bench/perf.sh recompute``).
 
 ``bench_8b_l8_compile_float8`` and ``..._float8_rowwise`` are ``bench_8b_l8_compile`` with
 torchao's float8 linear layers (``float8.enable``, the output projection kept in bf16): titan
@@ -98,6 +99,7 @@ def _bench(name: str) -> TrainerConfig:
     config.metrics.log_freq = int(env("TITAN_BENCH_LOG_FREQ", 1))
     config.activation_checkpoint.mode = env("TITAN_BENCH_AC", "selective")  # type: ignore[assignment]
     config.activation_checkpoint.memory_budget = float(env("TITAN_BENCH_MEMORY_BUDGET", 0.5))
+    config.training.single_device_mixed_precision = env("TITAN_BENCH_MIXED_PRECISION", "fsdp")  # type: ignore[assignment]
     profile_step = int(env("TITAN_BENCH_PROFILE_STEP", "0"))
     if profile_step:
         config.training.steps = profile_step + 1

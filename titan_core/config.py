@@ -298,8 +298,13 @@ class Training:
     #: Gradient clipping max norm (total 2-norm over all parameters); <= 0 disables clipping.
     max_norm: float = field(default=1.0, validator=finite)
     #: Compute dtype: ``float32``, or ``bfloat16`` (FSDP2 mixed precision on CUDA, one GPU
-    #: included; autocast on CPU; parameters and optimizer state stay float32).
+    #: included unless ``single_device_mixed_precision``; autocast on CPU; parameters and
+    #: optimizer state stay float32).
     dtype: Literal["float32", "bfloat16"] = "float32"
+    #: bf16 on one CUDA process: ``fsdp`` (FSDP2 on a 1-GPU mesh: bf16 parameters for compute,
+    #: fp32 master weights and gradients) or ``autocast`` (autocast over fp32 weights, cast at
+    #: each use; no unsharded bf16 copies, so less memory). Several processes always use FSDP2.
+    single_device_mixed_precision: Literal["fsdp", "autocast"] = "fsdp"
     #: Device type: ``auto`` (CUDA when available), ``cuda`` or ``cpu``.
     device: Literal["auto", "cpu", "cuda"] = "auto"
 

@@ -32,12 +32,13 @@ if TYPE_CHECKING:
 
 def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     """Whenever gradients must be reduced over data or context ranks, and for bf16 mixed
-    precision on a single CUDA process."""
+    precision on a single CUDA process (``training.single_device_mixed_precision = "fsdp"``)."""
     return parallel_dims.dp > 1 or parallel_dims.cp > 1 or _one_cuda_process_bf16(config, parallel_dims)
 
 
 def _one_cuda_process_bf16(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
-    if parallel_dims.world_size != 1 or config.training.dtype != "bfloat16":
+    t = config.training
+    if parallel_dims.world_size != 1 or t.dtype != "bfloat16" or t.single_device_mixed_precision != "fsdp":
         return False
     if config.training.device == "cpu":
         return False

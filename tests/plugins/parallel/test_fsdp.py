@@ -47,8 +47,14 @@ def test_fsdp_with_full_activation_checkpointing_matches_single_process(
     assert_losses_close(run_layout(tmp_path, 2, seed_checkpoint, layout), reference_losses)
 
 
-def _ctx(dtype: str = "float32", device: str = "cpu") -> SimpleNamespace:
-    config = tiny_config(**{"training.dtype": dtype, "training.device": device})
+def _ctx(dtype: str = "float32", device: str = "cpu", precision: str = "fsdp") -> SimpleNamespace:
+    config = tiny_config(
+        **{
+            "training.dtype": dtype,
+            "training.device": device,
+            "training.single_device_mixed_precision": precision,
+        }
+    )
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
     topology = SimpleNamespace(device=torch.device("cpu"))
     return SimpleNamespace(
@@ -57,20 +63,21 @@ def _ctx(dtype: str = "float32", device: str = "cpu") -> SimpleNamespace:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "device", "cuda", "expected"),
+    ("dtype", "device", "cuda", "precision", "expected"),
     [
-        ("bfloat16", "auto", True, True),  # one CUDA process in bf16: FSDP2 on a 1-device mesh
-        ("bfloat16", "cuda", True, True),
-        ("bfloat16", "auto", False, False),  # CPU: unchanged (autocast)
-        ("bfloat16", "cpu", True, False),
-        ("float32", "auto", True, False),  # fp32 on one GPU: nothing to cast, nothing to reduce
+        ("bfloat16", "auto", True, "fsdp", True),  # one CUDA process in bf16: FSDP2 on a 1-device mesh
+        ("bfloat16", "cuda", True, "fsdp", True),
+        ("bfloat16", "cuda", True, "autocast", False),  # asked for autocast over fp32 weights
+        ("bfloat16", "auto", False, "fsdp", False),  # CPU: unchanged (autocast)
+        ("bfloat16", "cpu", True, "fsdp", False),
+        ("float32", "auto", True, "fsdp", False),  # fp32 on one GPU: nothing to cast, nothing to reduce
     ],
 )
 def test_one_process_applies_only_for_bf16_on_cuda(
-    monkeypatch: pytest.MonkeyPatch, dtype: str, device: str, cuda: bool, expected: bool
+    monkeypatch: pytest.MonkeyPatch, dtype: str, device: str, cuda: bool, precision: str, expected: bool
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    ctx = _ctx(dtype, device)
+    ctx = _ctx(dtype, device, precision)
     assert fsdp.applies(ctx.config, ctx.parallel_dims) is expected
 
 
