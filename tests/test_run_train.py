@@ -158,12 +158,31 @@ def test_other_comm_backend_values_point_to_the_hybrid_flag(tmp_path: Path) -> N
     assert result.stdout == ""
 
 
-def test_docs_recipe_resolves_through_the_launcher(tmp_path: Path) -> None:
-    """The recipe module of docs/parallelism.md, launched as the docs show (config printed only)."""
+def _docs_recipe_module(name: str) -> str:
+    """The ``python`` block of docs/parallelism.md that defines recipe ``name``."""
     text = (REPO / "docs" / "parallelism.md").read_text()
-    block = text.split("```python\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "my_recipes.py").write_text(block)
-    env = child_env(tmp_path, NGPU="1", MODULE="my_recipes", CONFIG="llama3_debug_fsdp_tp")
+    blocks = [part.split("```", 1)[0] for part in text.split("```python\n")[1:]]
+    (block,) = [b for b in blocks if f"def {name}(" in b]
+    return block
+
+
+@pytest.mark.parametrize(
+    ("recipe", "section", "expected"),
+    [
+        ("llama3_debug_fsdp_tp", "parallelism", {"dp_shard": 2, "tp": 2}),
+        (
+            "llama3_debug_memory_budget",
+            "activation_checkpoint",
+            {"mode": "memory_budget", "memory_budget": 0.7},
+        ),
+    ],
+)
+def test_docs_recipe_resolves_through_the_launcher(
+    tmp_path: Path, recipe: str, section: str, expected: dict[str, object]
+) -> None:
+    """The recipe modules of docs/parallelism.md, launched as the docs show (config printed only)."""
+    (tmp_path / "my_recipes.py").write_text(_docs_recipe_module(recipe))
+    env = child_env(tmp_path, NGPU="1", MODULE="my_recipes", CONFIG=recipe)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     result = subprocess.run(
         [str(SCRIPT), "--print-config", "json"], cwd=tmp_path, env=env, capture_output=True, text=True
@@ -173,4 +192,4 @@ def test_docs_recipe_resolves_through_the_launcher(tmp_path: Path) -> None:
     lines = [line.removeprefix("[rank0]:") for line in result.stdout.splitlines()]
     printed = "\n".join(lines)
     config = json.loads(printed[printed.index("{") :])
-    assert config["parallelism"]["dp_shard"] == 2 and config["parallelism"]["tp"] == 2
+    assert {k: config[section][k] for k in expected} == expected
