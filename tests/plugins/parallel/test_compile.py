@@ -155,3 +155,22 @@ def test_an_unknown_backend_is_one_error_naming_the_backends(tmp_path: Path) -> 
         UsageError, match=r"compile.backend = 'inductr' is not a torch.compile backend; .*inductor"
     ):
         Trainer(config, get_registry())
+
+
+@pytest.mark.slow
+def test_memory_budget_composes_with_fsdp_and_pipeline_stages(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    """FSDP 2 and PP 2 (two stages, each compiled under the budget) give the one-process losses."""
+    from tests.parallel_harness import GLOBAL_BATCH, assert_losses_close, run_layout
+
+    budget = {
+        "compile.enable": True,
+        "compile.backend": "aot_eager",
+        "activation_checkpoint.mode": "memory_budget",
+        "activation_checkpoint.memory_budget": 0.2,
+    }
+    fsdp = {**budget, "parallelism.dp_shard": 2, "training.local_batch_size": GLOBAL_BATCH // 2}
+    assert_losses_close(run_layout(tmp_path / "fsdp", 2, seed_checkpoint, fsdp), reference_losses)
+    pp = {**budget, "parallelism.pp": 2, "parallelism.dp_shard": 1}
+    assert_losses_close(run_layout(tmp_path / "pp", 2, seed_checkpoint, pp, rank=1), reference_losses)
