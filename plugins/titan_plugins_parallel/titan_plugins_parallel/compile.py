@@ -45,9 +45,10 @@ def backend(config: TrainerConfig) -> Any:
     """What the blocks compile with: ``compile.backend``'s name, or a memory-budget wrapper of it."""
     name = config.compile.backend
     if name not in torch._dynamo.list_backends(exclude_tags=()):
+        # The debug and experimental backends are accepted but not listed (a dozen testing ones).
         raise UsageError(
             f"compile.backend = {name!r} is not a torch.compile backend; use one of "
-            f"{', '.join(sorted(torch._dynamo.list_backends(exclude_tags=())))}"
+            f"{', '.join(sorted({*torch._dynamo.list_backends(), 'aot_eager', 'eager'}))}"
         )
     ac = config.activation_checkpoint
     if ac.mode != "memory_budget":
