@@ -85,3 +85,22 @@ def test_activation_checkpointing_changes_neither_losses_nor_statistics(tmp_path
         assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-5)
         for key in ("moe/layer1/tokens_max", "moe/layer3/tokens_min", "moe/expert_bias_absmax"):
             assert recomputed[key] == plain[key], key
+
+
+def test_gradient_accumulation_matches_one_large_batch_with_balancing_and_mtp(tmp_path: Path) -> None:
+    """Two microbatches of 2 train like one batch of 4: the balance loss and the MTP term are
+    scaled like the language-model loss, the bias update and statistics count every microbatch."""
+    runs = {}
+    for name, local, global_batch in (("big", 4, None), ("accumulated", 2, 4)):
+        config = small(recipes.deepseek_v3_debugmodel(), tmp_path / name, steps=3)
+        config.model.overrides = {"dim": 64, "n_layers": 3, "n_mtp_layers": 1}
+        config.moe.bias_update_rate = 0.01
+        config.moe.aux_loss_weight = 0.1
+        config.training.local_batch_size = local
+        config.training.global_batch_size = global_batch
+        runs[name] = train(config, get_registry())
+    keys = ("loss", "grad_norm", "moe/aux_loss", "moe/mtp_loss", "moe/layer2/tokens_max")
+    keys += ("moe/layer1/tokens_min", "moe/expert_bias_absmax")
+    for key in keys:
+        got, want = [r[key] for r in runs["accumulated"]], [r[key] for r in runs["big"]]
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6), key

@@ -2,11 +2,13 @@
 
 Built once per run (``titan_callbacks``) from the ``moe`` config section, it
 
-* hands the sequence-wise balance loss its weight and the local batch size (so the terms of
-  pipeline microbatches add up to the batch mean) on every MoE layer of this rank's parts;
+* hands the sequence-wise balance loss its weight and the sequences of a step (the local batch
+  times the microbatches of gradient accumulation, so the terms of pipeline and accumulation
+  microbatches add up to the step's mean) on every MoE layer of this rank's parts, and the MTP
+  term its share of the step (``1 / microbatches``, as the trainer scales the loss);
 * after each optimizer step, takes the layers' token counts (``MoE.stats``, one entry per forward
-  of the step; forwards beyond the step's ``local_batch_size * seq_len / cp`` tokens, the
-  pipeline schedule's first-step metadata inference, are dropped) and, with
+  of the step; forwards beyond the step's ``local_batch_size * microbatches * seq_len / cp``
+  tokens, the pipeline schedule's first-step metadata inference, are dropped) and, with
   ``moe.bias_update_rate > 0``, sums them over the data-parallel and context ranks (one small
   all-reduce for all layers) and moves each expert's selection bias by
   ``rate * sign(mean - count)``, centred so the biases keep a zero mean (a common shift changes no
@@ -117,10 +119,16 @@ class RouterCallback:
         if not layers:
             return None
         t = trainer.config.training
+        # Gradient accumulation divides each microbatch's loss by their number (the trainer's
+        # loss_fn); the terms injected here get the same share: the balance loss is averaged over
+        # the step's sequences, the MTP term scaled, and a step routes every microbatch's tokens.
+        accumulation = getattr(trainer, "accumulation", 1)
         for _, moe in layers:
             moe.aux_loss_weight = settings.aux_loss_weight
-            moe.aux_batch_size = t.local_batch_size
+            moe.aux_batch_size = t.local_batch_size * accumulation
         mtp = mtp_models(trainer.parts)
+        for model in mtp:
+            model.mtp_loss_scale = 1 / accumulation
         asked = (
             settings.bias_update_rate > 0 or settings.router_stats != "off" or settings.aux_loss_weight > 0
         )
@@ -130,7 +138,7 @@ class RouterCallback:
             moe.stats = []
         for model in mtp:
             model.mtp_stats = []
-        tokens = t.local_batch_size * t.seq_len // trainer.parallel_dims.cp
+        tokens = t.local_batch_size * accumulation * t.seq_len // trainer.parallel_dims.cp
         return cls(layers, settings, tokens, _dp_group(trainer), trainer.device, mtp)
 
     def _all_reduce(self, counts: torch.Tensor) -> torch.Tensor:

@@ -101,6 +101,9 @@ class MoETransformer(nn.Module):
             self.mtp = nn.ModuleList([MTPModule(k, args) for k in range(args.n_mtp_layers)])
         #: Per training forward, the multi-token-prediction term added (``None``: not recorded).
         self.mtp_stats: list[torch.Tensor] | None = None
+        #: The share of the step's objective one forward's MTP term is: ``1 / microbatches`` under
+        #: gradient accumulation, as the trainer scales the language-model loss (router callback).
+        self.mtp_loss_scale = 1.0
         # Not persistent: recomputed by init_weights, never checkpointed.
         self.register_buffer("freqs_cis", rope_frequencies(args, args.max_seq_len), persistent=False)
 
@@ -155,7 +158,7 @@ class MoETransformer(nn.Module):
             losses.append(F.cross_entropy(logits.flatten(0, 1).float(), target.flatten()))
         if not losses:  # sequences too short to have a target at any depth
             return hidden.new_zeros((), dtype=torch.float32)
-        loss = torch.stack(losses).sum() * (self.args.mtp_loss_weight / len(self.mtp))
+        loss = torch.stack(losses).sum() * (self.args.mtp_loss_weight * self.mtp_loss_scale / len(self.mtp))
         if self.mtp_stats is not None:
             _record_mtp(self, loss)
         return loss

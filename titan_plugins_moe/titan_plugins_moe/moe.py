@@ -187,7 +187,8 @@ class MoE(nn.Module):
             self.shared_expert = blocks.FeedForward(args.dim, args.shared_expert_hidden_dim)
         #: Weight of the sequence-wise balance loss (0: off) and the number of sequences its
         #: per-sequence terms are averaged over (``None``: this forward's batch; the router
-        #: callback sets the local batch size, so pipeline microbatches add up to the batch mean).
+        #: callback sets the sequences of a step, so pipeline and gradient-accumulation microbatches
+        #: add up to the step's mean).
         self.aux_loss_weight = 0.0
         self.aux_batch_size: int | None = None
         #: ``(tokens, tokens per expert, balance loss)`` of each forward since the router
