@@ -89,6 +89,11 @@ CASES = {
     "deepseek_v3": DEEPSEEK_V3,
     "deepseek_v3_yarn": {**DEEPSEEK_V3, "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 1.0}},
     "deepseek_v2_yarn": {**DEEPSEEK_V2, "rope_scaling": {**YARN, "mscale": 0.707, "mscale_all_dim": 0.707}},
+    # The output projection is the embedding: the tied checkpoint has no lm_head of its own.
+    "qwen3_moe_tied": {**QWEN3, "tie_word_embeddings": True},
+    "deepseek_v3_tied": {**DEEPSEEK_V3, "tie_word_embeddings": True},
+    # DeepSeek-V2 multiplies its greedy top-k weights by routed_scaling_factor too.
+    "deepseek_v2_scaled": {**DEEPSEEK_V2, "routed_scaling_factor": 2.0},
     # mscale != mscale_all_dim: Hugging Face scales the rotated part and the logits differently.
     "deepseek_v3_yarn_mscales": {
         **DEEPSEEK_V3,

@@ -59,9 +59,9 @@ def hf_architecture(args: MoEArgs) -> str:
         kind = "deepseek_v3"
     else:
         shared_ok = args.shared_expert_hidden_dim % args.expert_hidden_dim == 0
+        # Its greedy top-k scales the weights by routed_scaling_factor (any route_scale).
         mismatches = {
             "route_norm": (args.route_norm, False),
-            "route_scale": (args.route_scale, 1.0),
             "n_expert_groups": (args.n_expert_groups, 1),
             "shared_expert_hidden_dim (a multiple of expert_hidden_dim)": (shared_ok, True),
         }
@@ -224,6 +224,8 @@ def from_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
     for ours, theirs in names.items():
         value = state_dict[theirs]
         out[ours] = _to_pairs(value, args.attn_head_dim) if ours in permuted else value
+    if args.tie_embeddings:  # the output projection is the embedding (a tied folder has no lm_head)
+        out["output.weight"] = out["tok_embeddings.weight"]
     for _, tb, hb in _moe_blocks(args):
         t, h = tb + "feed_forward.", hb + "mlp.experts."
         if kind != "deepseek_v3":
