@@ -174,3 +174,39 @@ def test_qwen3_attention_fuses_qkv_with_the_separate_projections_results() -> No
     x = torch.randn(2, 12, args.dim, requires_grad=True)
     freqs = rope_frequencies(args, 12)
     assert_same_forward_backward(fused, separate, x, freqs)
+
+
+@pytest.mark.parametrize(
+    ("flavor", "overrides", "message"),
+    [
+        ("deepseek_v3_debugmodel", {"n_dense_layers": -1}, r"n_dense_layers: must be >= 0, got -1"),
+        (
+            "deepseek_v3_debugmodel",
+            {"shared_expert_hidden_dim": -1},
+            r"shared_expert_hidden_dim: must be >= 0",
+        ),
+        ("deepseek_v3_debugmodel", {"q_lora_rank": -4}, r"q_lora_rank: must be >= 0, got -4"),
+        ("deepseek_v3_debugmodel", {"kv_lora_rank": 0}, r"kv_lora_rank: must be positive, got 0"),
+        ("deepseek_v3_debugmodel", {"v_head_dim": 0}, r"v_head_dim: must be positive, got 0"),
+        ("deepseek_v3_debugmodel", {"route_scale": float("nan")}, r"route_scale: must be a positive number"),
+        ("deepseek_v3_debugmodel", {"route_scale": 0.0}, r"route_scale: must be a positive number"),
+        ("qwen3_debugmodel", {"head_dim": -8}, r"head_dim: must be positive, got -8"),
+        ("qwen3_debugmodel", {"n_kv_heads": -1}, r"n_kv_heads: must be positive, got -1"),
+        (
+            "qwen3_debugmodel",
+            {"n_dense_layers": 1, "dense_hidden_dim": -5},
+            r"dense_hidden_dim: must be >= 0",
+        ),
+        ("qwen3_debugmodel", {"max_seq_len": 0}, r"max_seq_len: must be positive, got 0"),
+    ],
+)
+def test_impossible_sizes_are_one_usage_error_naming_the_field(
+    flavor: str, overrides: dict[str, object], message: str
+) -> None:
+    """Not a tensor-creation traceback from deep inside the build, nor a silently wrong model."""
+    from types import SimpleNamespace
+
+    from titan_plugins_moe.flavors import validate
+
+    with pytest.raises(UsageError, match=rf"model\.overrides\.{message}"):
+        validate(attrs.evolve(FLAVORS[flavor], **overrides), SimpleNamespace(tp=1, pp=1, cp=1, ep=1))

@@ -364,10 +364,23 @@ def check_args(args: MoEArgs) -> None:
     if args.experts_impl not in ("auto", "grouped_mm", "loop"):
         raise _problem("experts_impl", f"expected 'auto', 'grouped_mm' or 'loop', got {args.experts_impl!r}")
     positive = ["dim", "n_layers", "n_heads", "vocab_size", "n_experts", "top_k", "expert_hidden_dim"]
-    positive += ["n_expert_groups", "n_limited_groups"]
+    positive += ["n_expert_groups", "n_limited_groups", "max_seq_len"]
+    # None (or 0) picks the default for these two; a negative one is no width.
+    positive += [name for name in ("n_kv_heads", "head_dim") if getattr(args, name)]
+    if args.attention == "mla":
+        positive += ["kv_lora_rank", "v_head_dim"]
     for name in positive:
         if getattr(args, name) <= 0:
             raise _problem(name, f"must be positive, got {getattr(args, name)}")
+    # 0 turns these off (or, for dense_hidden_dim, picks Llama's rounding); below is meaningless,
+    # and a negative n_dense_layers would make more MoE layers than blocks in the counts.
+    for name in ("n_dense_layers", "dense_hidden_dim", "shared_expert_hidden_dim", "q_lora_rank"):
+        if getattr(args, name) < 0:
+            raise _problem(name, f"must be >= 0, got {getattr(args, name)}")
+    if not args.route_scale > 0 or args.route_scale == float("inf"):
+        raise _problem(
+            "route_scale", f"must be a positive number (the routed weights' factor), got {args.route_scale}"
+        )
     if args.top_k > args.n_experts:
         raise _problem("top_k", f"top_k={args.top_k} exceeds n_experts={args.n_experts}; lower top_k")
     if args.attention == "gqa":
