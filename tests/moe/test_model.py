@@ -210,3 +210,15 @@ def test_impossible_sizes_are_one_usage_error_naming_the_field(
 
     with pytest.raises(UsageError, match=rf"model\.overrides\.{message}"):
         validate(attrs.evolve(FLAVORS[flavor], **overrides), SimpleNamespace(tp=1, pp=1, cp=1, ep=1))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"n_expert_groups": 3}, r"n_expert_groups=3 must divide n_experts=8 .*; pick a divisor"),
+        ({"n_limited_groups": 5}, r"n_limited_groups=5 exceeds n_expert_groups=4 .*; lower n_limited_groups"),
+    ],
+)
+def test_group_limited_routing_errors_say_the_fix(overrides: dict[str, int], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        MoETransformer(attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], **overrides))

@@ -403,12 +403,14 @@ def check_args(args: MoEArgs) -> None:
     if args.n_experts % args.n_expert_groups:
         raise _problem(
             "n_expert_groups",
-            f"n_expert_groups={args.n_expert_groups} must divide n_experts={args.n_experts}",
+            f"n_expert_groups={args.n_expert_groups} must divide n_experts={args.n_experts} (groups "
+            "of equal size); pick a divisor of n_experts (1: no group-limited routing)",
         )
     if args.n_limited_groups > args.n_expert_groups:
         raise _problem(
             "n_limited_groups",
-            f"n_limited_groups={args.n_limited_groups} exceeds n_expert_groups={args.n_expert_groups}",
+            f"n_limited_groups={args.n_limited_groups} exceeds n_expert_groups={args.n_expert_groups} "
+            "(the groups a token may use); lower n_limited_groups or raise n_expert_groups",
         )
     per_group = args.n_experts // args.n_expert_groups
     if args.n_expert_groups > 1 and args.top_k > args.n_limited_groups * per_group:
