@@ -101,3 +101,8 @@ def test_layout_matches_one_process(
     rank = 1 if layout == "pp2" else 0  # the last stage logs the loss
     rows = layout_rows(tmp_path, nproc, seed, {**ARCHS[arch], **overrides}, rank=rank)
     assert_rows_close(rows, expected)
+    if layout != "pp2":  # a pipeline rank reports its own stages' layers only
+        # The balance loss is the whole batch's, the statistics count every rank's tokens.
+        for key in ("moe/aux_loss", "moe/expert_bias_absmax", "moe/imbalance_max", "moe/layer3/tokens_max"):
+            got, want = [r[key] for r in rows], [r[key] for r in expected]
+            assert got == pytest.approx(want, rel=1e-4), key

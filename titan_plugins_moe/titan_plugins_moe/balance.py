@@ -17,8 +17,9 @@ Built once per run (``titan_callbacks``) from the ``moe`` config section, it
   last log over the data-parallel ranks and reads them once: per MoE layer the imbalance
   ``max / mean`` of tokens per expert and the fewest / most tokens an expert got per step, the
   worst and mean imbalance over layers, the balance loss and multi-token-prediction term added
-  per step and the largest bias. Layers are labelled by block index (``moe/layer3/...``), those of
-  multi-token-prediction modules ``moe/layermtp0/...``.
+  per step (averaged over the data-parallel ranks: the whole batch's) and the largest bias.
+  Layers are labelled by block index (``moe/layer3/...``), those of multi-token-prediction
+  modules ``moe/layermtp0/...``.
 
 Under pipeline parallelism a rank sees its own stages' layers: the logging rank (the last stage)
 reports those; ``LOG_RANK`` picks another rank to see earlier layers.
@@ -176,12 +177,20 @@ class RouterCallback:
         counts = self._all_reduce(self.window.clone()).double().cpu() / steps  # the one host read
         self.window.zero_()
         row: dict[str, float] = {}
-        if self.aux:
-            row["moe/aux_loss"] = float(f"{float(self.aux_window) / steps:.6g}")
+        if self.aux or self.mtp:
+            # Each rank's terms are the means over its own sequences: the batch's is their mean.
+            ranks = 1
+            if self.group is not None:
+                import torch.distributed as dist
+
+                ranks = dist.get_world_size(self.group)
+            losses = self._all_reduce(torch.stack([self.aux_window, self.mtp_window])).cpu() / (steps * ranks)
             self.aux_window.zero_()
-        if self.mtp:
-            row["moe/mtp_loss"] = float(f"{float(self.mtp_window) / steps:.6g}")
             self.mtp_window.zero_()
+            if self.aux:
+                row["moe/aux_loss"] = float(f"{float(losses[0]):.6g}")
+            if self.mtp:
+                row["moe/mtp_loss"] = float(f"{float(losses[1]):.6g}")
         if self.rate > 0:
             bias = torch.stack([m.router.expert_bias.abs().max() for m in self.layers]).max()
             row["moe/expert_bias_absmax"] = float(f"{float(bias):.6g}")
