@@ -222,3 +222,14 @@ def test_impossible_sizes_are_one_usage_error_naming_the_field(
 def test_group_limited_routing_errors_say_the_fix(overrides: dict[str, int], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         MoETransformer(attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], **overrides))
+
+
+@pytest.mark.parametrize("overrides", [{"dim": 36, "n_heads": 2}, {"expert_hidden_dim": 30}])
+def test_forced_grouped_gemm_with_unaligned_widths_is_refused_up_front(overrides: dict[str, int]) -> None:
+    """torch's grouped GEMM needs 16-byte aligned rows; otherwise it fails inside the first step."""
+    args = attrs.evolve(TINY, experts_impl="grouped_mm", **overrides)
+    with pytest.raises(
+        UsageError, match=r"model\.overrides\.experts_impl: 'grouped_mm' needs .*'auto' or 'loop'"
+    ):
+        MoETransformer(args)
+    MoETransformer(attrs.evolve(args, experts_impl="auto"))  # the loop has no such limit

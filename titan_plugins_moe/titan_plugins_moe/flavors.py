@@ -363,6 +363,13 @@ def check_args(args: MoEArgs) -> None:
             raise _problem(name, f"expected one of {options}, got {getattr(args, name)!r}")
     if args.experts_impl not in ("auto", "grouped_mm", "loop"):
         raise _problem("experts_impl", f"expected 'auto', 'grouped_mm' or 'loop', got {args.experts_impl!r}")
+    unaligned = [f"{n}={getattr(args, n)}" for n in ("dim", "expert_hidden_dim") if getattr(args, n) % 8]
+    if args.experts_impl == "grouped_mm" and unaligned:
+        raise _problem(
+            "experts_impl",
+            f"'grouped_mm' needs 16-byte aligned rows in bf16 (dim and expert_hidden_dim multiples "
+            f"of 8), got {', '.join(unaligned)}; use 'auto' or 'loop', or change the widths",
+        )
     positive = ["dim", "n_layers", "n_heads", "vocab_size", "n_experts", "top_k", "expert_hidden_dim"]
     positive += ["n_expert_groups", "n_limited_groups", "max_seq_len"]
     # None (or 0) picks the default for these two; a negative one is no width.
