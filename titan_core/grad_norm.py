@@ -19,10 +19,18 @@ if TYPE_CHECKING:
 
 
 def _group_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if grads[0].device.type == "cpu":
+        # CPU's float32 norm kernel adds a tensor's squares one after another: over a model's
+        # gradients it is off by 1e-5 relative and more, and by a different amount for each
+        # sharding (FSDP 2 sums half of each tensor per rank), so layouts that train alike would
+        # log and clip with different norms. Accumulated in float64 it is exact to float32.
+        norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
+        norm = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+    else:
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
-    return norm
+    return norm.float()
 
 
 def _grad_groups(parts: list[nn.Module]) -> dict[Any, list[nn.Parameter]]:
