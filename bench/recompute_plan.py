@@ -93,11 +93,24 @@ def stand_in_attention(q: Tensor, k: Tensor, v: Tensor, mask: Any = None) -> Ten
 stand_in_attention.grouped_kv = True  # type: ignore[attr-defined]
 
 
-def _first_block(config_name: str) -> tuple[nn.Module, Tensor, Tensor]:
-    """The config's first block in bf16 on meta, an input batch and the rotary table."""
+#: ``measure``'s modes -> ``activation_checkpoint.mode``.
+_MODES = {"none": "none", "op": "selective", "budget": "memory_budget"}
+
+
+def _first_block(config_name: str, mode: str, budget: float) -> tuple[nn.Module, Tensor, Tensor]:
+    """The config's first block in bf16 on meta, checkpointed and compiled by the parallelism
+    plugin's own strategies under ``mode``, an input batch and the rotary table."""
+    from types import SimpleNamespace
+
     from titan_core._registry import get_registry
+    from titan_plugins_parallel import activation_checkpoint, compile
 
     config = _bench(config_name)
+    config.compile.enable = True
+    config.compile.backend = "aot_eager"  # the partitioner inductor uses, no code generation
+    config.activation_checkpoint.mode = _MODES[mode]  # type: ignore[assignment]
+    config.activation_checkpoint.selective_ac_option = "op"
+    config.activation_checkpoint.memory_budget = budget
     spec = get_registry().get("models", config.model.name, what="model.name")
     args = spec.flavor(config.model.flavor, config.model.overrides)
     with torch.device("meta"):
@@ -106,33 +119,26 @@ def _first_block(config_name: str) -> tuple[nn.Module, Tensor, Tensor]:
     for module in block.modules():
         if hasattr(module, "attention_fn"):
             module.attention_fn = stand_in_attention
+    part = nn.Module()
+    part.layers = nn.ModuleDict({"0": block})
+    ctx = SimpleNamespace(config=config)
+    if activation_checkpoint.applies(config, None):  # type: ignore[arg-type]
+        # The op policy keeps attention's output: the stand-in's too.
+        activation_checkpoint._ALWAYS_SAVED |= {torch.ops.titan_plan.attention.default}
+        activation_checkpoint.apply([part], ctx)  # type: ignore[arg-type]
+    compile.apply([part], ctx)  # type: ignore[arg-type]
     t = config.training
     x = torch.empty(t.local_batch_size, t.seq_len, args.dim, device="meta", dtype=torch.bfloat16)
-    return block, x.requires_grad_(), model.freqs_cis
+    return part.layers["0"], x.requires_grad_(), model.freqs_cis
 
 
 def measure(config_name: str, mode: str, budget: float = 1.0) -> dict[str, float]:
     """Saved GiB, forward and recomputed TFLOPs of one block under ``mode`` (none/op/budget)."""
-    import torch._functorch.config as functorch_config
     from torch.utils.flop_counter import FlopCounterMode
 
     _register_flops()
     torch._dynamo.reset()
-    block, x, freqs = _first_block(config_name)
-    if mode == "op":
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-        from titan_plugins_parallel import activation_checkpoint
-
-        activation_checkpoint._ALWAYS_SAVED |= {torch.ops.titan_plan.attention.default}
-        block = checkpoint_wrapper(block, context_fn=activation_checkpoint.op_policy_contexts)
-    inner = torch._dynamo.lookup_backend("aot_eager")
-
-    def backend(graph: Any, example_inputs: Any) -> Any:
-        with functorch_config.patch(activation_memory_budget=budget):
-            return inner(graph, example_inputs)
-
-    block.compile(backend=backend)
+    block, x, freqs = _first_block(config_name, mode, budget)
     saved = [0]
 
     def pack(tensor: Tensor) -> Tensor:
