@@ -98,8 +98,9 @@ def _bench(name: str) -> TrainerConfig:
     config.data.prefetch = int(env("TITAN_BENCH_PREFETCH", config.data.prefetch))
     config.metrics.log_freq = int(env("TITAN_BENCH_LOG_FREQ", 1))
     config.activation_checkpoint.mode = env("TITAN_BENCH_AC", "selective")  # type: ignore[assignment]
-    config.activation_checkpoint.memory_budget = float(env("TITAN_BENCH_MEMORY_BUDGET", 0.5))
-    config.training.single_device_mixed_precision = env("TITAN_BENCH_MIXED_PRECISION", "fsdp")  # type: ignore[assignment]
+    ac, t = config.activation_checkpoint, config.training
+    ac.memory_budget = float(env("TITAN_BENCH_MEMORY_BUDGET", ac.memory_budget))
+    t.single_device_mixed_precision = env("TITAN_BENCH_MIXED_PRECISION", t.single_device_mixed_precision)  # type: ignore[assignment]
     profile_step = int(env("TITAN_BENCH_PROFILE_STEP", "0"))
     if profile_step:
         config.training.steps = profile_step + 1
