@@ -10,7 +10,12 @@ benchmark configs log every step, so they synchronise as often). Same shapes, da
 optimizer settings, LR schedule, clipping, activation checkpointing and document masking as
 ``bench/recipes.py``. Selective activation checkpointing uses torchtitan's operator policy:
 keep the outputs of attention (SDPA and flex attention, also as a compiled region) and of every
-other matmul, recompute the rest.
+other matmul, recompute the rest. ``--ac memory_budget`` instead leaves the choice to the
+compiler's min-cut partitioner under ``torch._functorch.config.activation_memory_budget``, set
+process-wide as a plain PyTorch script would (titan sets it per build). The defaults of ``--ac``,
+``--memory-budget`` and FSDP2-or-autocast follow the ``TITAN_BENCH_AC``,
+``TITAN_BENCH_MEMORY_BUDGET`` and ``TITAN_BENCH_MIXED_PRECISION`` variables that
+``bench/recipes.py`` reads, so one environment runs titan and this loop the same way.
 
 Prints one JSON line per step with titan's metric names (``tps``, ``tflops``, ``mfu_pct``,
 ``max_reserved_gib``, ...), so ``bench/perf_table.py`` reads both the same way.
@@ -131,7 +136,16 @@ class Recompute(nn.Module):
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), required=True, help="a bench/recipes.py config")
-    parser.add_argument("--ac", choices=("selective", "none"), default="selective")
+    env = os.environ.get
+    parser.add_argument(
+        "--ac", choices=("selective", "memory_budget", "none"), default=env("TITAN_BENCH_AC", "selective")
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=float,
+        default=float(env("TITAN_BENCH_MEMORY_BUDGET", "0.5")),
+        help="with --ac memory_budget: the partitioner's activation memory budget (0..1)",
+    )
     parser.add_argument("--no-compile", action="store_true", help="eager blocks even for a compiled config")
     parser.add_argument("--steps", type=int, help="override the config's step count")
     parser.add_argument("--log", help="also write the JSON lines here")
@@ -152,7 +166,15 @@ def main(argv: list[str]) -> int:
     steps, seq, batch = opts.steps or steps, opts.seq or seq, opts.batch or batch
     overrides = {**overrides, **opts.model}
     without = set(opts.without)
+    if os.environ.get("TITAN_BENCH_MIXED_PRECISION") == "autocast":
+        without.add("fsdp")
     compiled = compiled and not opts.no_compile and "compile" not in without
+    if opts.ac == "memory_budget":
+        if not compiled:
+            parser.error("--ac memory_budget needs a compiled config (the partitioner chooses what to keep)")
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = opts.memory_budget
     data, tokenizer = os.environ.get("TITAN_BENCH_DATA"), os.environ.get("TITAN_BENCH_TOKENIZER")
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -224,6 +246,7 @@ def main(argv: list[str]) -> int:
                 "event": "built",
                 "config": opts.config,
                 "ac": opts.ac,
+                "memory_budget": opts.memory_budget if opts.ac == "memory_budget" else None,
                 "compile": compiled,
                 "without": sorted(without),
             }

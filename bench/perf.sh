@@ -21,13 +21,19 @@
 #                   loop with each --without NAME against itself (10 steps each), titan with
 #                   data.prefetch 0 and with a log line every 5 steps against itself (20 steps);
 #                   prints bench/perf_table.py --ablation
-#   recompute[:CONFIG] titan on CONFIG (default bench_8b_l8_compile) with selective AC and with
-#                   activation_checkpoint.mode = memory_budget at each budget of
-#                   bench/perf_table.py's BUDGETS (20 steps each; bench/recompute_plan.py says
-#                   what each saves and recomputes); TITAN_BENCH_MIXED_PRECISION=autocast for
-#                   autocast instead of one-GPU FSDP2; prints perf_table.py --recompute
+#   recompute[:CONFIG] titan on CONFIG (default bench_8b_l8_compile) with activation_checkpoint.mode
+#                   = memory_budget at each budget of PERF_BUDGETS (default: bench/perf_table.py's
+#                   BUDGETS; bench/recompute_plan.py says what each saves and recomputes), and
+#                   the hand loop with the same budget when PERF_HAND=1; under one-GPU FSDP2, or
+#                   autocast with TITAN_BENCH_MIXED_PRECISION=autocast; prints perf_table.py
+#                   --recompute
+#   peer_budget     torchtitan 0.3.0's 8B-shape run with its memory_budget mode at each budget of
+#                   PERF_BUDGETS (bench/peer_budget.py), beside titan's budget runs
 #   table           python3 bench/perf_table.py over everything measured on this machine
 #
+# TITAN_BENCH_AC, TITAN_BENCH_MEMORY_BUDGET and TITAN_BENCH_MIXED_PRECISION choose the
+# recomputation and the one-GPU mixed precision for titan and the hand loop alike; a run with
+# anything but selective AC under FSDP2 logs under a name that says so (variant below).
 # The whole benchmark takes about 25 minutes, so it is meant for three back-to-back calls on the
 # same warm machine (state is kept in /tmp/titan_perf between them; each call stops its runs
 # before PERF_DEADLINE seconds, default 570). titan and the hand loop run back to back on each
@@ -94,6 +100,15 @@ capped() { # capped NAME CAP CMD... -> $W/NAME.log; skipped when too little time
   return $rc
 }
 
+variant() { # the log-name suffix of the environment's recomputation and mixed precision
+  local v=""
+  [ "${TITAN_BENCH_AC:-selective}" = selective ] || v="_${TITAN_BENCH_AC}"
+  [ "${TITAN_BENCH_AC:-}" = memory_budget ] && v="_budget${TITAN_BENCH_MEMORY_BUDGET:-0.5}"
+  [ "${TITAN_BENCH_MIXED_PRECISION:-fsdp}" = autocast ] && v="${v}_autocast"
+  echo "$v"
+}
+budgets() { echo "${PERF_BUDGETS:-$(python3 -c "from bench.perf_table import BUDGETS; print(*BUDGETS)")}"; }
+
 finish() { # the logs of this call under $OUT/logs
   cp "$W"/*.log "$W"/calls.txt "$OUT/logs/" 2>/dev/null
   [ -d "$W/peer" ] && mkdir -p "$OUT/logs/peer" && cp "$W"/peer/*.log "$W"/peer/summary.txt "$OUT/logs/peer/" 2>/dev/null
@@ -108,7 +123,8 @@ for stage in "${@:-titan hand peer table}"; do
     case $name in
       titan)
         for c in ${arg:-$TITAN_CONFIGS}; do
-          capped "titan_$c" "${CAP[$c]}" python3 -m titan_core.cli run --module bench.recipes --recipe "$c"
+          capped "titan_$c$(variant)" "${CAP[$c]}" python3 -m titan_core.cli run --module bench.recipes --recipe "$c" \
+            --dump-folder "outputs/bench/$c$(variant)" --overwrite
         done ;;
       float8)
         for c in ${arg:-$FLOAT8_CONFIGS}; do
@@ -116,7 +132,7 @@ for stage in "${@:-titan hand peer table}"; do
         done ;;
       hand)
         for c in ${arg:-$HAND_CONFIGS}; do
-          capped "hand_$c" "${CAP[$c]}" python3 -m bench.handloop --config "$c"
+          capped "hand_$c$(variant)" "${CAP[$c]}" python3 -m bench.handloop --config "$c"
         done ;;
       profile)
         c=${arg:-bench_8b_l8_compile}
@@ -140,17 +156,33 @@ for stage in "${@:-titan hand peer table}"; do
         done
         python3 bench/perf_table.py --ablation "$c" "$W" | tee "$OUT/ablation_$c.md" ;;
       recompute)
-        # TITAN_BENCH_MIXED_PRECISION=autocast measures the same with autocast instead of
-        # one-GPU FSDP2 (less memory); the logs carry the choice in their names.
         c=${arg:-bench_8b_l8_compile}
-        mp=${TITAN_BENCH_MIXED_PRECISION:-fsdp}
-        capped "recompute_titan_selective_${mp}_$c" 150 python3 -m titan_core.cli run --module bench.recipes \
-          --recipe "$c" --dump-folder "outputs/recompute/selective_$mp" --overwrite
-        for b in $(python3 -c "from bench.perf_table import BUDGETS; print(*BUDGETS)"); do
-          TITAN_BENCH_AC=memory_budget TITAN_BENCH_MEMORY_BUDGET=$b capped "recompute_titan_budget${b}_${mp}_$c" 150 \
-            python3 -m titan_core.cli run --module bench.recipes --recipe "$c" --dump-folder "outputs/recompute/${b}_$mp" --overwrite
+        for b in $(budgets); do
+          (
+            export TITAN_BENCH_AC=memory_budget TITAN_BENCH_MEMORY_BUDGET=$b
+            capped "titan_$c$(variant)" "${CAP[$c]}" python3 -m titan_core.cli run --module bench.recipes \
+              --recipe "$c" --dump-folder "outputs/recompute/$c$(variant)" --overwrite
+            [ "${PERF_HAND:-0}" = 1 ] && capped "hand_$c$(variant)" "${CAP[$c]}" python3 -m bench.handloop --config "$c"
+          )
         done
         python3 bench/perf_table.py --recompute "$c" "$W" | tee "$OUT/recompute_$c.md" ;;
+      peer_budget)
+        # The peer kit's environment (.peer/bench.sh), its 8B run with bench/peer_budget.py's config.
+        [ -d /tmp/site/torchtitan ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+          --upgrade --target /tmp/site .whl/*.whl >> "$W/setup.log" 2>&1
+        mkdir -p "$W/peer"
+        for b in $(budgets); do
+          (
+            cd .peer && mkdir -p tests/assets/tokenizer tests/assets/c4_test && cp tokenizer/* tests/assets/tokenizer/
+            [ -s tests/assets/c4_test/data.json ] || python3 make_data.py tests/assets/c4_test/data.json 2000
+            export PYTHONPATH=/tmp/site:$PWD/pkg:$OLDPWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+            export TITAN_BENCH_MEMORY_BUDGET=$b
+            capped "peer/r4_8b_l8_v2k_compile_budget$b" 220 python3 -m torch.distributed.run --nproc_per_node=1 \
+              --rdzv_backend c10d --rdzv_endpoint=localhost:0 pkg/run_tt.py --module bench.peer_budget \
+              --config llama3_8b_l8_v2k --training.steps 20 --training.local_batch_size 4 --compile.enable \
+              --training.disable_cuda_graphs
+          )
+        done ;;
       check) capped check 240 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
       peer)
         l=$(($(left) - 15))
@@ -162,7 +194,7 @@ for stage in "${@:-titan hand peer table}"; do
         python3 bench/perf_table.py "$W" | tee "$OUT/perf_table.md"
         echo "calls:"; cat "$W/calls.txt" ;;
       float8check) capped float8check 240 python3 -m bench.gpu_float8_check; grep -aE "^(PASS|FAIL)|checks passed" "$W/float8check.log" ;;
-      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] recompute[:CONFIG] peer check float8check table)"; exit 2 ;;
+      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] recompute[:CONFIG] peer peer_budget check float8check table)"; exit 2 ;;
     esac
   done
 done

@@ -133,30 +133,62 @@ def find(dirs: list[Path], name: str) -> Path | None:
     return found
 
 
+def variants(dirs: list[Path], config: str) -> list[str]:
+    """The memory-budget variants of CONFIG measured in DIRS: log-name suffixes such as
+    ``_budget0.5_autocast`` (``variant()`` in ``bench/perf.sh``), by budget, FSDP2 before autocast."""
+    found = {
+        m.group(0)
+        for d in dirs
+        for p in d.glob(f"*_{config}_budget*.log")
+        if (m := _VARIANT.fullmatch(p.name.removesuffix(".log").split(config, 1)[1]))
+    }
+    return sorted(found, key=lambda v: (float(_VARIANT.fullmatch(v)[1]), v))  # type: ignore[index]
+
+
+_VARIANT = re.compile(r"_budget([\d.]+)(_autocast)?")
+
+
+def describe(suffix: str) -> str:
+    """``_budget0.5_autocast`` -> ``memory budget 0.5, autocast``."""
+    m = _VARIANT.fullmatch(suffix)
+    if not m:
+        return suffix
+    return f"memory budget {m[1]}" + (", autocast" if m[2] else ", FSDP2")
+
+
 def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
     out = []
     for config, (title, peer_name) in CONFIGS.items():
-        runs = {}
-        for kind, name, parse in (
-            ("titan", f"titan_{config}.log", json_steps),
-            ("hand loop", f"hand_{config}.log", json_steps),
-            ("torchtitan 0.3.0", f"{peer_name}.log", peer_steps),
-        ):
-            path = find(dirs, name)
-            rows = parse(path) if path else []
-            runs[kind] = summarize(rows, config, skip) | {"source": str(path)} if rows else None
-        peer, titan = runs["torchtitan 0.3.0"], runs["titan"]
-        for kind, run in runs.items():
-            if run is None:
-                if kind != "hand loop":
-                    out.append({"config": title, "run": kind, "missing": True})
-                continue
-            ratio = ""
-            if kind == "titan" and peer:
-                ratio = f"{run['tps'] / peer['tps']:.3f} vs torchtitan"
-            elif kind == "hand loop" and titan:
-                ratio = f"titan/loop {titan['tps'] / run['tps']:.3f}"
-            out.append({"config": title, "run": kind, "ratio": ratio, **run})
+        selective_peer = None
+        for suffix in ["", *variants(dirs, config)]:
+            budget = _VARIANT.fullmatch(suffix)
+            runs = {}
+            for kind, name, parse in (
+                ("titan", f"titan_{config}{suffix}.log", json_steps),
+                ("hand loop", f"hand_{config}{suffix}.log", json_steps),
+                ("torchtitan 0.3.0", f"{peer_name}{f'_budget{budget[1]}' if budget else ''}.log", peer_steps),
+            ):
+                path = find(dirs, name)
+                rows = parse(path) if path else []
+                runs[kind] = summarize(rows, config, skip) | {"source": str(path)} if rows else None
+            peer, titan = runs["torchtitan 0.3.0"], runs["titan"]
+            if not suffix:
+                selective_peer = peer
+            for kind, run in runs.items():
+                if run is None:
+                    if kind == "titan" or (kind == "torchtitan 0.3.0" and not suffix):
+                        out.append({"config": title, "variant": suffix, "run": kind, "missing": True})
+                    continue
+                ratios = []
+                if kind == "titan" and peer:
+                    same = " (same budget)" if suffix else ""
+                    ratios.append(f"{run['tps'] / peer['tps']:.3f} vs torchtitan{same}")
+                if kind == "titan" and suffix and selective_peer:
+                    ratios.append(f"{run['tps'] / selective_peer['tps']:.3f} vs torchtitan selective")
+                if kind == "hand loop" and titan:
+                    ratios.append(f"titan/loop {titan['tps'] / run['tps']:.3f}")
+                ratio = "; ".join(ratios)
+                out.append({"config": title, "variant": suffix, "run": kind, "ratio": ratio, **run})
     return out + float8_rows(dirs, skip)
 
 
@@ -241,34 +273,26 @@ BUDGETS = ("0.45", "0.5", "0.6")
 
 
 def recompute_rows(dirs: list[Path], config: str, skip: int) -> list[dict[str, Any]]:
-    """titan with selective AC and with each compiler memory budget (``bench/perf.sh recompute``),
-    under one-GPU FSDP2 and, where measured, under autocast."""
+    """titan with selective AC (``titan_CONFIG.log``, ``..._autocast.log``) and with each compiler
+    memory budget measured (``bench/perf.sh recompute``), under one-GPU FSDP2 and autocast."""
     out = []
-    for precision in ("fsdp", "autocast"):
-        runs = {
-            f"selective AC, op policy, {precision}": f"recompute_titan_selective_{precision}_{config}.log"
-        }
-        runs.update(
-            {
-                f"memory budget {b}, {precision}": f"recompute_titan_budget{b}_{precision}_{config}.log"
-                for b in BUDGETS
-            }
+    for suffix in ["", "_autocast", *variants(dirs, config)]:
+        path = find(dirs, f"titan_{config}{suffix}.log")
+        what = (
+            describe(suffix)
+            if suffix.startswith("_budget")
+            else "selective AC, op policy, " + ("autocast" if suffix else "FSDP2")
         )
-        found = {what: find(dirs, name) for what, name in runs.items()}
-        if precision != "fsdp" and not any(found.values()):
-            continue
-        for what, path in found.items():
-            rows = json_steps(path) if path else []
-            out.append(
-                {"change": what, **summarize(rows, config, skip)}
-                if rows
-                else {"change": what, "missing": True}
-            )
+        rows = json_steps(path) if path else []
+        if rows:
+            out.append({"change": what, **summarize(rows, config, skip)})
+        elif suffix != "_autocast":
+            out.append({"change": what, "missing": True})
     return out
 
 
 def render_recompute(rows: list[dict[str, Any]], config: str, skip: int) -> str:
-    head = ["recomputation", f"tok/s (steps>{skip})", "/ selective, fsdp", "MFU", "max reserved GiB"]
+    head = ["recomputation", f"tok/s (steps>{skip})", "/ selective, FSDP2", "MFU", "max reserved GiB"]
     head += [f"max reserved steps>{skip}", "loss first -> last"]
     title = CONFIGS.get(config, (config,))[0]
     lines = [f"{title}:", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -310,11 +334,12 @@ def render(rows: list[dict[str, Any]], skip: int) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
+        config = r["config"] + (f", {describe(r['variant'])}" if r.get("variant") else "")
         if r.get("missing"):
-            cells = [r["config"], r["run"], "not measured", *[""] * (len(head) - 3)]
+            cells = [config, r["run"], "not measured", *[""] * (len(head) - 3)]
         else:
             cells = [
-                r["config"],
+                config,
                 r["run"],
                 f"{r['tps']:,.0f}",
                 f"{r['cv_pct']:.1f}%, {r['min']:,.0f}..{r['max']:,.0f}",
