@@ -29,6 +29,8 @@
 #                   --recompute
 #   peer_budget     torchtitan 0.3.0's 8B-shape run with its memory_budget mode at each budget of
 #                   PERF_BUDGETS (bench/peer_budget.py), beside titan's budget runs
+#   peer1[:RUN]     one of the peer kit's runs alone (r2_1b_v2k_eager, r3_1b_v2k_compile (default),
+#                   r4_8b_l8_v2k_compile), the kit's settings, for a short lease
 #   table           python3 bench/perf_table.py over everything measured on this machine
 #
 # TITAN_BENCH_AC, TITAN_BENCH_MEMORY_BUDGET and TITAN_BENCH_MIXED_PRECISION choose the
@@ -107,6 +109,20 @@ variant() { # the log-name suffix of the environment's recomputation and mixed p
   [ "${TITAN_BENCH_MIXED_PRECISION:-fsdp}" = autocast ] && v="${v}_autocast"
   echo "$v"
 }
+peer_run() { # peer_run NAME ARGS...: one torchtitan run in the peer kit's environment -> $W/peer/NAME.log
+  local name=$1
+  shift
+  [ -d /tmp/site/torchtitan ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl >> "$W/setup.log" 2>&1
+  mkdir -p "$W/peer"
+  (
+    cd .peer && mkdir -p tests/assets/tokenizer tests/assets/c4_test && cp tokenizer/* tests/assets/tokenizer/
+    [ -s tests/assets/c4_test/data.json ] || python3 make_data.py tests/assets/c4_test/data.json 2000
+    export PYTHONPATH=/tmp/site:$PWD/pkg:$OLDPWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+    capped "peer/$name" 220 python3 -m torch.distributed.run --nproc_per_node=1 --rdzv_backend c10d \
+      --rdzv_endpoint=localhost:0 pkg/run_tt.py "$@" --training.disable_cuda_graphs
+  )
+}
 budgets() { echo "${PERF_BUDGETS:-$(python3 -c "from bench.perf_table import BUDGETS; print(*BUDGETS)")}"; }
 
 finish() { # the logs of this call under $OUT/logs
@@ -167,21 +183,20 @@ for stage in "${@:-titan hand peer table}"; do
         done
         python3 bench/perf_table.py --recompute "$c" "$W" | tee "$OUT/recompute_$c.md" ;;
       peer_budget)
-        # The peer kit's environment (.peer/bench.sh), its 8B run with bench/peer_budget.py's config.
-        [ -d /tmp/site/torchtitan ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-          --upgrade --target /tmp/site .whl/*.whl >> "$W/setup.log" 2>&1
-        mkdir -p "$W/peer"
         for b in $(budgets); do
-          (
-            cd .peer && mkdir -p tests/assets/tokenizer tests/assets/c4_test && cp tokenizer/* tests/assets/tokenizer/
-            [ -s tests/assets/c4_test/data.json ] || python3 make_data.py tests/assets/c4_test/data.json 2000
-            export PYTHONPATH=/tmp/site:$PWD/pkg:$OLDPWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
-            export TITAN_BENCH_MEMORY_BUDGET=$b
-            capped "peer/r4_8b_l8_v2k_compile_budget$b" 220 python3 -m torch.distributed.run --nproc_per_node=1 \
-              --rdzv_backend c10d --rdzv_endpoint=localhost:0 pkg/run_tt.py --module bench.peer_budget \
-              --config llama3_8b_l8_v2k --training.steps 20 --training.local_batch_size 4 --compile.enable \
-              --training.disable_cuda_graphs
-          )
+          (export TITAN_BENCH_MEMORY_BUDGET=$b && peer_run "r4_8b_l8_v2k_compile_budget$b" --module bench.peer_budget \
+            --config llama3_8b_l8_v2k --training.steps 20 --training.local_batch_size 4 --compile.enable)
+        done ;;
+      peer1)
+        for r in ${arg:-r3_1b_v2k_compile}; do
+          case $r in
+            r2_1b_v2k_eager) peer_run "$r" --module peer_llama_configs --config llama3_1b_v2k --training.steps 30 ;;
+            r3_1b_v2k_compile) peer_run "$r" --module peer_llama_configs --config llama3_1b_v2k --training.steps 30 \
+              --compile.enable ;;
+            r4_8b_l8_v2k_compile) peer_run "$r" --module peer_llama_configs --config llama3_8b_l8_v2k --training.steps 20 \
+              --training.local_batch_size 4 --compile.enable ;;
+            *) echo "unknown peer run $r (r2_1b_v2k_eager r3_1b_v2k_compile r4_8b_l8_v2k_compile)"; exit 2 ;;
+          esac
         done ;;
       check) capped check 240 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
       peer)
@@ -194,7 +209,7 @@ for stage in "${@:-titan hand peer table}"; do
         python3 bench/perf_table.py "$W" | tee "$OUT/perf_table.md"
         echo "calls:"; cat "$W/calls.txt" ;;
       float8check) capped float8check 240 python3 -m bench.gpu_float8_check; grep -aE "^(PASS|FAIL)|checks passed" "$W/float8check.log" ;;
-      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] recompute[:CONFIG] peer peer_budget check float8check table)"; exit 2 ;;
+      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] recompute[:CONFIG] peer peer1[:RUN] peer_budget check float8check table)"; exit 2 ;;
     esac
   done
 done
