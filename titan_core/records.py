@@ -12,6 +12,8 @@ normalises their names and fails on a name provided twice, naming both distribut
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -94,16 +96,62 @@ class ModelSpec:
                 f"fields: {', '.join(sorted(fields))}"
             )
         current = args if isinstance(args, dict) else {f: getattr(args, f) for f in fields}
+        declared = _declared_types(args)
         for key, value in overrides.items():
-            old = current[key]
-            numeric = isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool)
-            if old is not None and type(value) is not type(old) and not numeric:
-                raise LookupError(f"{self.name} argument {key!r} expects {type(old).__name__}, got {value!r}")
+            # The field's declared type decides (a flavor may fill a float field with an int
+            # literal); without one, the flavor's own value's type.
+            hint = declared.get(key)
+            fits = _fits(hint, value) if hint is not None else None
+            if fits is None:
+                old = current[key]
+                hint = type(old)
+                numeric = isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool)
+                fits = old is None or type(value) is type(old) or numeric
+            if not fits:
+                raise LookupError(f"{self.name} argument {key!r} expects {_describe(hint)}, got {value!r}")
         if isinstance(args, dict):
             return {**args, **overrides}
         if attrs.has(type(args)):
             return attrs.evolve(args, **overrides)
         return dataclasses.replace(args, **overrides)
+
+
+def _declared_types(args: Any) -> dict[str, Any]:
+    """Field name -> type annotation of attrs or dataclass arguments ({} when unresolvable)."""
+    if isinstance(args, dict):
+        return {}
+    try:
+        return typing.get_type_hints(type(args))
+    except Exception:  # annotations naming what their module does not import
+        return {}
+
+
+def _fits(hint: Any, value: Any) -> bool | None:
+    """Whether ``value`` is of type ``hint``; ``None`` for a type this check does not know."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        answers = [_fits(h, value) for h in typing.get_args(hint)]
+        return True if True in answers else (None if None in answers else False)
+    if typing.get_origin(hint) is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:  # an int is a float value here, as in Python's numeric tower
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in typing.get_args(hint) if h is not type(None))
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    return getattr(hint, "__name__", str(hint))
 
 
 @attrs.frozen

@@ -349,9 +349,10 @@ class Trainer:
         data = attrs.evolve(d, dataset=name, path=v.path if v.path is not None else d.path)
         documents = dataset.documents
         label = f"validation.dataset {name!r}"
-        # The same record read at the same path (the dataset's own notion of one: compared as
-        # given) yields the training documents.
-        if dataset == registry.get("datasets", d.dataset, what="dataset") and data.path == d.path:
+        # The same record read at the same path yields the training documents: the same string
+        # (the dataset's own notion of a path), or one file on disk however it is spelled.
+        same_path = data.path == d.path or _same_file(data.path, d.path)
+        if dataset == registry.get("datasets", d.dataset, what="dataset") and same_path:
             if dataset.held_out is not None:
                 documents = dataset.held_out
                 label += " (held-out documents)"
@@ -757,6 +758,16 @@ class _StopSignals:
         for signum, previous in self._previous.items():
             if previous is not None:
                 signal.signal(signum, previous)
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+    """Whether two paths name one file or folder (a relative spelling, a symlink)."""
+    if a is None or b is None:
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # not both on this machine (a hub name, a URL)
+        return False
 
 
 def _scaled(loss_fn: Any, factor: float) -> Any:

@@ -284,3 +284,27 @@ def test_two_ranks_validate_like_one_process(
     found = validation_losses(tmp_path, 2, seed, layout)
     assert [s for s, _ in found] == [s for s, _ in one_process] == [3, 6]
     assert [v for _, v in found] == pytest.approx([v for _, v in one_process], rel=1e-4)
+
+
+@pytest.mark.parametrize("spelling", ["relative", "dotted", "symlink"])
+def test_the_training_file_under_another_spelling_is_still_the_training_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    """``validation.path`` naming the training file another way reads training text: the warning
+    must not depend on how the path is spelled."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"The river falls {i} times and the market opens.\n" for i in range(400)))
+    monkeypatch.chdir(tmp_path)
+    other = {
+        "relative": "corpus.txt",
+        "dotted": f"{tmp_path}/./corpus.txt",
+        "symlink": str(tmp_path / "link.txt"),
+    }[spelling]
+    if spelling == "symlink":
+        (tmp_path / "link.txt").symlink_to(corpus)
+    config = with_validation(tmp_path, steps=2)
+    config.data.dataset, config.data.path = "text", str(corpus)
+    config.validation.path = other
+    trainer = Trainer(config, get_registry())
+    trainer.close()
+    assert "validation reads the training data" in (tmp_path / "train.log").read_text()

@@ -47,3 +47,29 @@ def test_tp_names_heads_and_kv_heads() -> None:
 def test_unsupported_layouts(args: Llama3Args, layout: ParallelDims, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         validate(args, layout)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # Each of these built a broken model, or no model, without naming the field.
+        ({"n_kv_heads": -1}, r"n_kv_heads: expected a positive integer, got -1"),  # negative tensor dimension
+        ({"multiple_of": 0}, r"multiple_of: expected a positive integer, got 0"),  # ZeroDivisionError
+        ({"norm_eps": -1.0}, r"norm_eps: expected a small positive number"),  # NaN at step 1
+        ({"norm_eps": 0.0}, r"norm_eps: expected a small positive number"),
+        ({"rope_theta": 0.0}, r"rope_theta: expected a positive number, got 0.0"),  # inf frequencies
+        ({"rope_theta": float("nan")}, r"rope_theta: expected a positive number"),
+        ({"max_seq_len": 0}, r"max_seq_len: expected a positive integer, got 0"),
+        ({"ffn_dim_multiplier": -1.0}, r"ffn_dim_multiplier: expected a positive number"),
+        ({"rope_scaling_factor": 0.0}, r"rope_scaling_factor: expected a positive number"),
+    ],
+)
+def test_impossible_sizes_are_one_usage_error_naming_the_field(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(UsageError, match=rf"model\.overrides\.{message}"):
+        validate(attrs.evolve(ARGS, **overrides), dims())
+
+
+def test_rope_scaling_factor_is_not_checked_without_rope_scaling() -> None:
+    validate(attrs.evolve(ARGS, rope_scaling=False, rope_scaling_factor=0.0), dims())

@@ -198,6 +198,21 @@ def test_qwen3_attention_fuses_qkv_with_the_separate_projections_results() -> No
             r"dense_hidden_dim: must be >= 0",
         ),
         ("qwen3_debugmodel", {"max_seq_len": 0}, r"max_seq_len: must be positive, got 0"),
+        # Every block dense: no router, no balancing, no expert; the MoE settings would do nothing.
+        ("qwen3_debugmodel", {"n_dense_layers": 4}, r"n_dense_layers: 4 of the 4 blocks dense leaves no MoE"),
+        ("deepseek_v3_debugmodel", {"n_dense_layers": 9}, r"n_dense_layers: 9 of the \d+ blocks dense"),
+        # RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 is a division by zero (or a NaN).
+        (
+            "qwen3_debugmodel",
+            {"norm_eps": -1e-6},
+            r"norm_eps: must be a small positive number \(1e-5, 1e-6\), got -1e-06",
+        ),
+        ("deepseek_v3_debugmodel", {"norm_eps": 0.0}, r"norm_eps: must be a small positive number"),
+        ("qwen3_debugmodel", {"norm_eps": float("nan")}, r"norm_eps: must be a small positive number"),
+        # MLA: the rotated part carries the positions (0 would train without any); the part
+        # without position may be 0, not negative.
+        ("deepseek_v3_debugmodel", {"qk_rope_head_dim": 0}, r"qk_rope_head_dim: must be positive, got 0"),
+        ("deepseek_v3_debugmodel", {"qk_nope_head_dim": -2}, r"qk_nope_head_dim: must be >= 0, got -2"),
     ],
 )
 def test_impossible_sizes_are_one_usage_error_naming_the_field(

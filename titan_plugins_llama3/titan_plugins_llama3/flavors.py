@@ -7,6 +7,7 @@ and the checks run before (and without) building a model.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -118,11 +119,25 @@ def check_tp(args: Llama3Args, tp: int) -> None:
 def validate(args: Llama3Args, parallel_dims: Any) -> None:
     """``ModelSpec.validate``: refuse what this model cannot do under ``parallel_dims``, before
     anything is built. One :class:`UsageError` per problem, naming what to change."""
-    for name in ("n_layers", "dim", "n_heads", "vocab_size"):
+    positive = ["n_layers", "dim", "n_heads", "vocab_size", "multiple_of", "max_seq_len"]
+    if args.n_kv_heads is not None:  # None: as many as n_heads
+        positive.append("n_kv_heads")
+    for name in positive:
         if getattr(args, name) < 1:
             raise UsageError(
                 f"model.overrides.{name}: expected a positive integer, got {getattr(args, name)}"
             )
+    numbers = ["rope_theta"] + ["rope_scaling_factor"] * args.rope_scaling
+    numbers += ["ffn_dim_multiplier"] * (args.ffn_dim_multiplier is not None)
+    for name in numbers:
+        value = getattr(args, name)
+        if not 0 < value < math.inf:  # NaN too: RoPE's frequencies or the FFN width from it
+            raise UsageError(f"model.overrides.{name}: expected a positive number, got {value}")
+    if not 0 < args.norm_eps < 1:
+        # RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 gives NaN at the first step.
+        raise UsageError(
+            f"model.overrides.norm_eps: expected a small positive number (such as 1e-5), got {args.norm_eps}"
+        )
     if args.dim % args.n_heads:
         raise UsageError(
             f"model.overrides: dim={args.dim} must be a multiple of n_heads={args.n_heads} "

@@ -375,15 +375,30 @@ def check_args(args: MoEArgs) -> None:
     # None (or 0) picks the default for these two; a negative one is no width.
     positive += [name for name in ("n_kv_heads", "head_dim") if getattr(args, name)]
     if args.attention == "mla":
-        positive += ["kv_lora_rank", "v_head_dim"]
+        # The rotated part of an MLA head carries the positions: without it the model has none.
+        positive += ["kv_lora_rank", "v_head_dim", "qk_rope_head_dim"]
     for name in positive:
         if getattr(args, name) <= 0:
             raise _problem(name, f"must be positive, got {getattr(args, name)}")
     # 0 turns these off (or, for dense_hidden_dim, picks Llama's rounding); below is meaningless,
     # and a negative n_dense_layers would make more MoE layers than blocks in the counts.
-    for name in ("n_dense_layers", "dense_hidden_dim", "shared_expert_hidden_dim", "q_lora_rank"):
+    at_least_0 = ["n_dense_layers", "dense_hidden_dim", "shared_expert_hidden_dim", "q_lora_rank"]
+    if args.attention == "mla":
+        at_least_0.append("qk_nope_head_dim")
+    for name in at_least_0:
         if getattr(args, name) < 0:
             raise _problem(name, f"must be >= 0, got {getattr(args, name)}")
+    if args.n_dense_layers >= args.n_layers:
+        # Every block dense: no router, expert or balancing loss, so the MoE settings do nothing.
+        raise _problem(
+            "n_dense_layers",
+            f"{args.n_dense_layers} of the {args.n_layers} blocks dense leaves no MoE block (no router, "
+            "no experts, no load balancing); lower n_dense_layers below n_layers, or train a dense "
+            "model (the llama3 plugin)",
+        )
+    if not 0 < args.norm_eps < 1:
+        # RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 divides by zero on a zero vector.
+        raise _problem("norm_eps", f"must be a small positive number (1e-5, 1e-6), got {args.norm_eps}")
     if not args.route_scale > 0 or args.route_scale == float("inf"):
         raise _problem(
             "route_scale", f"must be a positive number (the routed weights' factor), got {args.route_scale}"
