@@ -25,12 +25,7 @@ from typing import Any
 
 import torch
 
-RESULTS: list[bool] = []
-
-
-def report(name: str, ok: bool, detail: str) -> None:
-    RESULTS.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+from bench.gpu_checks import report, run_checks
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -159,14 +154,7 @@ def check_sac_keeps_flex_attention() -> None:
 
 
 def main() -> int:
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
-    for check in (check_float8_linear, check_float8_run, check_sac_keeps_flex_attention):
-        try:
-            check()
-        except Exception as exc:  # one failing check must not hide the others
-            report(check.__name__, False, f"{type(exc).__name__}: {str(exc)[:400]}")
-    print(f"{sum(RESULTS)}/{len(RESULTS)} checks passed", flush=True)
-    return 0 if all(RESULTS) else 1
+    return run_checks((check_float8_linear, check_float8_run, check_sac_keeps_flex_attention))
 
 
 if __name__ == "__main__":

@@ -24,12 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-RESULTS: list[bool] = []
-
-
-def report(name: str, ok: bool, detail: str) -> None:
-    RESULTS.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+from bench.gpu_checks import report, run_checks
 
 
 def _packed_tokens(batch: int, seq: int, bos: int, mean_doc: int, seed: int) -> torch.Tensor:
@@ -159,14 +154,9 @@ def check_single_gpu_fsdp() -> None:
 
 
 def main() -> int:
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
-    for check in (check_flex_document_mask, check_gqa_backends, check_no_recompile, check_single_gpu_fsdp):
-        try:
-            check()
-        except Exception as exc:  # one failing check must not hide the others
-            report(check.__name__, False, f"{type(exc).__name__}: {str(exc)[:400]}")
-    print(f"{sum(RESULTS)}/{len(RESULTS)} checks passed", flush=True)
-    return 0 if all(RESULTS) else 1
+    return run_checks(
+        (check_flex_document_mask, check_gqa_backends, check_no_recompile, check_single_gpu_fsdp)
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared building blocks for decoder model plugins: RMSNorm, rotary embeddings, SwiGLU, attention.
+"""Shared building blocks for decoder model plugins: RMSNorm, rotary embeddings, SwiGLU, attention,
+the pre-norm decoder block.
 
 A model plugin composes these instead of copying them (titan's Llama 3 and MoE models do)::
 
@@ -12,6 +13,7 @@ A model plugin composes these instead of copying them (titan's Llama 3 and MoE m
     norm = blocks.RMSNorm(dim, eps=1e-5)                                    # torch's nn.RMSNorm
     attn = blocks.Attention(dim, n_heads, n_kv_heads)  # wq/wk/wv/wo + RoPE; forward(x, freqs_cis, mask)
     q, k, v = blocks.project_qkv(attn.wq, attn.wk, attn.wv, x)              # one matmul where it can
+    block = blocks.DecoderBlock(layer_id, dim, 1e-5, attn, ffn)  # x + attn(norm x), + ffn(norm h)
 
 **The attention-function contract.** An attention module stores its attention function in
 ``self.attention_fn`` (default :func:`attention`) and calls it on ``(batch, heads, seq, head_dim)``
@@ -355,6 +357,38 @@ class Attention(nn.Module):
         for linear in (self.wq, self.wk, self.wv):
             nn.init.trunc_normal_(linear.weight, mean=0.0, std=0.02)
         nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=std)
+
+
+class DecoderBlock(nn.Module):
+    """A pre-norm decoder block: ``h = x + attention(norm(x))``, then ``h + feed_forward(norm(h))``.
+
+    ``attention`` is called as ``attention(x, freqs_cis, mask=mask)`` and both sub-modules have
+    ``init_weights(std)``; ``std`` is the depth-scaled init of the residual projections,
+    ``0.02 / sqrt(2 (layer_id + 1))`` as in torchtitan. The parameter names (``attention.*``,
+    ``feed_forward.*``, ``attention_norm``, ``ffn_norm``) are what the TP plans, activation
+    checkpointing and the Hugging Face mappings of the model plugins address.
+    """
+
+    def __init__(
+        self, layer_id: int, dim: int, norm_eps: float, attention: nn.Module, feed_forward: nn.Module
+    ) -> None:
+        super().__init__()
+        self.attention = attention
+        self.feed_forward = feed_forward
+        self.attention_norm = RMSNorm(dim, eps=norm_eps)
+        self.ffn_norm = RMSNorm(dim, eps=norm_eps)
+        self.weight_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        # The mask as a keyword: the TP plans' PrepareModuleInput lays out positional inputs only.
+        h = x + self.attention(self.attention_norm(x), freqs_cis, mask=mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.weight_init_std)
+        self.feed_forward.init_weights(self.weight_init_std)
 
 
 def tp_plan_ends(model: nn.Module, tp_mesh: Any, loss_parallel: bool) -> None:

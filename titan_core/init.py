@@ -22,9 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from titan_core.errors import UsageError
 from titan_core.tied import retie, shared_parameters
+from titan_core.wrapped_names import find_unwrapped
 
-#: Name pieces wrappers insert (activation checkpointing, torch.compile); the full copy has none.
+#: Name pieces torch's wrappers insert (activation checkpointing, torch.compile, FSDP1): stripped
+#: first, as the fast path; any other wrapper's names are found by ``find_unwrapped``.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 GiB = 1024**3
@@ -47,16 +50,26 @@ def init_like_one_process(parts: list[nn.Module], spec: Any, model_args: Any, se
 
     with torch.device("meta"):
         full = spec.build(model_args)
+    tied = shared_parameters(full)  # before to_empty, which makes a tied parameter two
     full.to_empty(device="cpu")
-    retie([full], shared_parameters(full))
+    retie([full], tied)
     torch.manual_seed(seed)
     with torch.no_grad():
         full.init_weights(buffer_device=torch.device("cpu"))
-    source = {canonical_name(n): p for n, p in full.named_parameters(remove_duplicate=False)}
+    source = dict(full.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for part in parts:
             for name, param in part.named_parameters(remove_duplicate=False):
-                values = source[canonical_name(name)]
+                plain = canonical_name(name)
+                if plain not in source:
+                    plain = find_unwrapped(name, source) or plain
+                if plain not in source:
+                    raise UsageError(
+                        f"parameter {name} of the parallelised model has no counterpart in the model "
+                        "as built in one process; a strategy renamed it (wrappers may add pieces to a "
+                        "name, not remove or rename them)"
+                    )
+                values = source[plain]
                 if isinstance(param, DTensor):
                     values = values.to(device=param.device, dtype=param.dtype)
                     shard = distribute_tensor(values, param.device_mesh, param.placements, src_data_rank=None)

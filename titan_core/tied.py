@@ -6,6 +6,8 @@ module (TP's ``parallelize_module`` makes a new DTensor parameter per module) an
 materialisation that makes new parameters would leave two independent copies, one of them never
 initialised. The trainer records the sharing on the meta model and restores it after every
 strategy and after ``to_empty``: every name of a group points at the parameter of the first name.
+A strategy that wraps modules changes the names; each recorded name is found again under any
+wrapper (:mod:`titan_core.wrapped_names`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from titan_core.errors import UsageError
+from titan_core.wrapped_names import find_wrapped
 
 
 def shared_parameters(model: nn.Module) -> list[list[str]]:
@@ -23,8 +26,13 @@ def shared_parameters(model: nn.Module) -> list[list[str]]:
     return [names for names in by_id.values() if len(names) > 1]
 
 
-def _owner(part: nn.Module, name: str) -> tuple[nn.Module, str] | None:
-    module_path, _, leaf = name.rpartition(".")
+def _owner(part: nn.Module, name: str, names: list[str]) -> tuple[nn.Module, str] | None:
+    """The module and attribute holding the parameter recorded as ``name`` (``names``: the part's
+    current parameter names, wrappers included)."""
+    found = find_wrapped(name, names)
+    if found is None:  # e.g. a pipeline stage without it
+        return None
+    module_path, _, leaf = found.rpartition(".")
     try:
         module = part.get_submodule(module_path) if module_path else part
     except AttributeError:
@@ -37,8 +45,9 @@ def _owner(part: nn.Module, name: str) -> tuple[nn.Module, str] | None:
 def retie(parts: list[nn.Module], groups: list[list[str]]) -> None:
     """Point every name of each group at one parameter, in each part that holds two of them."""
     for part in parts:
+        current = [n for n, _ in part.named_parameters(remove_duplicate=False)]
         for names in groups:
-            owners = [(n, o) for n in names if (o := _owner(part, n)) is not None]
+            owners = [(n, o) for n in names if (o := _owner(part, n, current)) is not None]
             if len(owners) < 2:
                 continue
             first_name, (module, leaf) = owners[0]

@@ -15,8 +15,6 @@ With ``tie_embeddings=True`` the output projection and the token embedding are o
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -41,26 +39,11 @@ def rope_frequencies(args: Llama3Args, seq_len: int, device: torch.device | None
     return blocks.rope_frequencies(args.head_dim, seq_len, args.rope_theta, rope_scaling(args), device=device)
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(blocks.DecoderBlock):
     def __init__(self, layer_id: int, args: Llama3Args) -> None:
-        super().__init__()
-        self.attention = blocks.Attention(args.dim, args.n_heads, args.n_kv_heads, fuse_qkv=args.fuse_qkv)
-        self.feed_forward = blocks.FeedForward(args.dim, args.ffn_hidden_dim)
-        self.attention_norm = blocks.RMSNorm(args.dim, eps=args.norm_eps)
-        self.ffn_norm = blocks.RMSNorm(args.dim, eps=args.norm_eps)
-        # Depth-scaled init of the residual projections, as in torchtitan.
-        self.weight_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
-
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
-        # The mask as a keyword: the TP plan's PrepareModuleInput lays out positional inputs only.
-        h = x + self.attention(self.attention_norm(x), freqs_cis, mask=mask)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-    def init_weights(self) -> None:
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-        self.attention.init_weights(self.weight_init_std)
-        self.feed_forward.init_weights(self.weight_init_std)
+        attention = blocks.Attention(args.dim, args.n_heads, args.n_kv_heads, fuse_qkv=args.fuse_qkv)
+        feed_forward = blocks.FeedForward(args.dim, args.ffn_hidden_dim)
+        super().__init__(layer_id, args.dim, args.norm_eps, attention, feed_forward)
 
 
 class Llama3(nn.Module):

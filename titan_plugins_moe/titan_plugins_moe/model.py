@@ -36,29 +36,13 @@ from titan_plugins_moe.moe import MoE, _AddAuxLoss, _records_this_forward
 __all__ = ["MTPModule", "MoE", "MoEBlock", "MoETransformer", "build"]
 
 
-class MoEBlock(nn.Module):
+class MoEBlock(blocks.DecoderBlock):
     def __init__(self, layer_id: int, args: MoEArgs) -> None:
-        super().__init__()
-        self.attention: nn.Module = MLAttention(args) if args.attention == "mla" else Attention(args)
-        self.is_moe = layer_id >= args.n_dense_layers
-        self.feed_forward: nn.Module = (
-            MoE(args) if self.is_moe else blocks.FeedForward(args.dim, args.ffn_hidden_dim)
-        )
-        self.attention_norm = blocks.RMSNorm(args.dim, eps=args.norm_eps)
-        self.ffn_norm = blocks.RMSNorm(args.dim, eps=args.norm_eps)
-        # Depth-scaled init of the residual projections, as in torchtitan.
-        self.weight_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
-
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, mask: Any = None) -> torch.Tensor:
-        # mask as a keyword: the TP plan's input layouts describe (x, freqs_cis) only.
-        h = x + self.attention(self.attention_norm(x), freqs_cis, mask=mask)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-    def init_weights(self) -> None:
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-        self.attention.init_weights(self.weight_init_std)
-        self.feed_forward.init_weights(self.weight_init_std)
+        attention: nn.Module = MLAttention(args) if args.attention == "mla" else Attention(args)
+        is_moe = layer_id >= args.n_dense_layers
+        feed_forward: nn.Module = MoE(args) if is_moe else blocks.FeedForward(args.dim, args.ffn_hidden_dim)
+        super().__init__(layer_id, args.dim, args.norm_eps, attention, feed_forward)
+        self.is_moe = is_moe
 
 
 class MTPModule(nn.Module):
