@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     _check_out_dir(out, args.overwrite)
     model, data, source = _model_section(checkpoint, args)
 
-    from titan_core._registry import get_registry
+    from titan_core import get_registry
 
     registry = get_registry(set(getattr(args, "disable_plugin", None) or []))
     spec = registry.get("models", model["name"], what="model")
@@ -170,7 +170,7 @@ def _model_section(checkpoint: Path, args: argparse.Namespace) -> tuple[dict[str
     if args.module and not args.recipe:
         raise UsageError("export: --module needs --recipe NAME (the recipe to take from the module)")
     if args.recipe:
-        from titan_core._registry import get_registry
+        from titan_core import get_registry
         from titan_core.config import to_dict
         from titan_core.recipes import call_recipe, find_recipe
 
