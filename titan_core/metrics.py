@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from titan_core.errors import PluginError
 from titan_core.log import get_logger
 
 GiB = 1024**3
@@ -52,6 +53,39 @@ def memory_stats(device: torch.device) -> dict[str, float]:
         }
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"max_rss_gib": rss_kib / 1024**2}
+
+
+def check_callback_metrics(values: Any, source: str) -> Any:
+    """``values``, what a callback's ``metrics(step)`` returned, if the metric writers can take it:
+    a mapping of ``str`` keys to ``bool``, ``int`` or ``float`` values (NaN and inf included),
+    what TensorBoard writes and ``metrics.jsonl`` reads back as numbers. Anything else is one
+    :class:`PluginError` naming ``source`` (``callback 'x' (plugin p)``), the key and the type;
+    TensorBoard would drop it silently and the log line and ``metrics.jsonl`` carry it as text."""
+    from collections.abc import Mapping
+
+    if not isinstance(values, Mapping):
+        raise PluginError(
+            f"{source}: metrics(step) returned {type(values).__name__}, not a mapping of metric "
+            "names to numbers (return {} when there is nothing to report)"
+        )
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise PluginError(
+                f"{source}: metrics(step) returned the key {key!r} ({type(key).__name__}), not a str"
+            )
+        if not isinstance(value, (int, float)):
+            kind = type(value).__name__
+            hint = " (call .item() on a one-element tensor)" if hasattr(value, "item") else ""
+            raise PluginError(
+                f"{source}: metrics(step) returned {key!r} = {_short(value)} ({kind}); metric values "
+                f"must be bool, int or float{hint}"
+            )
+    return values
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class MetricsLogger:

@@ -15,10 +15,12 @@ import math
 import os
 import signal
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 
@@ -29,7 +31,7 @@ from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import PluginError, TitanError, UsageError
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
-from titan_core.metrics import MetricsLogger
+from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import (
     ParallelContext,
@@ -45,10 +47,25 @@ from titan_core.topology import Topology
 
 log = get_logger("titan.trainer")
 
-__all__ = ["LOG_FILE", "Trainer", "cross_entropy_loss", "train"]
+__all__ = ["LOG_FILE", "PLUGIN_ERROR_FILE", "Trainer", "cross_entropy_loss", "model_arg", "train"]
 
 #: The logging rank's console-format log, under ``job.dump_folder`` (docs/getting_started.md).
 LOG_FILE = "train.log"
+#: Where a plugin's failing call leaves its traceback, under ``job.dump_folder`` (rank 0; rank N
+#: writes ``plugin_error.rankN.log``). Not one of the run's outputs: a rerun may use the folder.
+PLUGIN_ERROR_FILE = "plugin_error.log"
+
+_ABSENT = object()
+
+
+def model_arg(args: Any, name: str, default: Any = None) -> Any:
+    """The model argument ``name`` of ``args`` (a dict, attrs or dataclass instance, or any object
+    with attributes), or ``default`` when it has no such argument. The trainer reads
+    ``vocab_size``, ``max_seq_len`` and ``bos_id`` through this (docs/plugins.md)."""
+    if isinstance(args, Mapping):
+        return args.get(name, default)
+    return getattr(args, name, default)
+
 
 #: The loop points callbacks may implement (see :class:`titan_core.records.Callback`).
 CALLBACK_POINTS = (
@@ -92,10 +109,18 @@ def set_determinism(config: TrainerConfig, seed: int) -> None:
 class Callbacks:
     """The built callbacks, bound once per loop point (a point nobody implements costs nothing)."""
 
-    def __init__(self, objects: list[Any]) -> None:
+    def __init__(self, objects: list[Any], labels: list[str] | None = None) -> None:
+        """``labels``: how errors name each object (``callback 'x' (plugin p)``), in order."""
         self.objects = objects
+        self.labels = labels if labels is not None else [f"callback {type(o).__name__!r}" for o in objects]
         for point in CALLBACK_POINTS:
             setattr(self, point, [getattr(o, point) for o in objects if callable(getattr(o, point, None))])
+        #: ``(label, metrics)`` of the callbacks that report metrics (their values are checked).
+        self.metric_sources = [
+            (label, o.metrics)
+            for o, label in zip(objects, self.labels, strict=True)
+            if callable(getattr(o, "metrics", None))
+        ]
 
 
 class Trainer:
@@ -136,15 +161,22 @@ class Trainer:
         self.tokenizer = load_tokenizer(config.data.tokenizer_path)
         try:
             self.model_args = self.spec.flavor(config.model.flavor, config.model.overrides)
-            if getattr(self.model_args, "bos_id", False) is None:  # the model asks for the BOS id
+            if model_arg(self.model_args, "bos_id", _ABSENT) is None:  # the model asks for the BOS id
                 overrides = {**config.model.overrides, "bos_id": self.tokenizer.bos_id}
                 self.model_args = self.spec.flavor(config.model.flavor, overrides)
         except LookupError as exc:
             field = "model.overrides" if config.model.flavor in self.spec.flavors else "model.flavor"
             raise UsageError(f"{field}: {exc}") from None
         if self.spec.validate is not None:
-            self.spec.validate(self.model_args, self.parallel_dims)
-        max_seq_len = getattr(self.model_args, "max_seq_len", None)
+            self._plugin_call(
+                "models",
+                self.spec.name,
+                "failed to validate its arguments",
+                self.spec.validate,
+                self.model_args,
+                self.parallel_dims,
+            )
+        max_seq_len = model_arg(self.model_args, "max_seq_len")
         if max_seq_len is not None and config.training.seq_len > max_seq_len:
             raise UsageError(
                 f"training.seq_len={config.training.seq_len} exceeds the model's max_seq_len="
@@ -170,7 +202,7 @@ class Trainer:
             self.checkpointer = registry.get("checkpointers", c.backend, what="checkpoint.backend").build(
                 config, self.topology
             )
-        vocab = getattr(self.model_args, "vocab_size", None)
+        vocab = model_arg(self.model_args, "vocab_size")
         if vocab is not None and self.tokenizer.vocab_size > vocab:
             raise UsageError(
                 f"the tokenizer has {self.tokenizer.vocab_size} tokens but model "
@@ -183,13 +215,18 @@ class Trainer:
         # 3. Mesh, model on meta, strategies in their declared order; parameter sharing survives.
         self.mesh = self.parallel_dims.build_mesh(self.device.type) if self.topology.world_size > 1 else None
         with torch.device("meta"):
-            model = self.spec.build(self.model_args)
+            model = self._plugin_call(
+                "models", self.spec.name, "failed to build", self.spec.build, self.model_args
+            )
         tied = shared_parameters(model)
         self.ctx = ParallelContext(
             config, self.parallel_dims, self.mesh, self.spec, self.model_args, self.topology
         )
         self.parts: list[nn.Module] = apply_strategies(
-            model, strategies, self.ctx, after_each=lambda parts: retie(parts, tied)
+            model,
+            [attrs.evolve(s, apply=self._guarded_apply(s)) for s in strategies],
+            self.ctx,
+            after_each=lambda parts: retie(parts, tied),
         )
 
         # 4. Materialise this rank's shards and initialise them, as one process would (init.py).
@@ -300,7 +337,7 @@ class Trainer:
             detach_file()
 
         # 6. Callbacks, after everything they may look at exists.
-        self.callbacks = Callbacks(self._build_callbacks())
+        self.callbacks = Callbacks(*self._build_callbacks())
         n_params = sum(_local(p).numel() for part in self.parts for p in part.parameters())
         log.info(
             "built",
@@ -392,12 +429,78 @@ class Trainer:
             groups += [g for g in self.spec.param_groups(part, self.config.training) if g["params"]]
         return groups
 
-    def _build_callbacks(self) -> list[Any]:
+    def _build_callbacks(self) -> tuple[list[Any], list[str]]:
+        """The built callback objects and, in the same order, the labels errors name them by."""
         records = sorted(self.registry.records("callbacks").values(), key=lambda r: (r.order, r.name))
-        built = [obj for r in records if (obj := r.build(self)) is not None]
+        built: list[Any] = []
+        labels: list[str] = []
+        for r in records:
+            obj = self._plugin_call("callbacks", r.name, "failed to build", r.build, self)
+            if obj is not None:
+                built.append(obj)
+                labels.append(f"callback {r.name!r} ({self._plugin_label('callbacks', r.name)})")
         if self.checkpointer is not None:
             built.append(_CheckpointSaves(self))
-        return built
+            labels.append(f"the checkpoint saves of checkpoint.backend {self.config.checkpoint.backend!r}")
+        return built, labels
+
+    # -- plugin code that fails ------------------------------------------------------------------
+
+    def _plugin_label(self, kind: str, name: str) -> str:
+        """``plugin NAME`` and, when known, the distribution that installed it."""
+        try:
+            info = self.registry.provider(kind, name)
+        except KeyError:
+            return "plugin unknown"
+        known = info.distribution and info.distribution != "(registered)"
+        return f"plugin {info.name}, {info.origin}" if known else f"plugin {info.name}"
+
+    def _plugin_call(self, kind: str, name: str, failed: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, plugin code: an exception other than a :class:`TitanError` (and the
+        allocator's and a failed collective's, which the run reports its own way) becomes one
+        :class:`PluginError` naming the record and its plugin; the original is chained and its
+        traceback written to :data:`PLUGIN_ERROR_FILE`, whose path the message gives."""
+        try:
+            return fn(*args)
+        except TitanError:
+            raise
+        except Exception as exc:
+            from titan_core.errors import is_out_of_memory
+            from titan_core.run import peer_failure
+
+            if is_out_of_memory(exc) or peer_failure(exc, self.config) is not None:
+                raise
+            what = {"models": "model", "strategies": "strategy", "callbacks": "callback"}.get(kind, kind)
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+            text = f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+            message = f"{what} {name!r} ({self._plugin_label(kind, name)}) {failed}: {text}"
+            where = self._keep_traceback(exc, message)
+            message += (
+                f"; the traceback is in {where}" if where else " (the traceback is chained to this error)"
+            )
+            raise PluginError(message) from exc
+
+    def _guarded_apply(self, strategy: Any) -> Callable[..., Any]:
+        def apply(parts: list[nn.Module], ctx: ParallelContext) -> Any:
+            return self._plugin_call(
+                "strategies", strategy.name, "failed to apply", strategy.apply, parts, ctx
+            )
+
+        return apply
+
+    def _keep_traceback(self, exc: BaseException, message: str) -> str | None:
+        """Write ``exc``'s traceback under ``job.dump_folder``; the file's path, or ``None``."""
+        rank = self.topology.rank
+        name = PLUGIN_ERROR_FILE if rank == 0 else PLUGIN_ERROR_FILE.replace(".log", f".rank{rank}.log")
+        path = os.path.join(self.config.job.dump_folder, name)
+        try:
+            os.makedirs(self.config.job.dump_folder, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank}: {message}\n\n")
+                f.write("".join(traceback.format_exception(exc)))
+        except OSError:
+            return None
+        return path
 
     def _is_logging_rank(self) -> bool:
         """The rank whose loss is meaningful: the first DP/TP/CP coordinate of a loss-computing rank."""
@@ -650,8 +753,9 @@ class Trainer:
                         validation = self.validate()
                 values = self._reduce_for_log(loss, grad_norm)
                 row = self.metrics.step_done(step, *values, lr=lr, force=True)
-                for fn in cb.metrics:
-                    row.update(fn(step))
+                self.phase = "the callbacks' metrics"
+                for label, fn in cb.metric_sources:
+                    row.update(check_callback_metrics(fn(step), label))
                 self.metrics.emit(row)
                 if validation:
                     log.info(

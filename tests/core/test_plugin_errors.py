@@ -1,0 +1,286 @@
+"""Third-party plugin code that fails or returns bad values: one error naming the plugin.
+
+Plugins are registered as objects on a :class:`Registry`, next to titan's own (the tiny Llama 3
+of one-process tests provides the real model behind each probe).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from tests.conftest import tiny_llama3
+from titan_core import Callback, Recipe, Strategy, hookimpl
+from titan_core._registry import Registry
+from titan_core.errors import PluginError, UsageError
+from titan_core.trainer import Trainer, train
+
+
+class _Probe:
+    """A plugin object providing the records it is given."""
+
+    def __init__(self, **records: list[Any]) -> None:
+        self.records = records
+
+    @hookimpl
+    def titan_models(self) -> list:
+        return self.records.get("models", [])
+
+    @hookimpl
+    def titan_strategies(self) -> list:
+        return self.records.get("strategies", [])
+
+    @hookimpl
+    def titan_callbacks(self) -> list:
+        return self.records.get("callbacks", [])
+
+    @hookimpl
+    def titan_recipes(self) -> list:
+        return self.records.get("recipes", [])
+
+
+def _registry(probe: _Probe, **info: str) -> Registry:
+    registry = Registry().load_entry_points()
+    registry.register(probe, "probe_good", **info)
+    return registry
+
+
+def _llama3(registry: Registry) -> Any:
+    return registry.get("models", "llama3")
+
+
+def _probe_model(build: Any) -> _Probe:
+    llama3 = _llama3(Registry().load_entry_points())
+    return _Probe(
+        models=[
+            attrs.evolve(
+                llama3, name="probe_tiny", flavors={"tiny": llama3.flavors["debugmodel"]}, build=build
+            )
+        ]
+    )
+
+
+def _config(tmp_path: Path, steps: int = 2, **overrides: Any) -> Any:
+    config = tiny_llama3(tmp_path, steps)
+    config.model.name, config.model.flavor = "probe_tiny", "tiny"
+    config.model.overrides = {**config.model.overrides, **overrides}
+    return config
+
+
+def _refusing_build(args: Any) -> Any:
+    if args.n_layers == 99:
+        raise ValueError("n_layers=99 is not supported")
+    from titan_plugins_llama3.model import build
+
+    return build(args)
+
+
+# -- 1. a model's build or a strategy's apply raises -------------------------------------------------
+
+
+def test_a_model_build_error_is_one_line_naming_the_model_and_plugin(tmp_path: Path) -> None:
+    registry = _registry(_probe_model(_refusing_build))
+    with pytest.raises(PluginError) as caught:
+        Trainer(_config(tmp_path, n_layers=99), registry)
+    message = str(caught.value)
+    assert message.startswith(
+        "model 'probe_tiny' (plugin probe_good) failed to build: ValueError: n_layers=99 is not supported"
+    )
+    assert "\n" not in message
+    assert caught.value.exit_code == 1
+    # The original exception stays reachable: chained, and its traceback in the file named.
+    assert isinstance(caught.value.__cause__, ValueError)
+    where = tmp_path / "plugin_error.log"
+    assert str(where) in message
+    text = where.read_text()
+    assert "Traceback (most recent call last)" in text and "_refusing_build" in text
+    assert "ValueError: n_layers=99 is not supported" in text
+
+
+def test_the_cli_prints_one_error_line_with_the_plugin_error_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from titan_core import _registry as registry_module
+    from titan_core.cli import main
+
+    probe = _probe_model(_refusing_build)
+    probe.records["recipes"] = [Recipe("probe_recipe", lambda: _config(tmp_path, n_layers=99), "probe")]
+    monkeypatch.delenv(registry_module.DISABLE_ENV, raising=False)
+    registry = _registry(probe, distribution="titan-probe", version="1.2")
+    monkeypatch.setattr(registry_module, "_default", registry)
+    code = main(["run", "--recipe", "probe_recipe", "--dump-folder", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == PluginError.exit_code == 1
+    errors = [line for line in err.splitlines() if line.startswith("titan: error:")]
+    assert errors == [
+        "titan: error: model 'probe_tiny' (plugin probe_good, titan-probe 1.2) failed to build: "
+        f"ValueError: n_layers=99 is not supported; the traceback is in {tmp_path / 'plugin_error.log'}"
+    ]
+    assert "Traceback" not in err
+
+
+def test_the_distribution_providing_the_model_is_named(tmp_path: Path) -> None:
+    registry = _registry(_probe_model(_refusing_build), distribution="titan-probe", version="1.2")
+    with pytest.raises(
+        PluginError, match=r"^model 'probe_tiny' \(plugin probe_good, titan-probe 1\.2\) failed"
+    ):
+        Trainer(_config(tmp_path, n_layers=99), registry)
+
+
+def test_a_titan_error_of_the_plugin_keeps_its_own_message(tmp_path: Path) -> None:
+    def build(args: Any) -> Any:
+        raise UsageError("probe_tiny: n_layers must be even")
+
+    with pytest.raises(UsageError) as caught:
+        Trainer(_config(tmp_path), _registry(_probe_model(build)))
+    assert str(caught.value) == "probe_tiny: n_layers must be even"
+    assert caught.value.exit_code == 2
+
+
+def test_a_strategy_apply_error_names_the_strategy_and_plugin(tmp_path: Path) -> None:
+    def apply(parts: list, ctx: Any) -> list:
+        raise RuntimeError("cannot wrap Llama3")
+
+    strategy = Strategy("probe_strategy", order=500, applies=lambda config, dims: True, apply=apply)
+    registry = _registry(_Probe(strategies=[strategy]))
+    config = tiny_llama3(tmp_path, 2)
+    with pytest.raises(PluginError) as caught:
+        Trainer(config, registry)
+    assert str(caught.value).startswith(
+        "strategy 'probe_strategy' (plugin probe_good) failed to apply: RuntimeError: cannot wrap Llama3"
+    )
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def test_a_model_that_builds_is_unaffected(tmp_path: Path) -> None:
+    rows = train(_config(tmp_path), _registry(_probe_model(_refusing_build)))
+    assert [r["step"] for r in rows] == [1, 2]
+    assert not (tmp_path / "plugin_error.log").exists()
+
+
+# -- 2. model arguments as a dict, attrs or dataclass -------------------------------------------------
+
+
+@dataclasses.dataclass
+class _DataArgs:
+    vocab_size: int = 10
+    bos_id: int | None = None
+
+
+@attrs.define
+class _AttrsArgs:
+    vocab_size: int = 10
+    bos_id: int | None = None
+
+
+@pytest.mark.parametrize("args", [{"vocab_size": 10, "bos_id": None}, _DataArgs(), _AttrsArgs()])
+def test_model_arguments_are_read_alike_from_dict_attrs_and_dataclass(args: Any) -> None:
+    from titan_core.trainer import model_arg
+
+    assert model_arg(args, "vocab_size") == 10
+    assert model_arg(args, "bos_id", "absent") is None
+    assert model_arg(args, "max_seq_len") is None
+    assert model_arg(args, "max_seq_len", "absent") == "absent"
+
+
+def _dict_model() -> _Probe:
+    """The tiny Llama 3 with its arguments as a plain dict (a form docs/plugins.md shows)."""
+    from titan_plugins_llama3.flavors import Llama3Args
+
+    llama3 = _llama3(Registry().load_entry_points())
+
+    def typed(fn: Any) -> Any:
+        return lambda args, *rest: fn(Llama3Args(**args), *rest)
+
+    def build(args: dict) -> Any:
+        from titan_plugins_llama3.model import build as build_llama3
+
+        return build_llama3(Llama3Args(**args))
+
+    spec = attrs.evolve(
+        llama3,
+        name="probe_tiny",
+        flavors={"tiny": attrs.asdict(llama3.flavors["debugmodel"])},
+        build=build,
+        num_params=typed(llama3.num_params),
+        flops_per_token=typed(llama3.flops_per_token),
+        validate=typed(llama3.validate),
+        state_dict_adapter=None,
+    )
+    return _Probe(models=[spec])
+
+
+def test_dict_model_args_vocab_smaller_than_the_tokenizer_is_refused(tmp_path: Path) -> None:
+    expected = "tokenizer has .* tokens but model probe_tiny/tiny has a vocabulary of 100"
+    with pytest.raises(UsageError, match=expected):
+        Trainer(_config(tmp_path, vocab_size=100), _registry(_dict_model()))
+
+
+def test_dict_model_args_max_seq_len_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"training\.seq_len=32 exceeds the model's max_seq_len=16"):
+        Trainer(_config(tmp_path, max_seq_len=16), _registry(_dict_model()))
+
+
+def test_dict_model_args_get_the_tokenizers_bos_id(tmp_path: Path) -> None:
+    trainer = Trainer(_config(tmp_path), _registry(_dict_model()))
+    try:
+        assert trainer.model_args["bos_id"] == trainer.tokenizer.bos_id is not None
+    finally:
+        trainer.close()
+
+
+# -- 3. a callback's metrics ------------------------------------------------------------------------
+
+
+def _metrics_callback(values: Any) -> _Probe:
+    class Reporter:
+        def metrics(self, step: int) -> Any:
+            return values
+
+    return _Probe(callbacks=[Callback("probe_metrics", lambda trainer: Reporter())])
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"probe/name": "hello"}, r"'probe/name' = 'hello' \(str\)"),
+        ({"probe/norm": None}, r"'probe/norm' = None \(NoneType\)"),
+        ({"probe/list": [1.0]}, r"'probe/list' = \[1\.0\] \(list\)"),
+        (None, r"returned NoneType, not a mapping"),
+    ],
+)
+def test_a_non_numeric_callback_metric_is_refused(tmp_path: Path, values: Any, expected: str) -> None:
+    registry = _registry(_metrics_callback(values))
+    config = tiny_llama3(tmp_path, 2)
+    with pytest.raises(PluginError, match=r"^callback 'probe_metrics' \(plugin probe_good\): .*" + expected):
+        train(config, registry)
+    assert not (tmp_path / "metrics.jsonl").read_text()  # the bad row is written nowhere
+
+
+def test_a_tensor_callback_metric_is_refused_with_a_hint(tmp_path: Path) -> None:
+    import torch
+
+    registry = _registry(_metrics_callback({"probe/t": torch.tensor(1.0)}))
+    with pytest.raises(PluginError, match=r"'probe/t' = .*\(Tensor\).*\.item\(\)"):
+        train(tiny_llama3(tmp_path, 2), registry)
+
+
+def test_numeric_callback_metrics_reach_the_metric_writers(tmp_path: Path) -> None:
+    values = {
+        "probe/flag": True,
+        "probe/count": 3,
+        "probe/ratio": 0.5,
+        "probe/nan": math.nan,
+        "probe/inf": -math.inf,
+    }
+    rows = train(tiny_llama3(tmp_path, 2), _registry(_metrics_callback(values)))
+    assert rows[0]["probe/count"] == 3
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert written[0]["probe/flag"] is True and written[0]["probe/ratio"] == 0.5
+    assert math.isnan(written[0]["probe/nan"]) and written[0]["probe/inf"] == -math.inf
