@@ -2,13 +2,19 @@
 
 Entry points of the ``titan`` group are read from package metadata; each is imported unless it
 is disabled (``TITAN_DISABLE_PLUGINS=a,b`` or ``titan --disable-plugin NAME``), in which case
-it is never imported. A plugin whose import or hook raises is recorded as failed and skipped;
-a run that then asks for a name nobody provides fails with that plugin's error.
+it is never imported. A plugin whose import or any hook fails is recorded as failed, entirely:
+none of its records (of any kind) are offered. A run that asks for a name the failed plugin
+provides fails with that plugin's error; one that asks for a name nobody provides lists the
+failed plugins. Two plugins with one name both fail (each naming the other's distribution);
+disabling the name disables both.
 
-Hook records are gathered once per kind, on first use, keyed by lower-cased name. A name
-provided by two plugins is a conflict: ``titan plugins list`` shows it, and only a run that asks
-for that name fails, with a :class:`~titan_core.errors.PluginError` naming both distributions
-(disabling either plugin resolves it).
+Hook records of every kind are gathered together, when the entry points are loaded (or on first
+use after :meth:`Registry.register`), so that a plugin's failure in any hook is known before a
+run uses any of its records. Records are keyed by lower-cased name. A name provided by two
+plugins is a conflict: ``titan plugins list`` shows it, and only a run that asks for that name
+fails, with a :class:`~titan_core.errors.PluginError` naming both distributions (disabling either
+plugin resolves it). Config sections are the exception: every config holds every section, so a
+section name provided twice fails every run (:meth:`Registry.config_sections`).
 
 Hook results are checked strictly: a hook must return a list of its record type; a bare record,
 ``None`` or a ``titan_*`` function without ``@hookimpl`` fails the plugin with a message naming it.
@@ -30,7 +36,7 @@ import pluggy
 
 from titan_core import hookspecs
 from titan_core.errors import PluginError, UsageError, describe
-from titan_core.records import RECORD_TYPES
+from titan_core.records import RECORD_TYPES, ConfigSection
 
 ENTRY_POINT_GROUP = "titan"
 DISABLE_ENV = "TITAN_DISABLE_PLUGINS"
@@ -72,6 +78,10 @@ class _Provided:
     rivals: tuple[PluginInfo, ...] = ()
 
 
+#: A plugin's info and the records its hooks returned, by kind (before failures are known).
+_Results = tuple[PluginInfo, dict[str, list[Any]]]
+
+
 def disabled_from_env() -> set[str]:
     raw = os.environ.get(DISABLE_ENV, "")
     return {n.strip() for n in raw.split(",") if n.strip()}
@@ -84,8 +94,13 @@ class Registry:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.disabled = set(disabled)
+        #: Keyed by plugin name; a second plugin of the same name is kept under a longer key.
         self.plugins: dict[str, PluginInfo] = {}
         self._records: dict[str, dict[str, _Provided]] = {}
+        #: (kind, lower-cased name) -> the failed plugin whose hook returned that record.
+        self._withheld: dict[tuple[str, str], PluginInfo] = {}
+        #: Plugins failed by one of their hooks: their other hooks are still called, to name them.
+        self._hook_failed: set[int] = set()
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -117,6 +132,7 @@ class Registry:
                 info.import_seconds = time.perf_counter() - start
                 info.imported_torch = not had_torch and "torch" in sys.modules
             self._register(plugin, info)
+        self.gather_all()  # a failure in any hook is known before a run uses anything
         return self
 
     def register(
@@ -131,19 +147,36 @@ class Registry:
         self._register(plugin, info)
         return info
 
-    def _add_info(self, info: PluginInfo) -> None:
-        if info.name in self.plugins:
-            other = self.plugins[info.name]
-            raise PluginError(
-                f"two plugins are named {info.name!r}: from {other.origin} ({other.module}) and "
-                f"from {info.origin} ({info.module}); uninstall one of them or disable it with "
-                f"{DISABLE_ENV}"
-            )
-        self.plugins[info.name] = info
+    def _add_info(self, info: PluginInfo) -> bool:
+        """Record ``info``; ``False`` when another plugin has its name (both are then failed)."""
         self._records.clear()
+        same = [p for p in self.plugins.values() if p.name == info.name]
+        key, n = info.name, 1
+        while key in self.plugins:
+            n += 1
+            key = f"{info.name} ({n})"
+        self.plugins[key] = info
+        if not same or info.status == "disabled":  # disabled plugins of one name never clash
+            return True
+        clashing = [p for p in same if p.status != "disabled"] + [info]
+        if len(clashing) == 1:
+            return True
+        listed = " and ".join(f"{p.origin} ({p.module})" for p in clashing)
+        error = (
+            f"{len(clashing)} plugins are named {info.name!r}: from {listed}; none of them is loaded. "
+            f"Uninstall all but one of them, or disable the name ({DISABLE_ENV}={info.name} or "
+            f"--disable-plugin {info.name}; that disables all of them)"
+        )
+        for p in clashing:
+            if self.pm.has_plugin(p.name):
+                self.pm.unregister(name=p.name)
+            self._hook_failed.discard(id(p))
+            p.status, p.error, p.provides = "failed", error, {}
+        return False
 
     def _register(self, plugin: Any, info: PluginInfo) -> None:
-        self._add_info(info)
+        if not self._add_info(info):
+            return
         try:
             self.pm.register(plugin, name=info.name)
         except Exception as exc:  # pluggy validates hook implementations here
@@ -176,6 +209,20 @@ class Registry:
 
     # -- records ---------------------------------------------------------------------------------
 
+    def unavailable(self, kind: str, name: str) -> str | None:
+        """Why ``name`` of ``kind`` is not offered when a failed plugin's hook returned it, else ``None``.
+
+        E.g. ``unavailable("config_sections", "zloss")`` for an error about ``config.zloss``.
+        """
+        self._gather(kind)
+        info = self._withheld.get((kind, name.lower()))
+        if info is None:
+            return None
+        what = kind.rstrip("s").replace("_", " ")
+        return f"{what} {name!r} is provided by plugin {info.name!r} ({info.origin}), which failed: " + (
+            info.error or ""
+        )
+
     def records(self, kind: str) -> dict[str, Any]:
         """All records of one kind (``models``, ``recipes``, ...) keyed by lower-cased name.
 
@@ -194,6 +241,8 @@ class Registry:
             raise PluginError(_conflict_message(what, found))
         if found is not None:
             return found.record
+        if (problem := self.unavailable(kind, name)) is not None:
+            raise PluginError(problem.replace(kind.rstrip("s").replace("_", " "), what, 1))
         known = ", ".join(sorted(p.record.name for p in self._gather(kind).values())) or "(none)"
         message = f"unknown {what} {name!r}; known: {known}"
         message += f"\n({INSTALL_HINT}; titan plugins list shows what is installed)"
@@ -209,9 +258,8 @@ class Registry:
         raise UsageError(message)
 
     def gather_all(self) -> None:
-        """Gather every kind, so that ``titan plugins list`` can show what each plugin provides."""
-        for kind in RECORD_TYPES:
-            self._gather(kind)
+        """Gather every kind (all are gathered together, so one call to :meth:`_gather` does)."""
+        self._gather(next(iter(RECORD_TYPES)))
 
     def config_sections(self) -> dict[str, type]:
         """Plugin config sections by name (a conflict is an error: a config cannot hold both)."""
@@ -230,32 +278,50 @@ class Registry:
         return [s.check for s in self.records("config_sections").values() if s.check is not None]
 
     def _gather(self, kind: str) -> dict[str, _Provided]:
-        if kind in self._records:
-            return self._records[kind]
-        record_type = RECORD_TYPES[kind]
-        gathered: dict[str, _Provided] = {}
-        hook = getattr(self.pm.hook, _HOOKS[kind])
-        for impl in reversed(hook.get_hookimpls()):  # registration order
-            info = self.plugins.get(impl.plugin_name)
-            if info is None or info.status != "loaded":
-                continue
-            try:
-                result = _check_result(impl.function(), record_type, _HOOKS[kind])
-            except Exception as exc:  # a hook that raises fails its plugin, not the run
-                info.status, info.error = "failed", describe(exc)
-                continue
-            for record in result:
-                key = record.name.lower()
-                info.provides.setdefault(kind, []).append(record.name)
-                if key in gathered:  # a conflict: recorded, fatal only for runs using the name
-                    first = gathered[key]
-                    gathered[key] = attrs.evolve(first, rivals=(*first.rivals, info))
-                    for p in (first.plugin, info):
-                        p.conflicts.append(f"{kind}: {record.name}")
+        if not self._records:
+            self._gather_every_kind()
+        return self._records[kind]
+
+    def _gather_every_kind(self) -> None:
+        """Call every hook of every loaded plugin, then offer the records of those that did not fail.
+
+        A plugin fails as a whole: a bad result from any of its hooks withholds the records its
+        other hooks returned, so a run never uses half of a plugin.
+        """
+        results: dict[str, _Results] = {}
+        for kind, hook_name in _HOOKS.items():
+            hook = getattr(self.pm.hook, hook_name)
+            for impl in hook.get_hookimpls():
+                info = self.plugins.get(impl.plugin_name)
+                if info is None or (info.status != "loaded" and id(info) not in self._hook_failed):
                     continue
-                gathered[key] = _Provided(record, info)
-        self._records[kind] = gathered
-        return gathered
+                by_kind = results.setdefault(impl.plugin_name, (info, {}))[1]
+                try:
+                    by_kind[kind] = _check_result(impl.function(), RECORD_TYPES[kind], hook_name)
+                except Exception as exc:  # a hook that raises fails its plugin, not the run
+                    if info.status == "loaded":  # the first problem is the one reported
+                        info.status, info.error = "failed", describe(exc)
+                        self._hook_failed.add(id(info))
+        self._withheld.clear()
+        self._records = {kind: {} for kind in RECORD_TYPES}
+        for info, by_kind in (results[key] for key in self.plugins if key in results):  # registration order
+            info.provides, info.conflicts = {}, []
+            for kind, result in by_kind.items():
+                if info.status != "loaded":
+                    for record in result:
+                        self._withheld.setdefault((kind, record.name.lower()), info)
+                    continue
+                gathered = self._records[kind]
+                for record in result:
+                    key = record.name.lower()
+                    info.provides.setdefault(kind, []).append(record.name)
+                    if key in gathered:  # a conflict: recorded, fatal only for runs using the name
+                        first = gathered[key]
+                        gathered[key] = attrs.evolve(first, rivals=(*first.rivals, info))
+                        for p in (first.plugin, info):
+                            p.conflicts.append(f"{kind}: {first.record.name}")
+                        continue
+                    gathered[key] = _Provided(record, info)
 
 
 #: Where to look up which distribution provides a name: one documented table, not code paths.
@@ -294,6 +360,24 @@ def _check_record(record: Any, record_type: type, hook: str) -> None:
         raise TypeError(f"{hook}() returned {type(record).__name__}, expected {record_type.__name__}")
     if not isinstance(record.name, str) or not _NAME_RE.match(record.name):
         raise ValueError(f"{hook}() returned a {record_type.__name__} with invalid name {record.name!r}")
+    if record_type is ConfigSection:
+        _check_section(record, hook)
+
+
+def _check_section(record: ConfigSection, hook: str) -> None:
+    from titan_core.config import CORE_SECTIONS, TrainerConfig
+
+    taken = {*CORE_SECTIONS, *(a.name for a in attrs.fields(TrainerConfig))}
+    if record.name.lower() in taken or hasattr(TrainerConfig, record.name):
+        raise ValueError(
+            f"{hook}() returned config section {record.name!r}, but config section {record.name!r} is "
+            "titan's own; a plugin cannot replace it: rename the section (e.g. after the plugin)"
+        )
+    if not isinstance(record.cls, type) or not attrs.has(record.cls):
+        raise TypeError(
+            f"{hook}() returned config section {record.name!r} whose class {record.cls!r} is not a class "
+            "made with titan_core.config.section"
+        )
 
 
 _default: Registry | None = None

@@ -327,37 +327,45 @@ def _recipes_copy(args: argparse.Namespace) -> int:
 
 
 def models_command(args: argparse.Namespace) -> int:
-    """Every flavor with its analytic parameter count (no model is built, torch is not imported)."""
+    """Every flavor with its analytic parameter count (no model is built, torch is not imported).
+
+    A count that raises marks its row (naming the plugin and the error) and the exit status 1;
+    the other models are still listed.
+    """
     if args.models_command != "list":
         args._parser.print_help()
         return 0
     from titan_core._registry import get_registry
+    from titan_core.errors import describe
 
     registry = get_registry()
     rows = []
     for spec in sorted(registry.records("models").values(), key=lambda s: s.name):
         provider = registry.provider("models", spec.name)
         for flavor, flavor_args in spec.flavors.items():
-            total = spec.num_params(flavor_args, True)
-            active = spec.num_active_params(flavor_args) if spec.num_active_params else total
-            rows.append(
-                {
-                    "model": spec.name,
-                    "flavor": flavor,
-                    "params": total,
-                    "active_params": active,
-                    "plugin": provider.name,
-                }
-            )
+            row: dict[str, Any] = {"model": spec.name, "flavor": flavor, "params": None}
+            row.update(active_params=None, plugin=provider.name, error=None)
+            try:
+                row["params"] = spec.num_params(flavor_args, True)
+                counted = "num_active_params"
+                active = spec.num_active_params(flavor_args) if spec.num_active_params else row["params"]
+                row["active_params"] = active
+            except Exception as exc:  # one plugin's bad count must not hide the other models
+                counted = "num_params" if row["params"] is None else counted
+                row["error"] = (
+                    f"{counted} failed in plugin {provider.name!r} ({provider.origin}): {describe(exc)}"
+                )
+            rows.append(row)
+    code = 1 if any(r["error"] for r in rows) else 0
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
+        return code
     table = [("MODEL", "FLAVOR", "PARAMS", "ACTIVE", "PLUGIN")]
-    table += [
-        (r["model"], r["flavor"], human(r["params"]), human(r["active_params"]), r["plugin"]) for r in rows
-    ]
+    for r in rows:
+        params, active = (human(r[k]) if r[k] is not None else "failed" for k in ("params", "active_params"))
+        table.append((r["model"], r["flavor"], params, active, r["error"] or r["plugin"]))
     print_table(table)
-    return 0
+    return code
 
 
 def human(count: int) -> str:

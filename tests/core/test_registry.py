@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 
 import pytest
@@ -48,11 +49,13 @@ def test_duplicate_name_names_both_distributions() -> None:
     assert "--disable-plugin" in message
 
 
-def test_two_plugins_with_one_name() -> None:
+def test_two_plugins_with_one_name_both_fail() -> None:
     registry = Registry()
     registry.register(plugin_module("x"), "dup", "dist-a", "1")
-    with pytest.raises(PluginError, match=r"two plugins are named 'dup'.*dist-a 1.*dist-b 2"):
-        registry.register(plugin_module("y"), "dup", "dist-b", "2")
+    info = registry.register(plugin_module("y"), "dup", "dist-b", "2")
+    assert info.status == "failed"
+    assert re.search(r"2 plugins are named 'dup'.*dist-a 1.*dist-b 2", info.error or "")
+    assert "TITAN_DISABLE_PLUGINS=dup" in (info.error or "")
 
 
 def test_unknown_name_lists_known_ones() -> None:
