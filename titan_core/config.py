@@ -405,8 +405,8 @@ class Checkpoint:
 
 @section
 class Debug:
-    #: Seed of model initialisation and data order; ``None`` picks 0.
-    seed: int | None = None
+    #: Seed of model initialisation and data order; ``None`` picks 0 (64 bits, as torch.manual_seed).
+    seed: int | None = field(default=None, validator=in_range(-(2**63), 2**64 - 1))
     #: Use deterministic algorithms (slower; bit-for-bit reproducible on one configuration).
     deterministic: bool = False
     #: With ``deterministic``: warn instead of failing on non-deterministic ops (exploration only;
@@ -522,6 +522,11 @@ class TrainerConfig:
 
 
 def _unknown_section(name: str) -> str:
+    from titan_core._registry import get_registry
+
+    withheld = get_registry().unavailable("config_sections", name)
+    if withheld is not None:  # the section exists, but its plugin failed: say which and why
+        return f"{name}: {withheld}"
     known = ", ".join([*CORE_SECTIONS, *sorted(plugin_sections())])
     return (
         f"{name}: no config section of that name; sections: {known} (is the plugin that adds it installed?)"

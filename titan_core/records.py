@@ -5,8 +5,9 @@ carries a ``name`` users select it by and the callables that build the thing it 
 The records never import torch: what they build is created only when a run asks for it, so
 listing plugins stays fast.
 
-The registry (:mod:`titan_core._registry`) gathers the records of one hook from all plugins,
-normalises their names and fails on a name provided twice, naming both distributions.
+The registry (:mod:`titan_core._registry`) gathers every hook's records from all plugins when it
+loads and normalises their names; a name provided twice fails the runs that use it, naming both
+distributions, and a plugin with one bad hook result offers none of its records.
 """
 
 from __future__ import annotations
@@ -326,6 +327,11 @@ class ConfigSection:
     #: ``check(config) -> list[str]``: problems that span several fields (``"section.field:
     #: message"`` each), run once after the recipe returns; single fields use validators.
     check: Callable[[TrainerConfig], list[str]] | None = None
+    #: Fields whose values change what a run computes (its losses and weights), like
+    #: ``training.lr``: they join the run's identity (``run.json``), so a rerun into the same
+    #: dump folder that changes one is another run, refused instead of replacing the outputs.
+    #: The other fields are operational (logging, profiling): changing them is the same run.
+    results: tuple[str, ...] = ()
 
 
 #: Every record type, keyed by the registry key used in ``titan plugins list``.

@@ -76,7 +76,9 @@ def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
     config = call_recipe(find_recipe(registry, args.recipe, args.module))
     if args.comm_backend:
         config.comm.backend = args.comm_backend
-    if args.dump_folder:
+    if args.dump_folder is not None:
+        if not args.dump_folder.strip():  # an unset shell variable: not "use the recipe's folder"
+            raise UsageError("--dump-folder: got an empty path; give the folder for this run's outputs")
         config.job.dump_folder = args.dump_folder
     # run_train.sh limits simulated runs to one step unless the recipe set debug.max_steps.
     max_steps = os.environ.get("TITAN_DEFAULT_MAX_STEPS")

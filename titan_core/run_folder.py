@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
 
 LOCK_NAME = ".titan.lock"
 
@@ -76,8 +76,9 @@ class RunFolderLock:
 RUN_FILE = "run.json"
 #: Files a run writes at the top of its dump folder (besides its TensorBoard and checkpoint folders).
 RUN_FILES = ("config.toml", "metrics.jsonl", "train.log")
-#: The sections that define a run's results (plus ``debug.seed``); the others (job, metrics,
-#: comm, checkpoint, validation, debug switches, plugin sections) are operational: a rerun that
+#: The sections that define a run's results (plus ``debug.seed`` and the fields plugin sections
+#: name in ``ConfigSection.results``); the others (job, metrics, comm, checkpoint, validation,
+#: debug switches, the rest of plugin sections) are operational: a rerun that
 #: changes only those is the same run. ``training.steps`` is in: a run to another length started
 #: from step 0 is another run (resuming to more steps goes through the checkpoint). The layout
 #: (``parallelism`` and the per-rank ``training.local_batch_size``) is not: the same run may go on
@@ -97,7 +98,27 @@ def identity(config: Any) -> dict[str, Any]:
         for name in names:
             found[section_name].pop(name, None)
     found["debug"] = {"seed": data["debug"]["seed"]}
+    for name, fields in _plugin_result_fields().items():
+        unknown = [f for f in fields if f not in data[name]]
+        if unknown:
+            raise PluginError(
+                f"config section {name!r}: ConfigSection.results names {', '.join(unknown)}, not fields "
+                f"of the section ({', '.join(data[name])}); correct the plugin's results"
+            )
+        found[name] = {f: data[name][f] for f in fields}
     return found
+
+
+def _plugin_result_fields() -> dict[str, tuple[str, ...]]:
+    from titan_core._registry import get_registry
+
+    sections = get_registry().records("config_sections")
+    return {name: record.results for name, record in sections.items() if record.results}
+
+
+def _comparable(prior: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
+    """``mine`` without the plugin sections a ``run.json`` of an earlier titan did not record."""
+    return {k: v for k, v in mine.items() if k in prior or k in _IDENTITY or k == "debug"}
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -185,7 +206,7 @@ class RunFolder:
         if resumed:
             self.resumed = True
             return
-        mine = identity(self.config)
+        mine = _comparable(prior.get("identity", {}), identity(self.config))
         same_model = prior.get("identity", {}).get("model") == mine.get("model")
         if prior.get("seed_checkpoint") and not self.config.checkpoint.create_seed_checkpoint and same_model:
             return  # a seed checkpoint of this model: this run starts from it

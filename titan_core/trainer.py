@@ -133,8 +133,26 @@ class Trainer:
         try:
             self._build(config, registry, overwrite)
         except BaseException:
-            self._contexts.close()  # a failed build leaves no mode behind
+            self._abandon()
             raise
+
+    def _abandon(self) -> None:
+        """After a failed build: nothing of it stays behind in this process (the fake mode, the
+        prefetch thread, the log file, the dump folder's lock, the process groups), so the next
+        run here, e.g. into the same folder once the problem is fixed, starts clean."""
+        cleanups = [self._contexts.close]
+        if self.prefetcher is not None:
+            cleanups.append(self.prefetcher.close)
+        cleanups.append(detach_file)
+        if getattr(self, "lock", None) is not None:
+            cleanups.append(self.lock.release)
+        if getattr(self, "topology", None) is not None:
+            cleanups.append(lambda: self.topology.shutdown(completed=False))
+        for cleanup in cleanups:
+            try:
+                cleanup()
+            except Exception as exc:  # the build's own error is the one to report
+                log.debug("cleanup after a failed build failed", error=repr(exc))
 
     def _build(self, config: TrainerConfig, registry: Registry, overwrite: bool) -> None:
         self.config = config

@@ -233,3 +233,11 @@ def test_models_list_reports_8b_size_without_torch() -> None:
     assert abs(rows[("llama3", "8B")]["params"] / 8.03e9 - 1) < 0.005
     assert rows[("llama3", "debugmodel")]["plugin"] == "llama3"
     assert "8.03B" in run_titan("models", "list").stdout
+
+
+def test_an_empty_dump_folder_is_refused_not_ignored(tmp_path: Path) -> None:
+    """``--dump-folder "$OUT"`` with OUT unset must not write into the recipe's folder unasked."""
+    result = run_titan("run", "--recipe", "llama3_debugmodel", "--dump-folder", "", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--dump-folder: got an empty path" in result.stderr
+    assert not (tmp_path / "outputs").exists()

@@ -161,3 +161,16 @@ def test_overrides_still_override_a_base_method() -> None:
         assert hasattr(PipelineStage, name), (
             f"PipelineStage.{name} is gone: SimulatedPeerStage's override is dead"
         )
+
+
+def test_storage_cdata_names_one_storage_across_views_and_wrappers() -> None:
+    """The memory plugin names storages without an address (fake tensors' meta storages) by
+    ``UntypedStorage._cdata``: one value per storage, whichever view or Python wrapper asks."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b = torch.randn(4, 4), torch.randn(4, 4)
+    assert a.untyped_storage().device.type == "meta"
+    assert a.untyped_storage()._cdata == a[1:].untyped_storage()._cdata
+    assert a.untyped_storage()._cdata != b.untyped_storage()._cdata

@@ -277,3 +277,34 @@ def test_a_config_section_provided_twice_fails_every_config_naming_both() -> Non
     fixed.register(plugin_module("a", titan_config_sections=[ConfigSection("both", Extra)]), "a", "dist-a")
     fixed.register(plugin_module("b", titan_config_sections=[ConfigSection("both", Extra)]), "b", "dist-b")
     assert set(fixed.config_sections()) == {"both"}
+
+
+def test_a_recipe_setting_a_failed_plugins_section_names_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's own recipe (not the failed plugin's) that sets the section gets the plugin's
+    failure, not "no config section of that name"."""
+    import titan_core._registry as registry_module
+    from titan_core.config import TrainerConfig
+
+    registry = Registry().load_entry_points()
+    registry.register(
+        plugin_module("half", titan_config_sections=[ConfigSection("half", Extra)], titan_callbacks=None),
+        "half",
+        "dist-half",
+        "0.2",
+    )
+    monkeypatch.setattr(registry_module, "_default", registry)
+    config = TrainerConfig()
+    with pytest.raises(AttributeError) as read:
+        config.half  # noqa: B018
+    assert "half: config section 'half' is provided by plugin 'half' (dist-half 0.2), which failed" in str(
+        read.value
+    )
+    with pytest.raises(AttributeError, match="titan_callbacks\\(\\) returned None"):
+        config.half = Extra()
+    assert "no config section of that name" in _unknown("nothing_like_it")
+
+
+def _unknown(name: str) -> str:
+    from titan_core.config import _unknown_section
+
+    return _unknown_section(name)

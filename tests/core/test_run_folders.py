@@ -83,3 +83,38 @@ def test_cli_refuses_then_overwrite_runs(tmp_path: Path) -> None:
     replaced = run_titan(*common, "--recipe", "two", "--overwrite", cwd=tmp_path)
     assert replaced.returncode == 0, replaced.stderr[-2000:]
     assert steps_in(Path(dump)) == [1, 2]
+
+
+def _moe(tmp_path: Path, **moe: object) -> object:
+    from titan_plugins_moe.recipes import moe_debugmodel
+
+    config = moe_debugmodel()
+    config.model.overrides = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_experts": 4, "expert_hidden_dim": 32}
+    config.training.steps, config.training.seq_len, config.training.local_batch_size = 2, 32, 2
+    config.data.bundled_documents = 200
+    config.job.dump_folder = str(tmp_path)
+    config.metrics.enable_tensorboard = False
+    for name, value in moe.items():
+        setattr(config.moe, name, value)
+    return config
+
+
+def test_a_plugin_sections_result_fields_define_the_run(tmp_path: Path) -> None:
+    """The MoE section's balancing changes what the run computes: a rerun that changes it is
+    another run (refused, nothing replaced); one that changes its router statistics is not."""
+    train(_moe(tmp_path), get_registry())
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(UsageError, match=r"outputs of another run .*moe\.aux_loss_weight: 0\.0 -> 0\.01"):
+        train(_moe(tmp_path, aux_loss_weight=0.01), get_registry())
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    train(_moe(tmp_path, router_stats="off"), get_registry())  # operational: the same run, started over
+    assert steps_in(tmp_path) == [1, 2]
+
+
+def test_a_run_json_written_before_sections_counted_still_starts_over(tmp_path: Path) -> None:
+    train(_moe(tmp_path), get_registry())
+    record = json.loads((tmp_path / "run.json").read_text())
+    record["identity"].pop("moe")  # as an earlier titan wrote it
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    train(_moe(tmp_path), get_registry())
+    assert steps_in(tmp_path) == [1, 2]

@@ -48,7 +48,13 @@ def titan_models() -> list[ModelSpec]:
 @hookimpl
 def titan_config_sections() -> list[ConfigSection]:
     return [
-        ConfigSection("moe", config.MoEConfig, "MoE load balancing and router statistics", check=config.check)
+        ConfigSection(
+            "moe",
+            config.MoEConfig,
+            "MoE load balancing and router statistics",
+            check=config.check,
+            results=("bias_update_rate", "aux_loss_weight"),
+        )
     ]
 
 

@@ -50,4 +50,11 @@ def titan_strategies() -> list[Strategy]:
 def titan_config_sections() -> list[ConfigSection]:
     from titan_plugins_float8.config import Float8
 
-    return [ConfigSection("float8", Float8, "float8 training of linear layers (torchao)")]
+    return [
+        ConfigSection(
+            "float8",
+            Float8,
+            "float8 training of linear layers (torchao)",
+            results=("enable", "recipe", "filter_fqns", "emulate"),
+        )
+    ]

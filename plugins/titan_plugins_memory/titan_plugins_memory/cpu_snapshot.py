@@ -3,6 +3,9 @@
 The CPU allocator keeps no segments and no history, so what a CPU snapshot can honestly give is a
 tensor-level account of this rank, not the allocator's view:
 
+Under the fake backends the rank's tensors are fake (no memory): they are accounted at the sizes
+the real run would have, each storage once.
+
 - every storage an operator created (or FSDP resized) since recording started and still alive,
   with the Python stack that allocated it (an :class:`~titan_plugins_memory.tracker.
   AllocationTracker` with a history);
@@ -25,9 +28,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from titan_plugins_memory.report import local_shard, tensor_account
-from titan_plugins_memory.tracker import AllocationTracker
+from titan_plugins_memory.tracker import AllocationTracker, storage_address
 
 FORMAT = "titan-cpu-memory-snapshot"
 VERSION = 1
@@ -80,10 +84,12 @@ def build_snapshot(
     for live in tracker.live() if tracker is not None else []:
         blocks[live["addr"]] = {"size": live["size"], "frames": list(live["frames"])}
     for name, t in _named_tensors(parts, optimizer):
-        storage = local_shard(t).untyped_storage()
-        addr, size = storage.data_ptr(), storage.nbytes()
-        if not size or storage.device.type == "meta":
-            continue
+        local = local_shard(t)
+        storage = local.untyped_storage()
+        size = storage.nbytes()
+        if not size or (storage.device.type == "meta" and not isinstance(local, FakeTensor)):
+            continue  # a meta tensor holds nothing; a fake one stands for real memory of its size
+        addr = storage_address(storage)
         label = {"name": name, "filename": "<tensor account>", "line": 0}
         if addr in blocks:
             blocks[addr]["frames"].insert(0, label)

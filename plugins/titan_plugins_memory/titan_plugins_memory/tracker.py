@@ -67,15 +67,17 @@ def python_frames(skip: int = 1) -> list[dict[str, Any]]:
     return frames
 
 
-def _address(storage: torch.UntypedStorage) -> int:
+def storage_address(storage: torch.UntypedStorage) -> int:
     """Where the storage lives; one without an address (a fake tensor's meta storage, a
-    functional collective's wrapper) is named by its identity."""
+    functional collective's wrapper) is named by its storage object's identity in C++
+    (``_cdata``, private; pinned by tests/core/test_private_torch_apis.py), the same for every
+    tensor that views it, while Python's wrapper objects come and go."""
     if storage.device.type == "meta":
-        return id(storage)
+        return storage._cdata
     try:
         return storage.data_ptr()
     except RuntimeError:  # "invalid python storage"
-        return id(storage)
+        return storage._cdata
 
 
 class AllocationTracker(TorchDispatchMode):
@@ -112,7 +114,7 @@ class AllocationTracker(TorchDispatchMode):
             return
         nbytes = storage.nbytes()
         self._sizes[key] = nbytes
-        self._addrs[key] = _address(storage) if self.history else 0
+        self._addrs[key] = storage_address(storage) if self.history else 0
         self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
         self._grow(nbytes)
         if self.history and nbytes:
@@ -190,7 +192,7 @@ class AllocationTracker(TorchDispatchMode):
             if tracker._paused:
                 return orig(storage, size)
             key, before = id(storage), storage.nbytes()
-            addr = _address(storage) if tracker.history else 0
+            addr = storage_address(storage) if tracker.history else 0
             result = orig(storage, size)
             if key in tracker._sizes:
                 after = storage.nbytes()
@@ -199,7 +201,7 @@ class AllocationTracker(TorchDispatchMode):
                 if tracker.history:
                     if before:
                         tracker._event("free_completed", addr, before, tracker.frames.get(key, []))
-                    tracker._addrs[key] = _address(storage)
+                    tracker._addrs[key] = storage_address(storage)
                     if after:
                         frames = python_frames(2)
                         tracker.frames[key] = frames

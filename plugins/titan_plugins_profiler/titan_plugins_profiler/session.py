@@ -90,9 +90,12 @@ class ProfilerSession:
                 # this is the call PyTorch's memory_viz documentation prescribes.
                 torch.cuda.memory._record_memory_history(max_entries=MAX_MEMORY_EVENTS)
             else:
+                from titan_plugins_memory.report import execution_fake_mode
                 from titan_plugins_memory.tracker import AllocationTracker
 
-                self._recorder = AllocationTracker(history=MAX_MEMORY_EVENTS)
+                # Under the fake backends the run's fake tensors stand for its real memory.
+                fake_mode = execution_fake_mode(self.trainer.parts)
+                self._recorder = AllocationTracker(history=MAX_MEMORY_EVENTS, fake_mode=fake_mode)
                 self._recorder.__enter__()
             log.info("recording memory history", every=self.snapshot_freq, folder=self.snapshot_folder)
 

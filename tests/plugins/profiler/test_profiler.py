@@ -207,3 +207,33 @@ def test_cpu_out_of_memory_leaves_the_exit_snapshot_and_one_clear_line(tmp_path:
     assert "out of memory on cpu (rank 0) at step 1 allocating" in oom[0]
     assert str(snapshot) in oom[0] or "step_000000000001_exit" in oom[0]
     assert "training.local_batch_size" in oom[0]
+
+
+def test_a_fake_mode_snapshot_holds_the_ranks_tensors(tmp_path: Path) -> None:
+    """Under the fake backend (fake tensors, no real memory) the snapshot accounts the rank's
+    tensors at their real sizes, as the memory report does; it was empty (0 segments)."""
+    module = write_recipe_module(tmp_path, {**SNAPSHOT_RUN, "parallelism.dp_shard": 2, "training.steps": 2})
+    command = [sys.executable, "-m", "titan_core.cli", "run", "--module", module, "--recipe", "layout"]
+    result = subprocess.run(
+        [*command, "--comm-backend", "fake"],
+        cwd=tmp_path,
+        env=child_env(tmp_path, NGPU="2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "out"
+    data = pickle.loads(
+        (out / "memory_snapshot" / "step_000000000002" / "rank0_memory_snapshot.pickle").read_bytes()
+    )
+    account = data["titan"]["account"]
+    assert account["params_bytes"] > 0
+    blocks = [b for s in data["segments"] for b in s["blocks"]]
+    names = {f["name"] for b in blocks for f in b["frames"] if f["filename"] == "<tensor account>"}
+    assert any(n.startswith("parameter ") for n in names) and any(n.startswith("optimizer ") for n in names)
+    total = sum(b["size"] for b in blocks)
+    # at least this rank's parameter shards, gradients and AdamW moments, each once
+    assert total >= account["params_bytes"] + account["grads_bytes"] + account["optimizer_state_bytes"]
+    assert len({s["address"] for s in data["segments"]}) == len(data["segments"])
+    assert "data pointer of FakeTensor" not in result.stderr + result.stdout
