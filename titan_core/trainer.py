@@ -714,7 +714,10 @@ class Trainer:
             files.append(c.metrics.save_tb_folder + "/")
         if self.checkpointer is not None and not c.checkpoint.load_only:
             files.append(c.checkpoint.folder + "/")
+        # What this rank really wrote (a rank that does not log writes no log, metrics or TensorBoard).
+        files = [f for f in files if os.path.exists(os.path.join(dump, f.rstrip("/")))]
         tb = os.path.join(dump, c.metrics.save_tb_folder)
+        tb_written = os.path.isdir(tb)
         log.info(
             "run summary",
             _block=True,
@@ -724,6 +727,8 @@ class Trainer:
             **figures,
             outputs=f"{dump} ({', '.join(files)})" if files else dump,
             tensorboard=f"tensorboard --logdir {tb}"
+            if c.metrics.enable_tensorboard and tb_written
+            else "not written by this rank"
             if c.metrics.enable_tensorboard
             else "off (metrics.enable_tensorboard = True writes it)",
         )

@@ -409,3 +409,36 @@ def test_a_deepseek_v3_671b_rank_of_ep64_pp8_runs_its_step_on_this_machine(tmp_p
     gib = 1024**3
     assert report["peak_bytes"] > 3 * report["params_bytes"]  # activations come on top
     assert report["max_rss_bytes"] < 2 * gib  # nothing of it was allocated
+
+
+@pytest.mark.slow
+def test_the_summary_names_only_what_a_rank_that_does_not_log_wrote(recipes: Path) -> None:
+    """FAKE_PP_RANK=0 of a PP job (a rank that does not log): its summary listed train.log,
+    metrics.jsonl and tb/ and a `tensorboard --logdir` command for files it never wrote."""
+    out = recipes / "pp0"
+    (recipes / "my_debug_configs.py").write_text(
+        RECIPES
+        + "\n\ndef with_tensorboard():\n    config = llama3_debugmodel_pp2_fsdp2()\n"
+        + "    config.metrics.enable_tensorboard = True\n    return config\n"
+    )
+    result = subprocess.run(
+        [str(REPO / "run_train.sh"), "--dump-folder", str(out)],
+        cwd=recipes,
+        env=env(
+            NGPU="4",
+            FAKE_PP_RANK="0",
+            COMM_BACKEND="fake",
+            MODULE="my_debug_configs",
+            CONFIG="with_tensorboard",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = next(r for r in log_records(result.stdout + result.stderr) if r.get("event") == "run summary")
+    listed = summary["outputs"].partition(" (")[2].rstrip(")")
+    for name in filter(None, listed.split(", ")):
+        assert (out / name.rstrip("/")).exists(), name
+    if not (out / "tb").exists():
+        assert "--logdir" not in summary["tensorboard"]
