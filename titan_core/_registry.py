@@ -209,8 +209,9 @@ class Registry:
 
     # -- records ---------------------------------------------------------------------------------
 
-    def unavailable(self, kind: str, name: str) -> str | None:
-        """Why ``name`` of ``kind`` is not offered when a failed plugin's hook returned it, else ``None``.
+    def unavailable(self, kind: str, name: str, what: str | None = None) -> str | None:
+        """Why ``name`` of ``kind`` is not offered when a failed plugin's hook returned it, else ``None``;
+        ``what`` names the record in the message (default: the kind, ``config section``).
 
         E.g. ``unavailable("config_sections", "zloss")`` for an error about ``config.zloss``.
         """
@@ -218,7 +219,7 @@ class Registry:
         info = self._withheld.get((kind, name.lower()))
         if info is None:
             return None
-        what = kind.rstrip("s").replace("_", " ")
+        what = what or kind.rstrip("s").replace("_", " ")
         return f"{what} {name!r} is provided by plugin {info.name!r} ({info.origin}), which failed: " + (
             info.error or ""
         )
@@ -241,8 +242,8 @@ class Registry:
             raise PluginError(_conflict_message(what, found))
         if found is not None:
             return found.record
-        if (problem := self.unavailable(kind, name)) is not None:
-            raise PluginError(problem.replace(kind.rstrip("s").replace("_", " "), what, 1))
+        if (problem := self.unavailable(kind, name, what)) is not None:
+            raise PluginError(problem)
         known = ", ".join(sorted(p.record.name for p in self._gather(kind).values())) or "(none)"
         message = f"unknown {what} {name!r}; known: {known}"
         message += f"\n({INSTALL_HINT}; titan plugins list shows what is installed)"

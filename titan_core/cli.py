@@ -347,11 +347,10 @@ def models_command(args: argparse.Namespace) -> int:
             row.update(active_params=None, plugin=provider.name, error=None)
             try:
                 row["params"] = spec.num_params(flavor_args, True)
-                counted = "num_active_params"
                 active = spec.num_active_params(flavor_args) if spec.num_active_params else row["params"]
                 row["active_params"] = active
             except Exception as exc:  # one plugin's bad count must not hide the other models
-                counted = "num_params" if row["params"] is None else counted
+                counted = "num_params" if row["params"] is None else "num_active_params"
                 row["error"] = (
                     f"{counted} failed in plugin {provider.name!r} ({provider.origin}): {describe(exc)}"
                 )

@@ -28,7 +28,7 @@ from titan_core._registry import Registry
 from titan_core.config import TrainerConfig
 from titan_core.data.loader import PackedBatches, load_tokenizer
 from titan_core.data.prefetch import Prefetcher
-from titan_core.errors import PluginError, TitanError, UsageError
+from titan_core.errors import PluginError, TitanError, UsageError, is_out_of_memory
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
 from titan_core.metrics import MetricsLogger, check_callback_metrics
@@ -40,6 +40,7 @@ from titan_core.parallelize import (
     select_strategies,
     unhandled_dims,
 )
+from titan_core.run import peer_failure
 from titan_core.run_folder import RunFolder, RunFolderLock
 from titan_core.schedule import WarmupStableDecay
 from titan_core.tied import retie, shared_parameters
@@ -109,16 +110,18 @@ def set_determinism(config: TrainerConfig, seed: int) -> None:
 class Callbacks:
     """The built callbacks, bound once per loop point (a point nobody implements costs nothing)."""
 
-    def __init__(self, objects: list[Any], labels: list[str] | None = None) -> None:
+    def __init__(self, objects: list[Any], labels: list[str]) -> None:
         """``labels``: how errors name each object (``callback 'x' (plugin p)``), in order."""
         self.objects = objects
-        self.labels = labels if labels is not None else [f"callback {type(o).__name__!r}" for o in objects]
         for point in CALLBACK_POINTS:
+            if point == "metrics":
+                continue  # metric_sources, below
             setattr(self, point, [getattr(o, point) for o in objects if callable(getattr(o, point, None))])
-        #: ``(label, metrics)`` of the callbacks that report metrics (their values are checked).
+        #: ``(label, metrics)`` of the callbacks that report metrics: their values are checked,
+        #: and the error names the callback.
         self.metric_sources = [
             (label, o.metrics)
-            for o, label in zip(objects, self.labels, strict=True)
+            for o, label in zip(objects, labels, strict=True)
             if callable(getattr(o, "metrics", None))
         ]
 
@@ -483,9 +486,6 @@ class Trainer:
         except TitanError:
             raise
         except Exception as exc:
-            from titan_core.errors import is_out_of_memory
-            from titan_core.run import peer_failure
-
             if is_out_of_memory(exc) or peer_failure(exc, self.config) is not None:
                 raise
             what = {"models": "model", "strategies": "strategy", "callbacks": "callback"}.get(kind, kind)
@@ -717,7 +717,10 @@ class Trainer:
         # What this rank really wrote (a rank that does not log writes no log, metrics or TensorBoard).
         files = [f for f in files if os.path.exists(os.path.join(dump, f.rstrip("/")))]
         tb = os.path.join(dump, c.metrics.save_tb_folder)
-        tb_written = os.path.isdir(tb)
+        if not c.metrics.enable_tensorboard:
+            tensorboard = "off (metrics.enable_tensorboard = True writes it)"
+        else:
+            tensorboard = f"tensorboard --logdir {tb}" if os.path.isdir(tb) else "not written by this rank"
         log.info(
             "run summary",
             _block=True,
@@ -726,11 +729,7 @@ class Trainer:
             training_time=_duration(training_seconds),
             **figures,
             outputs=f"{dump} ({', '.join(files)})" if files else dump,
-            tensorboard=f"tensorboard --logdir {tb}"
-            if c.metrics.enable_tensorboard and tb_written
-            else "not written by this rank"
-            if c.metrics.enable_tensorboard
-            else "off (metrics.enable_tensorboard = True writes it)",
+            tensorboard=tensorboard,
         )
 
     def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], signals: _StopSignals) -> None:

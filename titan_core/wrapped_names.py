@@ -22,32 +22,31 @@ def _within(plain: list[str], wrapped: list[str]) -> bool:
     return all(piece in pieces for piece in plain)
 
 
-def _unique(candidates: list[str]) -> str | None:
-    """The one candidate left; ``None`` when there is none or a tie (never a guess)."""
-    return candidates[0] if len(candidates) == 1 else None
+def _pick(found: list[str], *, fewest: bool) -> str | None:
+    """The one name with the fewest (or most) pieces; ``None`` when there is none or a tie (never
+    a guess)."""
+    if not found:
+        return None
+    size = (min if fewest else max)(len(n.split(".")) for n in found)
+    best = [n for n in found if len(n.split(".")) == size]
+    return best[0] if len(best) == 1 else None
 
 
 def find_wrapped(plain: str, names: Iterable[str]) -> str | None:
-    """The name among ``names`` (a wrapped model's) that ``plain`` (the plain model's) became."""
+    """The name among ``names`` (a wrapped model's) that ``plain`` (the plain model's) became:
+    among several, the one with the fewest pieces added."""
     names = list(names)
     if plain in names:
         return plain
     pieces = plain.split(".")
-    found = [n for n in names if _within(pieces, n.split("."))]
-    if len(found) > 1:  # wrappers nested differently: the one with the fewest extra pieces
-        shortest = min(len(n.split(".")) for n in found)
-        found = [n for n in found if len(n.split(".")) == shortest]
-    return _unique(found)
+    return _pick([n for n in names if _within(pieces, n.split("."))], fewest=True)
 
 
 def find_unwrapped(wrapped: str, names: Iterable[str]) -> str | None:
-    """The name among ``names`` (the plain model's) that ``wrapped`` (a wrapped model's) was."""
+    """The name among ``names`` (the plain model's) that ``wrapped`` (a wrapped model's) was:
+    among several, the most specific (the most of the wrapped name's pieces)."""
     names = list(names)
     if wrapped in names:
         return wrapped
     pieces = wrapped.split(".")
-    found = [n for n in names if _within(n.split("."), pieces)]
-    if len(found) > 1:  # the most specific plain name: the most of the wrapped name's pieces
-        longest = max(len(n.split(".")) for n in found)
-        found = [n for n in found if len(n.split(".")) == longest]
-    return _unique(found)
+    return _pick([n for n in names if _within(n.split("."), pieces)], fewest=False)
