@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,21 @@ def tiny_recipe_source(name: str, steps: int, extra: str = "") -> str:
         f"{extra}"
         "    return c\n\n\n"
     )
+
+
+def plugin_module(name: str, **hooks: object) -> types.ModuleType:
+    """A third-party plugin module whose hook ``titan_<kind>`` returns exactly what is given
+    (a list of records, or a wrong value to test how the registry takes it)."""
+    from titan_core import hookimpl
+
+    module = types.ModuleType(name)
+    for hook, result in hooks.items():
+        module.__dict__[hook] = hookimpl(lambda result=result: result)  # type: ignore[misc]
+    return module
+
+
+def recipe_record(name: str) -> object:
+    """A ``Recipe`` record ``name`` that builds the default config."""
+    from titan_core import Recipe, TrainerConfig
+
+    return Recipe(name, TrainerConfig, "")

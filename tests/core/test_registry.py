@@ -7,20 +7,11 @@ import types
 
 import pytest
 
+from tests.conftest import plugin_module
+from tests.conftest import recipe_record as recipe
 from titan_core import CommBackend, Dataset, ModelSpec, Recipe, TrainerConfig, hookimpl
 from titan_core._registry import Registry
 from titan_core.errors import PluginError, UsageError
-
-
-def plugin_module(name: str, **hooks: object) -> types.ModuleType:
-    module = types.ModuleType(name)
-    for hook, records in hooks.items():
-        module.__dict__[hook] = hookimpl(lambda records=records: list(records))  # type: ignore[misc]
-    return module
-
-
-def recipe(name: str) -> Recipe:
-    return Recipe(name, TrainerConfig, "")
 
 
 def test_records_are_gathered_with_provenance() -> None:

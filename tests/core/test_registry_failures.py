@@ -6,36 +6,23 @@ from __future__ import annotations
 
 import json
 import textwrap
-import types
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_titan
+from tests.conftest import plugin_module, run_titan
+from tests.conftest import recipe_record as recipe
 from titan_core import (
     Callback,
     ConfigSection,
     ModelSpec,
-    Recipe,
     Strategy,
-    TrainerConfig,
     _registry,
     hookimpl,
 )
 from titan_core._registry import Registry
 from titan_core.config import section
 from titan_core.errors import PluginError, UsageError
-
-
-def plugin_module(name: str, **hooks: object) -> types.ModuleType:
-    module = types.ModuleType(name)
-    for hook, result in hooks.items():
-        module.__dict__[hook] = hookimpl(lambda result=result: result)  # type: ignore[misc]
-    return module
-
-
-def recipe(name: str) -> Recipe:
-    return Recipe(name, TrainerConfig, "")
 
 
 @section

@@ -12,9 +12,9 @@ import attrs
 import pytest
 import torch
 
-from tests.conftest import tiny_llama3
+from tests.conftest import plugin_module, tiny_llama3
 from tests.parallel_harness import log_records, run_titan_train, write_seed_checkpoint
-from titan_core import Dataset, Strategy, hookimpl
+from titan_core import Dataset, Strategy
 from titan_core._registry import Registry, get_registry
 from titan_core.config import Data
 from titan_core.errors import UsageError
@@ -189,10 +189,7 @@ def test_bundled_validation_reads_no_training_sequence(tmp_path: Path) -> None:
 
 def plugin(**hooks: object) -> types.ModuleType:
     """A third-party plugin module implementing ``hooks`` (name -> records)."""
-    module = types.ModuleType("third_party_data")
-    for hook, records in hooks.items():
-        module.__dict__[hook] = hookimpl(lambda records=records: list(records))  # type: ignore[misc]
-    return module
+    return plugin_module("third_party_data", **hooks)
 
 
 def training_text(data: Data) -> Iterable[str]:

@@ -287,7 +287,7 @@ def llama3_debugmodel_fake_tensors_on():
 
 
 def fake_run(
-    recipes: Path, recipe: str, backend: str = "fake", ngpu: str = "4"
+    recipes: Path, recipe: str, backend: str = "fake", ngpu: str = "4", **extra_env: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
@@ -295,7 +295,7 @@ def fake_run(
             *("--recipe", recipe, "--comm-backend", backend),
         ],
         cwd=recipes,
-        env=env(NGPU=ngpu, TITAN_DEFAULT_MAX_STEPS="2"),
+        env=env(NGPU=ngpu, TITAN_DEFAULT_MAX_STEPS="2", **extra_env),
         capture_output=True,
         text=True,
         timeout=300,
@@ -419,22 +419,10 @@ def test_the_summary_names_only_what_a_rank_that_does_not_log_wrote(recipes: Pat
     (recipes / "my_debug_configs.py").write_text(
         RECIPES
         + "\n\ndef with_tensorboard():\n    config = llama3_debugmodel_pp2_fsdp2()\n"
-        + "    config.metrics.enable_tensorboard = True\n    return config\n"
+        + "    config.metrics.enable_tensorboard = True\n    config.job.dump_folder = './pp0'\n"
+        + "    return config\n"
     )
-    result = subprocess.run(
-        [str(REPO / "run_train.sh"), "--dump-folder", str(out)],
-        cwd=recipes,
-        env=env(
-            NGPU="4",
-            FAKE_PP_RANK="0",
-            COMM_BACKEND="fake",
-            MODULE="my_debug_configs",
-            CONFIG="with_tensorboard",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = fake_run(recipes, "with_tensorboard", FAKE_PP_RANK="0")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = next(r for r in log_records(result.stdout + result.stderr) if r.get("event") == "run summary")
     listed = summary["outputs"].partition(" (")[2].rstrip(")")
