@@ -3,10 +3,11 @@ framework overhead (``python3 -m bench.handloop --config bench_1b_compile --log 
 
 Everything titan's trainer does around the model is written out here with PyTorch alone, in the
 way that costs least on one GPU: FSDP2 on a 1-GPU mesh (bf16 parameters for compute, fp32
-master weights and fp32 gradient reduction), per-block ``torch.compile``, fused AdamW, the whole
-run's batches tokenized and copied to the GPU before step 1 (no data loading in the loop), and
-no host synchronisation except the one per step that reads the loss and the step time (titan's
-benchmark configs log every step, so they synchronise as often). Same shapes, data, tokenizer,
+master weights and fp32 gradient reduction), per-block ``torch.compile`` (searching the Triton
+kernels' tile sizes on CUDA), fused AdamW, the whole run's batches tokenized and copied to the
+GPU before step 1 (no data loading in the loop), and no host synchronisation except the one per
+step that reads the loss and the step time (titan's benchmark configs log every step, so they
+synchronise as often). Same shapes, data, tokenizer,
 optimizer settings, LR schedule, clipping, activation checkpointing and document masking as
 ``bench/recipes.py``. Selective activation checkpointing uses torchtitan's operator policy:
 keep the outputs of attention (SDPA and flex attention, also as a compiled region) and of every
@@ -55,7 +56,12 @@ WITHOUT = {
     "autocast over fp32 weights",
     "fused_adamw": "fused AdamW instead of foreach",
     "compile": "torch.compile per block instead of eager blocks",
+    "autotune": "inductor's tile search for the compiled blocks' Triton kernels (flex attention's among "
+    "them; matmuls stay cuBLAS) instead of its default tiles",
 }
+#: Inductor settings of the compiled blocks on CUDA: the Triton kernels' tile sizes are searched
+#: at the first step (flex attention gains most), matmuls stay cuBLAS.
+TILE_SEARCH = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN"}
 
 
 def batches(data: str | None, tokenizer_path: str | None, seq: int, batch: int, steps: int) -> torch.Tensor:
@@ -206,7 +212,7 @@ def main(argv: list[str]) -> int:
         if opts.ac == "selective":
             block = Recompute(block)
         if compiled:
-            block.compile()
+            block.compile(options=TILE_SEARCH if cuda and "autotune" not in without else None)
         model.layers[key] = block
     if "gqa" in without:  # an attention function that does not declare grouped_kv: K/V expanded first
         for block in model.layers.values():

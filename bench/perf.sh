@@ -160,7 +160,7 @@ for stage in "${@:-titan hand peer table}"; do
       ablate)
         c=${arg:-bench_8b_l8_compile}
         capped "ablate_hand_$c" 150 python3 -m bench.handloop --config "$c" --steps 10
-        for w in document_mask fuse_qkv gqa fsdp fused_adamw compile; do
+        for w in document_mask fuse_qkv gqa fsdp fused_adamw compile autotune; do
           capped "ablate_hand_without_${w}_$c" 150 python3 -m bench.handloop --config "$c" --steps 10 --without "$w"
         done
         for v in titan= titan_prefetch0=TITAN_BENCH_PREFETCH=0 titan_logfreq5=TITAN_BENCH_LOG_FREQ=5; do

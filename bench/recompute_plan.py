@@ -121,7 +121,7 @@ def _first_block(config_name: str, mode: str, budget: float) -> tuple[nn.Module,
             module.attention_fn = stand_in_attention
     part = nn.Module()
     part.layers = nn.ModuleDict({"0": block})
-    ctx = SimpleNamespace(config=config)
+    ctx = SimpleNamespace(config=config, topology=SimpleNamespace(device=torch.device("meta")))
     if activation_checkpoint.applies(config, None):  # type: ignore[arg-type]
         # The op policy keeps attention's output: the stand-in's too.
         activation_checkpoint._ALWAYS_SAVED |= {torch.ops.titan_plan.attention.default}

@@ -23,6 +23,11 @@ PRIVATE_APIS = [
         "compile plugin: the backend that activation_checkpoint.mode = 'memory_budget' wraps",
     ),
     (
+        "torch._inductor.config",
+        "max_autotune_gemm_backends",
+        "compile plugin: compile.autotune keeps matmuls on cuBLAS while Triton tiles are searched",
+    ),
+    (
         "torch._functorch.config",
         "activation_memory_budget",
         "compile plugin: the min-cut partitioner's budget under 'memory_budget' (a compiler knob only)",
@@ -136,6 +141,20 @@ def test_grouped_mm_has_a_public_or_private_entry() -> None:
     import torch.nn.functional as F
 
     assert hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm"), "no grouped GEMM in this torch"
+
+
+def test_inductor_backend_takes_config_patches() -> None:
+    """compile.autotune under memory_budget passes its inductor settings as ``config_patches``
+    through the registered inductor backend (a custom backend gets no ``torch.compile`` options)."""
+    import inspect
+
+    import torch
+    from torch._inductor.compile_fx import compile_fx
+
+    assert "config_patches" in inspect.signature(compile_fx).parameters
+    inductor = inspect.signature(torch._dynamo.lookup_backend("inductor"))
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inductor.parameters.values())
+    assert hasattr(torch._inductor.config, "max_autotune")
 
 
 def test_storage_info_fields_the_dcp_plugin_reads() -> None:

@@ -20,10 +20,20 @@ is partitioned, so the blocks compile through a backend that sets it around its 
 scoped to titan's blocks (other compiled code keeps its setting), and a backend object of its own
 per build, because dynamo reuses a compiled graph only for the backend that compiled it; a
 process-wide setting would let a second trainer in the process run the first one's graphs.
+
+``compile.autotune`` (on CUDA) compiles the blocks with inductor's ``max_autotune`` and ATen
+matmuls: inductor then benchmarks several tile sizes of each Triton kernel it generates and keeps
+the fastest, where its defaults are one guess per GPU. On an H200 that is worth most for flex
+attention (a Llama 3 1B block's document-masked attention, forward and backward, 3.79 ms
+instead of 4.16 ms: ``bench/flex_tune.py``); matmuls stay cuBLAS, which the Triton matmul
+templates rarely beat at training shapes and would take minutes to search. The eager path's
+flex attention is compiled with autotuning already (``titan_core.blocks``); inside a compiled
+block it is part of the block's graph and gets the block's settings.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,8 +51,22 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     return config.compile.enable
 
 
-def backend(config: TrainerConfig) -> Any:
-    """What the blocks compile with: ``compile.backend``'s name, or a memory-budget wrapper of it."""
+#: The inductor settings of ``compile.autotune``.
+AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN"}
+
+
+def inductor_settings(config: TrainerConfig, device: Any) -> dict[str, Any]:
+    """The inductor settings the blocks compile with on ``device`` (empty: inductor's defaults)."""
+    on_cuda = torch.device(device).type == "cuda"
+    if config.compile.autotune and on_cuda and config.compile.backend == "inductor":
+        return dict(AUTOTUNE)
+    return {}
+
+
+def backend(config: TrainerConfig, settings: dict[str, Any] | None = None) -> Any:
+    """What the blocks compile with: ``compile.backend``'s name, or a memory-budget wrapper of it
+    (compiling with the inductor ``settings``, which torch.compile passes only to a backend named
+    by its name)."""
     name = config.compile.backend
     if name not in torch._dynamo.list_backends(exclude_tags=()):
         # The debug and experimental backends are accepted but not listed (a dozen testing ones).
@@ -53,7 +77,10 @@ def backend(config: TrainerConfig) -> Any:
     ac = config.activation_checkpoint
     if ac.mode != "memory_budget":
         return name
-    return _with_memory_budget(torch._dynamo.lookup_backend(name), ac.memory_budget)
+    inner = torch._dynamo.lookup_backend(name)
+    if settings:  # the inductor backend hands its keywords to compile_fx, which applies these
+        inner = functools.partial(inner, config_patches=settings)
+    return _with_memory_budget(inner, ac.memory_budget)
 
 
 def _with_memory_budget(inner: Any, budget: float) -> Any:
@@ -63,15 +90,19 @@ def _with_memory_budget(inner: Any, budget: float) -> Any:
         with functorch_config.patch(activation_memory_budget=budget):
             return inner(graph, example_inputs)
 
-    compile_block.__name__ = f"{getattr(inner, '__name__', 'backend')}_memory_budget_{budget}"
+    name = getattr(getattr(inner, "func", inner), "__name__", "backend")
+    compile_block.__name__ = f"{name}_memory_budget_{budget}"
     return compile_block
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
-    chosen = backend(ctx.config)
+    settings = inductor_settings(ctx.config, ctx.topology.device)
+    chosen = backend(ctx.config, settings)
     # The default is passed by omission, so a test's ``torch.compile`` replaced with another
     # default backend (``functools.partial``) still decides.
-    options = {} if chosen == "inductor" else {"backend": chosen}
+    options: dict[str, Any] = {"backend": chosen} if chosen != "inductor" else {}
+    if chosen == "inductor" and settings:
+        options["options"] = settings
     for part in parts:
         layers = getattr(part, "layers", None)
         if isinstance(layers, (nn.ModuleDict, nn.ModuleList)):

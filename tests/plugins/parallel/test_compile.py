@@ -145,6 +145,73 @@ def test_memory_budget_needs_compile_and_a_budget_in_0_1() -> None:
         config.activation_checkpoint.memory_budget = 1.5
 
 
+def _compile_calls(monkeypatch: pytest.MonkeyPatch, device: str, **fields: object) -> list[dict]:
+    """The keywords each block's ``torch.compile`` gets from the compile strategy on ``device``."""
+    from types import SimpleNamespace
+
+    from titan_core.config import TrainerConfig
+    from titan_plugins_parallel import compile as compile_strategy
+
+    calls: list[dict] = []
+
+    def recording_compile(fn: object, **kwargs: object) -> object:
+        calls.append(kwargs)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    config = TrainerConfig()
+    for path, value in {"compile.enable": True, **fields}.items():
+        section, name = path.split(".")
+        setattr(getattr(config, section), name, value)
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    ctx = SimpleNamespace(config=config, topology=SimpleNamespace(device=torch.device(device)))
+    compile_strategy.apply([model], ctx)  # type: ignore[arg-type]
+    return calls
+
+
+def test_autotune_searches_triton_tiles_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile.autotune`` (default on): CUDA blocks compile with inductor's tile search and ATen
+    matmuls; CPU blocks, another backend and ``autotune = false`` compile as before."""
+    from titan_plugins_parallel.compile import AUTOTUNE
+
+    search = {"options": {"max_autotune": True, "max_autotune_gemm_backends": "ATEN"}}
+    assert search["options"] == AUTOTUNE
+    assert _compile_calls(monkeypatch, "cuda") == [search, search]
+    assert _compile_calls(monkeypatch, "cpu") == [{}, {}]
+    assert _compile_calls(monkeypatch, "cuda", **{"compile.autotune": False}) == [{}, {}]
+    other = _compile_calls(monkeypatch, "cuda", **{"compile.backend": "aot_eager"})
+    assert other == [{"backend": "aot_eager"}] * 2
+
+
+def test_autotune_under_memory_budget_reaches_inductor_with_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``memory_budget`` the blocks compile through titan's wrapper of the inductor backend,
+    which torch.compile gives no options: the wrapper passes the settings to inductor itself,
+    inside the partitioner's budget."""
+    import torch._functorch.config as functorch_config
+
+    seen: list[tuple[dict, float]] = []
+
+    def inductor(gm: object, inputs: object, **kwargs: object) -> str:
+        seen.append((kwargs, functorch_config.activation_memory_budget))
+        return "compiled"
+
+    fields = {"activation_checkpoint.mode": "memory_budget", "activation_checkpoint.memory_budget": 0.3}
+    monkeypatch.setattr(torch._dynamo, "lookup_backend", lambda name: inductor)
+    for device, patches in (
+        ("cuda", {"config_patches": {"max_autotune": True, "max_autotune_gemm_backends": "ATEN"}}),
+        ("cpu", {}),
+    ):
+        (call, _) = _compile_calls(monkeypatch, device, **fields)
+        assert set(call) == {"backend"}
+        seen.clear()
+        assert call["backend"](None, []) == "compiled"
+        assert seen == [(patches, 0.3)]
+        assert call["backend"].__name__ == "inductor_memory_budget_0.3"
+
+
 def test_an_unknown_backend_is_one_error_naming_the_backends(tmp_path: Path) -> None:
     from titan_core.errors import UsageError
 

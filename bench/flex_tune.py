@@ -1,0 +1,115 @@
+"""Flex attention's kernels on this GPU, per benchmark shape: ``python3 -m bench.flex_tune [SHAPE ...]``.
+
+Times one attention call forward and backward (bf16, grouped-query, the block-causal mask of the
+peer kit's packed documents, as ``bench/recipes.py`` trains) compiled the ways titan can compile
+it, so that a change of inductor options is measured before it goes into a model:
+
+- ``block``: flex attention traced into a compiled function with default options (what a
+  compiled transformer block gets: inductor's default tiles for this GPU);
+- ``autotune``: the same with ``max_autotune`` (tiles searched at the first call) and ATen
+  matmuls (so that only the Triton templates are searched);
+- ``tma``: default tiles with ``kernel_options={"USE_TMA": True}`` (Hopper's tensor memory
+  accelerator for the loads);
+- ``autotune_tma``: both.
+
+Prints one JSON line per (shape, variant) with the forward and forward+backward milliseconds
+(median over 20 calls after 3), the mask's share of computed blocks and the build time of the
+mask; and the compile wall time of each variant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+#: shape name -> (batch, q heads, kv heads, seq, head_dim): bench_1b_compile's, bench_8b_l8_compile's.
+SHAPES = {"1b": (8, 32, 8, 4096, 64), "8b": (4, 32, 8, 8192, 128)}
+_AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN"}
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
+    "block": ({}, None),
+    "autotune": (_AUTOTUNE, None),
+    "tma": ({}, {"USE_TMA": True}),
+    "autotune_tma": (_AUTOTUNE, {"USE_TMA": True}),
+}
+
+
+def _median_ms(fn: Any, warmup: int = 3, iters: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure(shape: str) -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from bench.handloop import batches
+    from titan_core import blocks
+    from titan_core.data.loader import load_tokenizer
+
+    batch, heads, kv_heads, seq, head_dim = SHAPES[shape]
+    tokenizer = os.environ.get("TITAN_BENCH_TOKENIZER")
+    tokens = batches(os.environ.get("TITAN_BENCH_DATA"), tokenizer, seq, batch, 1)[0, :, :-1].cuda()
+    bos = load_tokenizer(tokenizer).bos_id
+    mask = blocks.document_mask(tokens, bos)
+    torch.cuda.synchronize()
+    build_ms = _median_ms(lambda: blocks.document_mask(tokens, bos))
+    kv_blocks = mask.kv_num_blocks.sum().item() + (
+        mask.full_kv_num_blocks.sum().item() if mask.full_kv_num_blocks is not None else 0
+    )
+    causal_blocks = batch * (seq // 128) * (seq // 128 + 1) // 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(h: int) -> torch.Tensor:
+        x = torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return x.requires_grad_()
+
+    q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
+    grad = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for name, (options, kernel_options) in VARIANTS.items():
+        torch._dynamo.reset()
+
+        def attend(q: Any, k: Any, v: Any, m: Any, ko: Any = kernel_options) -> Any:
+            return flex_attention(q, k, v, block_mask=m, enable_gqa=True, kernel_options=ko)
+
+        try:
+            fn = torch.compile(attend, dynamic=False, options=options)
+            t0 = time.perf_counter()
+            fn(q, k, v, mask).backward(grad)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            with torch.no_grad():
+                fwd = _median_ms(lambda fn=fn: fn(q, k, v, mask))
+            both = _median_ms(lambda fn=fn: fn(q, k, v, mask).backward(grad))
+            row: dict[str, Any] = {"fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3)}
+            row["compile_s"] = round(compile_s, 1)
+        except Exception as exc:  # one failing variant must not hide the others
+            row = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        record = {"shape": shape, "variant": name, **row}
+        record["mask_blocks_share"] = round(kv_blocks / causal_blocks, 3)
+        record["mask_build_ms"] = round(build_ms, 3)
+        print(json.dumps(record), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    for shape in argv or list(SHAPES):
+        measure(shape)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
