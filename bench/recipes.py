@@ -99,7 +99,8 @@ def _bench(name: str) -> TrainerConfig:
     config.metrics.log_freq = int(env("TITAN_BENCH_LOG_FREQ", 1))
     config.activation_checkpoint.mode = env("TITAN_BENCH_AC", "selective")  # type: ignore[assignment]
     ac, t = config.activation_checkpoint, config.training
-    ac.memory_budget = float(env("TITAN_BENCH_MEMORY_BUDGET", ac.memory_budget))
+    if ac.mode == "memory_budget":  # the other modes refuse a budget they would not read
+        ac.memory_budget = float(env("TITAN_BENCH_MEMORY_BUDGET", ac.memory_budget))
     t.single_device_mixed_precision = env("TITAN_BENCH_MIXED_PRECISION", t.single_device_mixed_precision)  # type: ignore[assignment]
     profile_step = int(env("TITAN_BENCH_PROFILE_STEP", "0"))
     if profile_step:

@@ -7,6 +7,8 @@ those of titan's first release.
 
 from typing import Any, Literal
 
+import attrs
+
 from titan_core.config import field, in_range, section
 
 
@@ -50,10 +52,30 @@ class Compile:
     autotune: bool = True
 
 
+#: The ``activation_checkpoint`` fields each mode reads; the others keep their defaults, or a
+#: recipe would believe it changed a run it did not change (``memory_budget`` under ``selective``).
+_READ_BY_MODE = {
+    "none": set(),
+    "full": {"preserve_rng_state", "determinism_check", "debug"},
+    "selective": {"selective_ac_option", "preserve_rng_state", "determinism_check", "debug"},
+    "memory_budget": {"memory_budget"},
+}
+
+
+def _unread_settings(ac: ActivationCheckpoint) -> list[str]:
+    read = _READ_BY_MODE[ac.mode]
+    return [
+        f"activation_checkpoint.{f.name}: {getattr(ac, f.name)!r} does nothing with mode = {ac.mode!r}; "
+        f"remove it from the recipe, or choose a mode that uses it"
+        for f in attrs.fields(type(ac))
+        if f.name != "mode" and f.name not in read and getattr(ac, f.name) != f.default
+    ]
+
+
 def check(config: Any) -> list[str]:
     """Checks across fields of the plugin's sections (run once after the recipe)."""
     ac = config.activation_checkpoint
-    errors = []
+    errors = _unread_settings(ac)
     if ac.debug and ac.mode == "selective" and ac.selective_ac_option == "op":
         errors.append(
             "activation_checkpoint.debug: torch.utils.checkpoint cannot debug the per-operator "

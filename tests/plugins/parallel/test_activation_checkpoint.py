@@ -164,3 +164,46 @@ def test_op_policy_alternates_over_bf16_and_float8_matmuls_alike() -> None:
     assert forward == recompute == [save, redo, save, redo, save]
     # The maxima float8 scaling is computed from are kept whole.
     assert policy(_PolicyCtx(False), torch.ops.aten.amax.default) == save
+
+
+@pytest.mark.parametrize(
+    ("mode", "fields", "refused"),
+    [
+        ("none", {"preserve_rng_state": True}, ["activation_checkpoint.preserve_rng_state"]),
+        (
+            "none",
+            {"debug": True, "determinism_check": "none"},
+            ["activation_checkpoint.determinism_check", "activation_checkpoint.debug"],
+        ),
+        ("none", {"selective_ac_option": "2"}, ["activation_checkpoint.selective_ac_option"]),
+        ("full", {"memory_budget": 0.7}, ["activation_checkpoint.memory_budget"]),
+        ("full", {"selective_ac_option": "3"}, ["activation_checkpoint.selective_ac_option"]),
+        ("selective", {"memory_budget": 0.2}, ["activation_checkpoint.memory_budget"]),
+        ("memory_budget", {"preserve_rng_state": True}, ["activation_checkpoint.preserve_rng_state"]),
+        ("memory_budget", {"selective_ac_option": "2"}, ["activation_checkpoint.selective_ac_option"]),
+        # What each mode does read is accepted.
+        ("full", {"preserve_rng_state": True, "determinism_check": "none", "debug": True}, []),
+        ("selective", {"selective_ac_option": "2", "preserve_rng_state": True}, []),
+        ("memory_budget", {"memory_budget": 0.2}, []),
+        ("none", {}, []),
+    ],
+)
+def test_a_setting_the_mode_does_not_read_is_refused_naming_the_mode(
+    mode: str, fields: dict[str, Any], refused: list[str]
+) -> None:
+    """A recipe that sets ``memory_budget`` under ``selective`` (or ``preserve_rng_state`` with no
+    recomputation) would train as if it had not: one error per such field, naming the mode."""
+    from titan_core.config import ConfigError, TrainerConfig, validate
+
+    config = TrainerConfig()
+    config.compile.enable = True
+    config.activation_checkpoint.mode = mode  # type: ignore[assignment]
+    for name, value in fields.items():
+        setattr(config.activation_checkpoint, name, value)
+    if not refused:
+        validate(config, source="r")
+        return
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    assert [p.split(":")[0] for p in info.value.problems] == refused
+    assert all(f"mode = {mode!r}" in p for p in info.value.problems), info.value.problems
