@@ -20,6 +20,7 @@ fields both have. It reads pickled plain data and does not import torch.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import pickle
@@ -29,19 +30,85 @@ from typing import Any
 from titan_core.errors import UsageError
 
 
-def _load(path: str) -> dict[str, Any] | None:
-    with open(path, "rb") as f:
-        raw = f.read()
+@dataclasses.dataclass(frozen=True)
+class Unreadable:
+    """A rank's dump file that holds no usable trace, and why."""
+
+    path: str
+    reason: str
+    #: What to do about it.
+    advice: str
+
+
+#: A file cut off mid-write decodes as nothing: torch's NCCL writer writes the file in place.
+CUT_SHORT = (
+    "it was probably cut short while being written (the process killed, or the disk full); re-run "
+    "the job to get a complete dump"
+)
+#: A file that decodes, but not to a trace, was not written by a flight recorder.
+NOT_A_DUMP = "it is no trace this command reads (another file named like a dump?); move it out of the folder"
+
+
+class _NotATrace(Exception):
+    """``_read``: the file is not a flight-recorder trace; ``reason`` says why, ``advice`` what to do."""
+
+    def __init__(self, reason: str, advice: str = CUT_SHORT) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.advice = advice
+
+
+#: What ``load_dumps`` found: rank -> dump, and rank -> the dump file it could not use.
+Dumps = tuple[dict[int, dict[str, Any]], dict[int, Unreadable]]
+
+#: Ranks a dump file's name gives (``rank_<r>``, or NCCL's ``<TORCH_FR_DUMP_TEMP_FILE><r>``).
+_RANK_SUFFIX = re.compile(r"(\d+)$")
+
+#: Fields ``analyze`` iterates, and the type each must have when present.
+_CONTAINERS = {"entries": list, "pg_config": dict, "pg_status": dict, "titan": dict}
+
+
+def _decode(raw: bytes) -> Any:
+    """The pickled or JSON object in ``raw``; ``_NotATrace`` when it is neither."""
     try:
-        data = pickle.loads(raw)
-    except Exception:
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return None
-    if isinstance(data, dict) and ("entries" in data or "pg_status" in data):
-        return data
+        return pickle.loads(raw)
+    except Exception:  # a corrupt pickle raises almost anything (UnpicklingError, EOFError, ...)
+        pass
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise _NotATrace("neither a pickle nor JSON: truncated or corrupt") from None
+
+
+def _shape_problem(data: Any) -> str | None:
+    """Why ``data`` is not a trace ``analyze`` can read, or ``None``; checked here so a malformed
+    dump is reported by name instead of failing the analysis with a traceback."""
+    if not isinstance(data, dict) or not ("entries" in data or "pg_status" in data):
+        return f"holds a {type(data).__name__} without 'entries' or 'pg_status', not a trace"
+    for key, kind in _CONTAINERS.items():
+        if key in data and not isinstance(data[key], kind):
+            return f"a malformed trace: '{key}' is of type {type(data[key]).__name__}, not {kind.__name__}"
+    if not all(isinstance(e, dict) for e in data.get("entries", [])):
+        return "a malformed trace: an entry is not a mapping"
+    if not all(isinstance(v, dict) for v in (data.get("pg_status") or {}).values()):
+        return "a malformed trace: a 'pg_status' value is not a mapping"
     return None
+
+
+def _read(path: str) -> dict[str, Any]:
+    """The trace in ``path``; ``_NotATrace`` naming what is wrong with the file otherwise."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise _NotATrace(f"cannot be read: {exc.strerror or exc}", "check its permissions") from None
+    if not raw:
+        raise _NotATrace("an empty file")
+    data = _decode(raw)
+    problem = _shape_problem(data)
+    if problem:
+        raise _NotATrace(problem, NOT_A_DUMP)
+    return data
 
 
 def _rank_of(path: str, data: dict[str, Any]) -> int | None:
@@ -50,32 +117,60 @@ def _rank_of(path: str, data: dict[str, Any]) -> int | None:
         return titan["rank"]
     if isinstance(data.get("rank"), int):
         return data["rank"]
-    match = re.search(r"(\d+)$", os.path.basename(path))
+    return _rank_in_name(path)
+
+
+def _rank_in_name(path: str) -> int | None:
+    match = _RANK_SUFFIX.search(os.path.basename(path))
     return int(match.group(1)) if match else None
 
 
-def load_dumps(folder: str) -> dict[int, dict[str, Any]]:
-    """Rank -> dump, for every flight-recorder dump in ``folder``."""
+def _nothing_readable(folder: str, unreadable: dict[int, Unreadable]) -> UsageError:
+    """The error when every dump of ``folder`` is unreadable: the first one, by path and reason."""
+    rank = min(unreadable)
+    first = unreadable[rank]
+    others = len(unreadable) - 1
+    more = f" (and {others} more dump(s) alike)" if others else ""
+    return UsageError(
+        f"{first.path}: the dump of rank {rank} is unreadable ({first.reason}){more}, and {folder} "
+        f"holds no other dump to analyse; {first.advice}"
+    )
+
+
+def load_dumps(folder: str) -> Dumps:
+    """Rank -> dump for every flight-recorder dump in ``folder``, and rank -> the files named like
+    a rank's dump (``rank_<r>``) that hold no usable trace: those ranks did dump, so they are
+    reported as unreadable, not as missing."""
     if not os.path.isdir(folder):
         raise UsageError(
             f"{folder}: not a folder; give the comm_traces folder of a run (job.dump_folder/comm_traces)"
         )
     dumps: dict[int, dict[str, Any]] = {}
+    unreadable: dict[int, Unreadable] = {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if not os.path.isfile(path) or ".tmp" in name:
+            continue  # a dump being written (titan's gloo writer renames it when complete)
+        try:
+            data = _read(path)
+        except _NotATrace as exc:
+            rank = _rank_in_name(path)
+            if rank is not None:  # other files (notes, logs) are no one's dump
+                unreadable.setdefault(rank, Unreadable(path, exc.reason, exc.advice))
             continue
-        data = _load(path)
-        rank = None if data is None else _rank_of(path, data)
-        if data is not None and rank is not None:
+        rank = _rank_of(path, data)
+        if rank is not None:
             data["_path"] = path
             dumps[rank] = data
+    unreadable = {r: u for r, u in unreadable.items() if r not in dumps}  # e.g. rank_0 beside rank_0.json
+    if not dumps and unreadable:
+        raise _nothing_readable(folder, unreadable)
     if not dumps:
         raise UsageError(
             f"{folder}: no flight-recorder dumps (rank_<r> files); they are written when a collective "
             "times out with comm.trace_buf_size > 0"
         )
-    return dumps
+    return dumps, unreadable
 
 
 def _ranks_list(value: Any) -> list[int]:
@@ -122,8 +217,14 @@ def _backend(dumps: dict[int, dict[str, Any]]) -> str:
     return ", ".join(sorted(names)) or "?"
 
 
-def analyze(dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Per process group: members, who is behind, on which collective (plain data)."""
+def analyze(
+    dumps: dict[int, dict[str, Any]], unreadable: dict[int, Unreadable] | None = None
+) -> dict[str, Any]:
+    """Per process group: members, who is behind, on which collective (plain data).
+
+    ``unreadable``: ranks whose dump file holds no usable trace; they are analysed as having no
+    dump, but reported as unreadable rather than missing (they did dump)."""
+    unreadable = unreadable or {}
     groups: dict[str, dict[str, Any]] = {}
     for rank, d in dumps.items():
         titan = d.get("titan") or {}
@@ -166,7 +267,8 @@ def analyze(dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 "last_completed": completed,
                 "_by_seq": by_seq,
             }
-        missing = [r for r in members if r not in dumps]
+        missing = [r for r in members if r not in dumps and r not in unreadable]
+        corrupt = [r for r in members if r in unreadable]
         if not per_rank:
             continue
         top = max(p["last_seq"] for p in per_rank.values())
@@ -194,13 +296,14 @@ def analyze(dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 "ranks": members,
                 "dumps": sorted(per_rank),
                 "missing_dumps": missing,
+                "unreadable_dumps": corrupt,
                 "collective": collective,
                 "waiting": waiting if behind else [],
                 "behind": behind,
                 "behind_last": {r: per_rank[r]["last"] for r in behind},
                 "mismatch": mismatch,
                 "stuck": stuck,
-                "ok": not (behind or mismatch or stuck or missing),
+                "ok": not (behind or mismatch or stuck or missing or corrupt),
             }
         )
     results.sort(key=lambda g: (g["ok"], -len(g["behind"]), g["name"]))
@@ -214,6 +317,7 @@ def analyze(dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "backend": _backend(dumps),
         "process_groups": results,
         "reasons": reasons,
+        "unreadable": {r: dataclasses.asdict(u) for r, u in sorted(unreadable.items())},
         "verdict": _verdict(results),
     }
 
@@ -248,9 +352,19 @@ def _verdict(groups: list[dict[str, Any]]) -> str:
         if g["stuck"]:
             return f"{_group_text(g)}: ranks {g['stuck']} never completed {_collective_text(g['collective'])}"
     for g in groups:
+        if g["unreadable_dumps"]:
+            return f"{_group_text(g)}: unreadable dump from ranks {g['unreadable_dumps']} (see below)"
+    for g in groups:
         if g["missing_dumps"]:
             return f"{_group_text(g)}: no dump from ranks {g['missing_dumps']} (hung hard or killed first?)"
     return "every process group agrees: no rank is behind"
+
+
+def _unreadable_text(rank: int, unreadable: dict[str, str]) -> str:
+    return (
+        f"rank {rank}: the dump {unreadable['path']} is unreadable ({unreadable['reason']}), so the "
+        f"analysis above is without rank {rank}, which may be the one behind; {unreadable['advice']}"
+    )
 
 
 def format_report(result: dict[str, Any], folder: str) -> str:
@@ -259,6 +373,7 @@ def format_report(result: dict[str, Any], folder: str) -> str:
         f"{', '.join(map(str, result['ranks']))}; {result['backend']})",
         result["verdict"],
     ]
+    lines += [_unreadable_text(int(r), u) for r, u in result["unreadable"].items()]
     for g in result["process_groups"]:
         lines.append(f"{_group_text(g)}, ranks {g['ranks']}:")
         if g["behind"]:
@@ -276,6 +391,8 @@ def format_report(result: dict[str, Any], folder: str) -> str:
             lines.append(f"  STUCK in {_collective_text(g['collective'])}: ranks {g['stuck']}")
         else:
             lines.append(f"  all members at {_collective_text(g['collective'])}")
+        if g["unreadable_dumps"]:
+            lines.append(f"  unreadable dump from ranks {g['unreadable_dumps']}")
         if g["missing_dumps"]:
             lines.append(f"  no dump from ranks {g['missing_dumps']}")
     for rank, reason in sorted(result["reasons"].items()):
@@ -301,7 +418,7 @@ def run(args: Any) -> int:
     if args.fr_command != "analyze":
         args._fr_parser.print_help()
         return 2
-    result = analyze(load_dumps(args.folder))
+    result = analyze(*load_dumps(args.folder))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:

@@ -7,6 +7,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import run_titan
 
 
@@ -105,3 +107,55 @@ def test_no_dumps_is_one_clear_line(tmp_path: Path) -> None:
     result = run_titan("fr", "analyze", str(tmp_path))
     assert result.returncode == 2 and "no flight-recorder dumps" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+GARBAGE = {
+    "random bytes": bytes(range(256)) * 4,
+    "empty file": b"",
+    "truncated pickle": pickle.dumps(nccl_dump(0, 4))[:100],
+    "truncated json": json.dumps(nccl_dump(0, 4)).encode()[:100],
+    "pickle of something else": pickle.dumps(["not", "a", "trace"]),
+    "malformed trace": pickle.dumps({"entries": 5, "pg_status": "x"}),
+}
+
+
+@pytest.mark.parametrize("content", GARBAGE.values(), ids=GARBAGE.keys())
+def test_a_corrupt_rank_0_dump_is_named_and_the_others_are_analysed(tmp_path: Path, content: bytes) -> None:
+    _write(
+        tmp_path, {r: nccl_dump(r, 6) for r in (1, 3)} | {2: nccl_dump(2, 5, op_at_last="_allgather_base")}
+    )
+    (tmp_path / "rank_0").write_bytes(content)
+    result = run_titan("fr", "analyze", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    path = str(tmp_path / "rank_0")
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("flight recorder: 3 dump(s)")
+    unreadable = [line for line in lines if line.startswith("rank 0:")]
+    assert len(unreadable) == 1 and path in unreadable[0] and "unreadable" in unreadable[0], result.stdout
+    assert "re-run the job" in unreadable[0] or "move it out of the folder" in unreadable[0]  # what to do
+    assert "no dump from ranks [0]" not in result.stdout  # rank 0 did leave a dump: it is corrupt
+    assert "rank 2 is behind in process group 1 (dp_shard)" in result.stdout  # the rest is analysed
+    data = json.loads(run_titan("fr", "analyze", str(tmp_path), "--json").stdout)
+    assert data["unreadable"]["0"]["path"] == path and data["unreadable"]["0"]["reason"]
+    dp = next(g for g in data["process_groups"] if g["name"] == "1")
+    assert dp["unreadable_dumps"] == [0] and dp["missing_dumps"] == [] and not dp["ok"]
+
+
+@pytest.mark.parametrize("content", GARBAGE.values(), ids=GARBAGE.keys())
+def test_only_a_corrupt_dump_is_one_line_naming_it(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "rank_0").write_bytes(content)
+    result = run_titan("fr", "analyze", str(tmp_path))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("titan: error:") and str(tmp_path / "rank_0") in lines[0]
+    assert "dump of rank 0" in lines[0] and "unreadable" in lines[0]
+    assert "no flight-recorder dumps" not in lines[0]
+
+
+def test_a_lone_corrupt_dump_with_every_other_rank_agreeing_is_not_ok(tmp_path: Path) -> None:
+    _write(tmp_path, {r: nccl_dump(r, 4, completed=4) for r in (1, 2, 3)})
+    (tmp_path / "rank_0").write_bytes(b"")
+    result = run_titan("fr", "analyze", str(tmp_path))
+    assert "every process group agrees" not in result.stdout
+    assert "unreadable dump from ranks [0]" in result.stdout.splitlines()[1]
