@@ -1,5 +1,6 @@
 """Hook implementations of the comm plugin: the fake backends (the ``default`` one is the core's),
-the gloo flight recorder (a loop callback) and ``titan fr analyze``.
+the check that their variables are not set for another backend, the gloo flight recorder (a loop
+callback) and ``titan fr analyze``.
 
 Backends are imported only when a run selects one; nothing here imports torch."""
 
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from titan_core import Callback, Command, CommBackend, hookimpl
+from titan_core import Callback, Command, CommBackend, Strategy, hookimpl
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
+    from titan_core.parallel_dims import ParallelDims
     from titan_core.topology import Topology
 
 
@@ -41,6 +43,39 @@ def titan_comm_backends() -> list[CommBackend]:
             "torchrun, one process per PP rank: real pipeline sends/receives, fake DP/TP/CP/EP "
             "(docs/debugging.md)",
         ),
+    ]
+
+
+def _refuse_fake_only_env(config: TrainerConfig, _parallel_dims: ParallelDims) -> bool:
+    """Raise when FAKE_PP_RANK is set for a backend that ignores it; never selects the strategy.
+
+    A strategy because the trainer asks every strategy whether it applies once the backend is
+    chosen and before the dump folder, the data or the model is touched, and the ``default``
+    backend, which would ignore the variable, is the core's: no hook of this plugin runs in it.
+    """
+    import os
+
+    from titan_plugins_comm.contract import refuse_fake_only_env
+
+    refuse_fake_only_env(config.comm.backend, os.environ)
+    return False
+
+
+def _never_applied(parts: list[Any], _ctx: Any) -> list[Any]:
+    return parts
+
+
+@hookimpl
+def titan_strategies() -> list[Strategy]:
+    return [
+        Strategy(
+            "fake_env_check",
+            order=0,
+            applies=_refuse_fake_only_env,
+            apply=_never_applied,
+            description="applies to no run: refuses FAKE_PP_RANK when the comm backend is not "
+            "fake, which would ignore it (docs/debugging.md)",
+        )
     ]
 
 

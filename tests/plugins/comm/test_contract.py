@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import run_titan
 from titan_core.errors import UsageError
-from titan_plugins_comm.contract import hybrid_launch, pure_fake_launch
+from titan_plugins_comm.contract import hybrid_launch, pure_fake_launch, refuse_fake_only_env
 
 
 def test_logical_rank_is_pp_rank_times_spmd_size() -> None:
@@ -109,3 +109,50 @@ def test_cli_reports_contract_errors_before_building(
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("titan: error:") and fragment in lines[0], result.stderr
     assert '"event": "built"' not in result.stdout  # nothing was built
+
+
+def test_fake_pp_rank_without_the_fake_backend_is_one_error(tmp_path: Path) -> None:
+    # The outside review's case: the default backend would train a normal job and ignore it.
+    result = run_titan(
+        "run",
+        "--recipe",
+        "llama3_debugmodel",
+        "--dump-folder",
+        str(tmp_path / "out"),
+        FAKE_PP_RANK="1",
+        NGPU="",
+        TITAN_DEFAULT_MAX_STEPS="1",  # bounds the run the bug would start
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("titan: error:"), result.stderr
+    for fragment in (
+        "FAKE_PP_RANK='1'",
+        "comm backend 'default'",
+        "--comm-backend fake",
+        "COMM_BACKEND=fake",
+    ):
+        assert fragment in lines[0], lines[0]
+    assert "unset FAKE_PP_RANK" in lines[0]
+    assert '"event": "step"' not in result.stdout  # refused before training
+
+
+@pytest.mark.parametrize("backend", ["default", "some_plugin_backend"])
+def test_fake_only_variables_are_refused_by_other_backends(backend: str) -> None:
+    with pytest.raises(UsageError) as info:
+        refuse_fake_only_env(backend, {"FAKE_PP_RANK": " 0 "})
+    assert f"comm backend {backend!r}" in str(info.value) and "docs/debugging.md" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("backend", "env"),
+    [
+        ("default", {}),
+        ("default", {"FAKE_PP_RANK": ""}),  # run_train.sh and test harnesses export it empty
+        ("default", {"FAKE_PP_RANK": "  ", "NGPU": "2"}),  # NGPU is every backend's (run_train.sh)
+        ("fake", {"FAKE_PP_RANK": "1"}),  # its own variable: checked by pure_fake_launch
+        ("real_pp_fake_spmd", {"FAKE_PP_RANK": "1"}),  # refused by hybrid_launch, more precisely
+    ],
+)
+def test_fake_only_variables_pass_where_they_belong_or_when_empty(backend: str, env: dict[str, str]) -> None:
+    refuse_fake_only_env(backend, env)
