@@ -78,6 +78,10 @@ def titan_comm_backends() -> list[CommBackend]:
 
     ``config.comm.backend`` (or ``--comm-backend``) selects one by name. Its ``init(config)``
     is called once at start-up and returns the run's :class:`~titan_core.topology.Topology`.
+    The environment variables it alone reads go in ``env_vars``: set for a run of another
+    backend, they stop it with one error before anything starts (it would ignore them)::
+
+        CommBackend("sim", init_sim, "a simulated cluster", env_vars=("SIM_RANK",))
     """
 
 

@@ -214,6 +214,17 @@ class CommBackend:
     #: ``init(config) -> Topology``; initialises process groups (or fakes them).
     init: Callable[[TrainerConfig], Topology]
     description: str = ""
+    #: Environment variables this backend reads that no backend without them does
+    #: (``FAKE_PP_RANK`` for ``fake``). A run whose backend does not declare one of them while it
+    #: is set (not blank) is refused before anything starts: it would ignore the variable without
+    #: a word, and the user would believe, say, a pipeline rank was simulated.
+    env_vars: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _variable_names(v))
+
+
+def _variable_names(value: Any) -> None:
+    # A bare string would be read as its letters, each a "variable" nobody sets.
+    if isinstance(value, str) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise TypeError(f"CommBackend.env_vars: expected a tuple of variable names, got {value!r}")
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from titan_core.errors import UsageError
@@ -98,7 +99,32 @@ def check_names(config: Any, registry: Any) -> None:
         field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
         raise UsageError(f"{field}: {exc}") from None
     registry.get("comm_backends", config.comm.backend, what="comm backend")
+    refuse_unread_env(registry, config.comm.backend, os.environ)
     registry.get("datasets", config.data.dataset, what="dataset")
+
+
+def refuse_unread_env(registry: Any, backend: str, env: Mapping[str, str]) -> None:
+    """One error when a variable that other comm backends declare (``CommBackend.env_vars``) is
+    set for a run whose backend ``backend`` would not read it. Blank counts as unset: run_train.sh
+    exports its variables empty."""
+    backends = registry.records("comm_backends")
+    chosen = backends.get(backend.lower())
+    own = set(chosen.env_vars) if chosen is not None else set()
+    readers: dict[str, list[str]] = {}
+    for other in backends.values():
+        for name in other.env_vars:
+            if name not in own:
+                readers.setdefault(name, []).append(other.name)
+    for name, names in readers.items():
+        raw = env.get(name, "")
+        if raw.strip():
+            which = ", ".join(repr(n) for n in names)
+            raise UsageError(
+                f"{name}={raw!r} is set, but comm backend {backend!r} does not read it (only {which} "
+                f"{'does' if len(names) == 1 else 'do'}), so this run would ignore it. Select that "
+                f"backend (--comm-backend {names[0]}, COMM_BACKEND={names[0]} with run_train.sh), "
+                f"or unset {name}; see docs/debugging.md"
+            )
 
 
 def run(args: argparse.Namespace, registry: Any) -> int:

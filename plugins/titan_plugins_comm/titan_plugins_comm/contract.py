@@ -17,9 +17,10 @@ WORLD_SIZE     unused                   set by torchrun: must equal P
 
 Every violation is a :class:`~titan_core.errors.UsageError` naming the variable, its value, the
 valid range and the fix, raised before any process group or model exists. ``FAKE_PP_RANK`` set
-for any other backend (``default``, a plugin's) is refused too (:func:`refuse_fake_only_env`):
-ignored, it would let a normal job pass for a simulated rank. This module reads
-only the environment and the config (no torch), so the checks are cheap and testable alone.
+for any other backend (``default``, a plugin's) is refused too, by the core: both backends
+declare it (``CommBackend.env_vars``), and ignored it would let a normal job pass for a simulated
+rank. This module reads only the environment and the config (no torch), so the checks are cheap
+and testable alone.
 """
 
 from __future__ import annotations
@@ -31,12 +32,6 @@ import attrs
 from titan_core.errors import UsageError
 
 DOC = "see docs/debugging.md, 'Launch contract'"
-
-#: The backend each fake-only variable belongs to. ``NGPU`` is not one: run_train.sh sets it for
-#: every launch (the process count under torchrun).
-FAKE_ONLY = {"FAKE_PP_RANK": "fake"}
-#: Backends with their own rule for those variables (hybrid mode refuses FAKE_PP_RANK itself).
-_OWN_RULES = frozenset({"fake", "real_pp_fake_spmd"})
 
 
 @attrs.frozen
@@ -157,23 +152,3 @@ def hybrid_launch(pp: int, env: Mapping[str, str]) -> FakeLaunch:
             f"launch with torchrun --nproc_per_node={pp}; {DOC}"
         )
     return FakeLaunch(ngpu, pp, rank)
-
-
-def refuse_fake_only_env(backend: str, env: Mapping[str, str]) -> None:
-    """Refuse a fake-only variable that ``backend`` would ignore without a word.
-
-    ``FAKE_PP_RANK=1`` with the default backend trains a normal job of the launched rank while the
-    user believes pipeline rank 1 was simulated. Empty counts as unset, as everywhere in this
-    contract: run_train.sh and test harnesses export variables blank.
-    """
-    if backend in _OWN_RULES:
-        return
-    for name, owner in FAKE_ONLY.items():
-        raw = env.get(name, "")
-        if raw.strip():
-            raise UsageError(
-                f"{name}={raw!r} is set, but comm backend {backend!r} does not read it: {name} picks "
-                f"the pipeline coordinate the {owner} backend simulates, so this would run a normal "
-                f"job instead. To simulate it add --comm-backend {owner} (COMM_BACKEND={owner} with "
-                f"run_train.sh) and set NGPU; otherwise unset {name}; {DOC}"
-            )

@@ -1,6 +1,6 @@
-"""Hook implementations of the comm plugin: the fake backends (the ``default`` one is the core's),
-the check that their variables are not set for another backend, the gloo flight recorder (a loop
-callback) and ``titan fr analyze``.
+"""Hook implementations of the comm plugin: the fake backends (the ``default`` one is the core's;
+each declares ``FAKE_PP_RANK`` as its variable, so the core refuses it for any other backend), the
+gloo flight recorder (a loop callback) and ``titan fr analyze``.
 
 Backends are imported only when a run selects one; nothing here imports torch."""
 
@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from titan_core import Callback, Command, CommBackend, Strategy, hookimpl
+from titan_core import Callback, Command, CommBackend, hookimpl
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
-    from titan_core.parallel_dims import ParallelDims
     from titan_core.topology import Topology
 
 
@@ -36,46 +35,17 @@ def titan_comm_backends() -> list[CommBackend]:
             _fake,
             "one process stands for logical rank FAKE_PP_RANK*NGPU/pp of an NGPU-rank job; "
             "no communication (memory and shape debugging, docs/debugging.md)",
+            env_vars=("FAKE_PP_RANK",),
         ),
         CommBackend(
             "real_pp_fake_spmd",
             _real_pp_fake_spmd,
             "torchrun, one process per PP rank: real pipeline sends/receives, fake DP/TP/CP/EP "
             "(docs/debugging.md)",
+            # Declared so that its own launch check (FAKE_PP_RANK is invalid in hybrid mode, the
+            # pipeline rank is torchrun's RANK) gives the precise error.
+            env_vars=("FAKE_PP_RANK",),
         ),
-    ]
-
-
-def _refuse_fake_only_env(config: TrainerConfig, _parallel_dims: ParallelDims) -> bool:
-    """Raise when FAKE_PP_RANK is set for a backend that ignores it; never selects the strategy.
-
-    A strategy because the trainer asks every strategy whether it applies once the backend is
-    chosen and before the dump folder, the data or the model is touched, and the ``default``
-    backend, which would ignore the variable, is the core's: no hook of this plugin runs in it.
-    """
-    import os
-
-    from titan_plugins_comm.contract import refuse_fake_only_env
-
-    refuse_fake_only_env(config.comm.backend, os.environ)
-    return False
-
-
-def _never_applied(parts: list[Any], _ctx: Any) -> list[Any]:
-    return parts
-
-
-@hookimpl
-def titan_strategies() -> list[Strategy]:
-    return [
-        Strategy(
-            "fake_env_check",
-            order=0,
-            applies=_refuse_fake_only_env,
-            apply=_never_applied,
-            description="applies to no run: refuses FAKE_PP_RANK when the comm backend is not "
-            "fake, which would ignore it (docs/debugging.md)",
-        )
     ]
 
 

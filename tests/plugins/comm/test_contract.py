@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_titan
+from titan_core import get_registry
 from titan_core.errors import UsageError
-from titan_plugins_comm.contract import hybrid_launch, pure_fake_launch, refuse_fake_only_env
+from titan_core.run import refuse_unread_env
+from titan_plugins_comm.contract import hybrid_launch, pure_fake_launch
 
 
 def test_logical_rank_is_pp_rank_times_spmd_size() -> None:
@@ -137,22 +139,24 @@ def test_fake_pp_rank_without_the_fake_backend_is_one_error(tmp_path: Path) -> N
     assert '"event": "step"' not in result.stdout  # refused before training
 
 
-@pytest.mark.parametrize("backend", ["default", "some_plugin_backend"])
-def test_fake_only_variables_are_refused_by_other_backends(backend: str) -> None:
-    with pytest.raises(UsageError) as info:
-        refuse_fake_only_env(backend, {"FAKE_PP_RANK": " 0 "})
-    assert f"comm backend {backend!r}" in str(info.value) and "docs/debugging.md" in str(info.value)
-
-
 @pytest.mark.parametrize(
-    ("backend", "env"),
+    ("backend", "env", "refused"),
     [
-        ("default", {}),
-        ("default", {"FAKE_PP_RANK": ""}),  # run_train.sh and test harnesses export it empty
-        ("default", {"FAKE_PP_RANK": "  ", "NGPU": "2"}),  # NGPU is every backend's (run_train.sh)
-        ("fake", {"FAKE_PP_RANK": "1"}),  # its own variable: checked by pure_fake_launch
-        ("real_pp_fake_spmd", {"FAKE_PP_RANK": "1"}),  # refused by hybrid_launch, more precisely
+        ("default", {"FAKE_PP_RANK": " 0 "}, True),
+        ("default", {}, False),
+        ("default", {"FAKE_PP_RANK": ""}, False),  # run_train.sh and test harnesses export it empty
+        ("default", {"FAKE_PP_RANK": "  ", "NGPU": "2"}, False),  # NGPU is every backend's (run_train.sh)
+        ("fake", {"FAKE_PP_RANK": "1"}, False),  # its own variable: checked by pure_fake_launch
+        ("real_pp_fake_spmd", {"FAKE_PP_RANK": "1"}, False),  # refused by hybrid_launch, more precisely
     ],
 )
-def test_fake_only_variables_pass_where_they_belong_or_when_empty(backend: str, env: dict[str, str]) -> None:
-    refuse_fake_only_env(backend, env)
+def test_the_fake_backends_declare_fake_pp_rank(backend: str, env: dict[str, str], refused: bool) -> None:
+    """Both fake backends list FAKE_PP_RANK in ``CommBackend.env_vars``; the core refuses it for
+    any other backend (tests/core/test_comm_env.py tests the rule with a third party's backend)."""
+    if not refused:
+        refuse_unread_env(get_registry(), backend, env)
+        return
+    with pytest.raises(UsageError) as info:
+        refuse_unread_env(get_registry(), backend, env)
+    assert f"comm backend {backend!r}" in str(info.value) and "docs/debugging.md" in str(info.value)
+    assert "only 'fake', 'real_pp_fake_spmd' do" in str(info.value)

@@ -1,0 +1,74 @@
+"""``CommBackend.env_vars``: a variable only other comm backends read, set for a run whose backend
+would ignore it, is one error before anything starts (``titan_core.run.refuse_unread_env``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import plugin_module, run_titan
+from titan_core import CommBackend
+from titan_core._registry import Registry
+from titan_core.errors import UsageError
+from titan_core.run import refuse_unread_env
+
+
+def _registry(*backends: CommBackend) -> Registry:
+    registry = Registry()
+    registry.register(
+        plugin_module("core", titan_comm_backends=[CommBackend("default", lambda c: None)]), "core"
+    )
+    registry.register(plugin_module("third", titan_comm_backends=list(backends)), "third")
+    return registry
+
+
+def test_a_third_party_backends_variable_is_refused_for_another_backend() -> None:
+    registry = _registry(
+        CommBackend("sim", lambda c: None, env_vars=("SIM_RANK", "SIM_WORLD")),
+        CommBackend("sim2", lambda c: None, env_vars=("SIM_RANK",)),
+    )
+    with pytest.raises(UsageError) as info:
+        refuse_unread_env(registry, "default", {"SIM_WORLD": "8"})
+    message = str(info.value)
+    assert message.startswith(
+        "SIM_WORLD='8' is set, but comm backend 'default' does not read it (only 'sim' does)"
+    )
+    assert (
+        "--comm-backend sim, COMM_BACKEND=sim with run_train.sh" in message and "unset SIM_WORLD" in message
+    )
+    with pytest.raises(UsageError, match=r"SIM_RANK='0' .* \(only 'sim', 'sim2' do\)"):
+        refuse_unread_env(registry, "Default", {"SIM_RANK": "0"})
+    # A backend that declares it reads it; blank is unset; undeclared variables are nobody's.
+    refuse_unread_env(registry, "sim2", {"SIM_RANK": "3"})
+    refuse_unread_env(registry, "default", {"SIM_RANK": "  ", "SIM_WORLD": "", "NGPU": "2"})
+    with pytest.raises(UsageError, match="SIM_WORLD='8'"):
+        refuse_unread_env(registry, "sim2", {"SIM_RANK": "3", "SIM_WORLD": "8"})
+
+
+def test_env_vars_must_be_names() -> None:
+    with pytest.raises(TypeError, match="expected a tuple of variable names, got 'SIM_RANK'"):
+        CommBackend("sim", lambda c: None, env_vars="SIM_RANK")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="variable names"):
+        CommBackend("sim", lambda c: None, env_vars=("",))
+
+
+def test_fake_pp_rank_with_the_default_backend_is_one_line_before_anything_runs(tmp_path: Path) -> None:
+    """The fake backends declare FAKE_PP_RANK: a normal job must not pass for a simulated rank."""
+    for extra in ((), ("--print-config",)):  # run_train.sh's launch check resolves the config first
+        result = run_titan(
+            "run",
+            "--recipe",
+            "llama3_debugmodel",
+            "--dump-folder",
+            str(tmp_path / "out"),
+            *extra,
+            FAKE_PP_RANK="1",
+            TITAN_DEFAULT_MAX_STEPS="1",
+        )
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2, result.stderr
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("titan: error: FAKE_PP_RANK='1' is set, but comm backend 'default'")
+        assert "--comm-backend fake" in lines[0] and "unset FAKE_PP_RANK" in lines[0]
+        assert '"event": "step"' not in result.stdout and not (tmp_path / "out").exists()
