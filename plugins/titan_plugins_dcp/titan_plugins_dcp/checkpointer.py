@@ -72,6 +72,7 @@ from titan_plugins_dcp._folder import (
     step_name,
 )
 from titan_plugins_dcp._peers import Peers
+from titan_plugins_dcp.launch import check_seed_launch
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -182,6 +183,9 @@ class DCPCheckpointer:
 
     def __init__(self, config: TrainerConfig, topology: Topology) -> None:
         c = config.checkpoint
+        self.peers = Peers(topology.world_size)
+        if c.create_seed_checkpoint:  # first: the launch is wrong whatever else the run would do
+            _refuse_seed_launch(config, topology.world_size, self.peers)
         if topology.simulates_peers:
             raise UsageError(
                 f"checkpoint: the {topology.backend!r} comm backend simulates its peers, so a "
@@ -198,7 +202,6 @@ class DCPCheckpointer:
         self.interval = c.interval
         self.load_only = c.load_only
         self.rank = topology.rank
-        self.peers = Peers(topology.world_size)
         #: The newest checkpoint known complete (loaded or saved by this run), named on a failure.
         self.kept: int | None = None
         t = config.training
@@ -209,8 +212,6 @@ class DCPCheckpointer:
             "seed": config.debug.seed if config.debug.seed is not None else 0,
             "shuffle_buffer": config.data.shuffle_buffer,
         }
-        if c.create_seed_checkpoint:
-            _check_seed_layout(config, topology.world_size)
 
     def path(self, step: int) -> str:
         return os.path.join(self.folder, step_name(step))
@@ -446,17 +447,10 @@ def _dp_degree(config: TrainerConfig, world_size: int) -> int:
     return p.dp_replicate * dp_shard
 
 
-def _check_seed_layout(config: TrainerConfig, world_size: int) -> None:
-    p = config.parallelism
-    degrees = {name: getattr(p, name) for name in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep")}
-    degrees["dp_shard"] = 1 if degrees["dp_shard"] == -1 else degrees["dp_shard"]  # -1: the rest, 1 here
-    wrong = [f"parallelism.{k}={v}" for k, v in degrees.items() if v != 1]
-    if world_size != 1:
-        wrong.append(f"world size {world_size}")
-    if wrong:
-        raise UsageError(
-            "checkpoint.create_seed_checkpoint needs every parallel degree 1 on one process, got "
-            + ", ".join(wrong)
-            + "; set the degrees to 1 in the recipe and run it as one process (no torchrun). Runs "
-            "with other layouts then load the seed checkpoint through DCP resharding"
-        )
+def _refuse_seed_launch(config: TrainerConfig, world_size: int, peers: Peers) -> None:
+    """A seed run on several processes fails on every rank with the same line, rank 0's first."""
+    try:
+        check_seed_launch(config.parallelism, world_size)
+    except UsageError:
+        peers.outlive_rank0()  # so rank 0, the rank run_train.sh shows, prints before it is stopped
+        raise
