@@ -59,6 +59,20 @@ def test_grouped_mm_equals_the_loop_exactly(counts: list[int]) -> None:
 
 
 @needs_grouped_mm
+def test_grouped_mm_computes_in_the_autocast_dtype_on_cpu_too() -> None:
+    """Under CPU bf16 autocast the loop's matmuls run in bf16; the grouped path must too (it
+    computed in fp32, so a forced ``experts_impl = "grouped_mm"`` trained another model)."""
+    x, n, w1, w2, w3 = _operands([3, 0, 5, 1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loop = swiglu_loop(x, n, w1, w2, w3)
+        grouped = swiglu_grouped_mm(x, n, w1, w2, w3)
+    assert loop.dtype == grouped.dtype == torch.bfloat16
+    assert_equal_to_rounding(grouped, loop)
+    full = swiglu_loop(x, n, w1, w2, w3)  # fp32: the products differ from bf16 ones
+    assert (grouped.float() - full).abs().max() > 1e-3
+
+
+@needs_grouped_mm
 def test_model_with_grouped_experts_trains_like_the_loop() -> None:
     args = attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], dim=64, n_heads=4, vocab_size=128)
     losses = {}

@@ -57,15 +57,17 @@ def swiglu_grouped_mm(
     gmm = grouped_mm_function()
     if gmm is None:
         raise RuntimeError("this torch has no grouped GEMM (torch._grouped_mm); use experts_impl='loop'")
-    dtype = x.dtype
-    if x.is_cuda:
-        # The fused kernel takes bf16 only; under autocast x may still be fp32 (the residual stream).
-        compute = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else dtype
+    # grouped_mm is not an autocast operator: cast as autocast casts the loop's matmuls (x may
+    # still be fp32, the residual stream), on every device, so both paths compute alike; the
+    # fused CUDA kernel also takes bf16 only.
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        compute = torch.get_autocast_dtype(device)
         x, w1, w2, w3 = (t.to(compute) for t in (x, w1, w2, w3))
     offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
     # x @ w.T per group: the transposed weight views are column-major, as the kernel wants.
     h = F.silu(gmm(x, w1.transpose(-2, -1), offs=offs)) * gmm(x, w3.transpose(-2, -1), offs=offs)
-    return gmm(h, w2.transpose(-2, -1), offs=offs).to(dtype)
+    return gmm(h, w2.transpose(-2, -1), offs=offs)
 
 
 # Not compiled: the loop's sizes are the counts read on the host, so a compiled block would
