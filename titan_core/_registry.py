@@ -106,16 +106,22 @@ class Registry:
 
     def load_entry_points(self) -> Registry:
         seen: set[tuple[str, str]] = set()
+        found = []
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = getattr(ep, "dist", None)
-            dist_name = dist.metadata["Name"] if dist is not None else "?"
-            version = dist.version if dist is not None else ""
             if (ep.name, ep.value) in seen:  # the same distribution found twice on sys.path
                 continue
             seen.add((ep.name, ep.value))
+            found.append(ep)
+        # A name two distributions declare fails both: decided before importing either, since
+        # whichever was imported would run its import-time code for a plugin that never loads.
+        names = [ep.name for ep in found]
+        for ep in found:
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.metadata["Name"] if dist is not None else "?"
+            version = dist.version if dist is not None else ""
             info = PluginInfo(ep.name, dist_name, version, ep.value)
-            if ep.name in self.disabled:
-                info.status = "disabled"
+            if ep.name in self.disabled or names.count(ep.name) > 1:
+                info.status = "disabled" if ep.name in self.disabled else "failed"
                 self._add_info(info)
                 continue
             had_torch = "torch" in sys.modules

@@ -180,6 +180,10 @@ def _clashing_site(tmp_path: Path) -> Path:
     (site / "clash_llama_plugin.py").write_text(
         textwrap.dedent(
             """
+            import pathlib
+
+            pathlib.Path(__file__).with_suffix(".imported").touch()  # side effects of an import
+
             from titan_core import Recipe, TrainerConfig, hookimpl
 
             @hookimpl
@@ -213,6 +217,8 @@ def test_an_entry_point_name_clash_leaves_the_cli_working(tmp_path: Path) -> Non
         assert result.returncode == 0, result.stderr
         statuses = {p["status"] for p in json.loads(result.stdout) if p["name"] == "llama3"}
         assert statuses == {"disabled"}
+    # Neither clashing plugin is imported: which one's import side effects would run is unknown.
+    assert not (Path(site) / "clash_llama_plugin.imported").exists()
 
 
 # -- 5. titan models list with a count that raises --------------------------------------------------
