@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from titan_core.errors import UsageError
+from titan_plugins_memory.outputs import reports_in
 
 MiB = 1024**2
 
@@ -64,9 +65,7 @@ FIGURES = (
 def load_report(path: str) -> dict[str, Any]:
     """A memory report; a folder holding exactly one report is accepted too."""
     if os.path.isdir(path):
-        found = sorted(
-            n for n in os.listdir(path) if n.startswith("memory_report_rank") and n.endswith(".json")
-        )
+        found = [os.path.basename(p) for p in reports_in(path).values()]
         if len(found) != 1:
             raise UsageError(
                 f"{path}: expected one memory_report_rank<r>.json in the folder, found "

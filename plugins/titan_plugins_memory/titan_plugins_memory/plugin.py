@@ -1,7 +1,7 @@
 """Hook implementations of the memory plugin (no torch import here: ``titan plugins list``).
 
 - the ``memory_report`` callback: on under the fake comm backends and with
-  ``debug.memory_report``;
+  ``debug.memory_report``; the folder keeps no earlier run's report (``outputs.py``);
 - ``titan run ... --all-pp-ranks``: the pure fake run of every pipeline coordinate;
 - ``titan memory view SNAPSHOT [-o OUT.html]`` and ``titan memory compare A.json B.json``;
 - ``titan compare RUN_DIR...``: per-step losses and gradient norms of several runs.
@@ -13,18 +13,26 @@ import argparse
 from typing import Any
 
 from titan_core import Callback, Command, RunOption, hookimpl
+from titan_core.run_folder import declare_outputs
+from titan_plugins_memory.outputs import REPORT_PATTERN, SWEEP_LOGS, SWEEP_SUMMARY
+
+# --overwrite removes them with the earlier run's own files.
+declare_outputs(REPORT_PATTERN, SWEEP_SUMMARY, SWEEP_LOGS)
 
 #: Comm backends whose runs always report memory (they exist to size a layout).
 _REPORTING_BACKENDS = ("fake", "real_pp_fake_spmd")
 
 
 def _build_report(trainer: Any) -> Any:
-    config = trainer.config
-    if config.comm.backend not in _REPORTING_BACKENDS and not config.debug.memory_report:
-        return None
-    from titan_plugins_memory.report import MemoryReport
+    """The report of this run, or ``None``; either way the folder keeps no earlier run's report."""
+    from titan_plugins_memory.outputs import clear_reports
+    from titan_plugins_memory.report import MemoryReport, run_layout
 
-    return MemoryReport(trainer)
+    config = trainer.config
+    on = config.comm.backend in _REPORTING_BACKENDS or config.debug.memory_report
+    # Called in every run, so that one without the report does not leave an earlier run's.
+    clear_reports(config.job.dump_folder, run_layout(trainer) if on else None, trainer.topology.rank)
+    return MemoryReport(trainer) if on else None
 
 
 def _run_all_pp_ranks(config: Any, registry: Any, args: argparse.Namespace) -> int:

@@ -25,7 +25,8 @@ created (or resized) by an operator until it is freed; what it holds at its peak
 was accounted when the step began.
 
 Every rank writes ``memory_report_rank{logical_rank}.json`` under ``job.dump_folder`` (at the end
-of the run, or with the error when the run fails) and prints a table. The JSON carries what
+of the run, or with the error when the run fails) and prints a table; the reports of earlier runs
+are removed when the run starts (:mod:`titan_plugins_memory.outputs`). The JSON carries what
 identifies the configuration (layout, schedule, microbatches, compile, activation checkpointing,
 dtype, sequence and batch, model overrides and a hash of the whole config), so that
 ``titan memory compare A.json B.json`` can put two of them side by side.
@@ -44,6 +45,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titan_core.log import get_logger
+from titan_plugins_memory.outputs import layout_key, report_name
 from titan_plugins_memory.tracker import AllocationTracker
 
 log = get_logger("titan.memory")
@@ -54,7 +56,18 @@ MiB = 1024**2
 
 
 def report_path(dump_folder: str, logical_rank: int) -> str:
-    return os.path.join(dump_folder, f"memory_report_rank{logical_rank}.json")
+    return os.path.join(dump_folder, report_name(logical_rank))
+
+
+def run_layout(trainer: Any) -> tuple[Any, Any, Any]:
+    """This run's :func:`~titan_plugins_memory.outputs.layout_key`, as its reports will carry it."""
+    return layout_key(
+        {
+            "config_hash": config_identity(trainer.config)["config_hash"],
+            "world_size": trainer.topology.world_size,
+            "degrees": trainer.parallel_dims.degrees(),
+        }
+    )
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:

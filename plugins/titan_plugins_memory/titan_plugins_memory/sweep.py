@@ -24,19 +24,34 @@ import time
 from typing import Any
 
 from titan_core.errors import UsageError
+from titan_plugins_memory.outputs import SWEEP_LOGS, SWEEP_SUMMARY, reports_in
 
 GiB = 1024**3
 
 
-def _child_command(args: argparse.Namespace, dump_folder: str) -> list[str]:
-    """The child's command line: the options of this ``titan run`` that select the run."""
+def _child_command(args: argparse.Namespace, dump_folder: str, *, first: bool) -> list[str]:
+    """The child's command line: the options of this ``titan run`` that select the run.
+
+    ``--overwrite`` goes to the first child only: the later ones are ranks of the same run, and
+    overwriting would remove the reports the earlier children just wrote.
+    """
     cmd = [sys.executable, "-m", "titan_core.train", "--recipe", args.recipe]
     if getattr(args, "module", None):
         cmd += ["--module", args.module]
     cmd += ["--comm-backend", "fake", "--dump-folder", dump_folder]
     for name in getattr(args, "disable_plugin", []) or []:
         cmd += ["--disable-plugin", name]
+    if first and getattr(args, "overwrite", False):
+        cmd.append("--overwrite")
     return cmd
+
+
+def _fresh_logs(folder: str) -> None:
+    """The log folder without an earlier sweep's logs (a deeper pipeline had more of them)."""
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):
+        if name.startswith("pp_rank") and name.endswith(".log"):
+            os.remove(os.path.join(folder, name))
 
 
 def _last_error(output: str, returncode: int) -> str:
@@ -69,8 +84,8 @@ def run_all_pp_ranks(config: Any, registry: Any, args: argparse.Namespace) -> in
         )
     pp = config.parallelism.pp
     dump_folder = config.job.dump_folder
-    logs = os.path.abspath(os.path.join(dump_folder, "memory_sweep"))
-    os.makedirs(logs, exist_ok=True)
+    logs = os.path.abspath(os.path.join(dump_folder, SWEEP_LOGS))
+    _fresh_logs(logs)
     rows: list[dict[str, Any]] = []
     for pp_rank in range(pp):
         env = dict(os.environ, FAKE_PP_RANK=str(pp_rank), LOCAL_RANK="0")
@@ -78,9 +93,14 @@ def run_all_pp_ranks(config: Any, registry: Any, args: argparse.Namespace) -> in
         print(f"--all-pp-ranks: running pp_rank {pp_rank} of {pp} (FAKE_PP_RANK={pp_rank})", flush=True)
         started = time.time()
         result = subprocess.run(
-            _child_command(args, dump_folder), env=env, capture_output=True, text=True, check=False
+            _child_command(args, dump_folder, first=pp_rank == 0),
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         output = result.stdout + result.stderr
+        os.makedirs(logs, exist_ok=True)  # the first child's --overwrite removes it
         log_path = os.path.join(logs, f"pp_rank{pp_rank}.log")
         with open(log_path, "w") as f:
             f.write(output)
@@ -97,7 +117,7 @@ def run_all_pp_ranks(config: Any, registry: Any, args: argparse.Namespace) -> in
                 row["error"] = "finished without writing its memory report"
         rows.append(row)
     print(format_sweep(config, rows), flush=True)
-    summary = os.path.join(dump_folder, "memory_report_all_pp_ranks.json")
+    summary = os.path.join(dump_folder, SWEEP_SUMMARY)
     with open(summary, "w") as f:
         json.dump({"recipe": config.recipe, "coordinates": rows}, f, indent=2)
     print(
@@ -111,15 +131,13 @@ def _find_report(dump_folder: str, pp_rank: int, since: float) -> dict[str, Any]
     """The report this coordinate wrote after ``since`` (the child knows its logical rank)."""
     since -= 1.0  # file-system timestamps may be coarser than time.time()
     candidates = []
-    for name in os.listdir(dump_folder) if os.path.isdir(dump_folder) else []:
-        if name.startswith("memory_report_rank") and name.endswith(".json"):
-            path = os.path.join(dump_folder, name)
-            if os.path.getmtime(path) < since:
-                continue
-            with open(path) as f:
-                data = json.load(f)
-            if data.get("pp_rank") == pp_rank and data.get("comm_backend") == "fake":
-                candidates.append((os.path.getmtime(path), data))
+    for path in reports_in(dump_folder).values():
+        if os.path.getmtime(path) < since:
+            continue
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("pp_rank") == pp_rank and data.get("comm_backend") == "fake":
+            candidates.append((os.path.getmtime(path), data))
     if not candidates:
         return None
     return max(candidates, key=lambda c: c[0])[1]
