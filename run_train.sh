@@ -96,7 +96,7 @@ done
 
 # The checks torchrun's workers would make, in one cheap process first: the recipe resolves and
 # validates (--print-config), the parallel degrees fit NGPU, the comm backend's launch contract
-# holds for NGPU processes. A worker's error would otherwise end as torchrun's ChildFailedError.
+# holds for NGPU processes, and the selected plugins' launch checks pass (titan_core.run.check_launch). A worker's error would otherwise end as torchrun's ChildFailedError.
 read_launch_check() {
   cat <<'PY'
 import json
@@ -134,6 +134,12 @@ try:
     from titan_core.parallel_dims import ParallelDims
 
     ParallelDims.from_config(p, ngpu)
+    # The selected plugins' own launch checks (a seed checkpoint is written by one process).
+    from titan_core import get_registry
+    from titan_core.config import from_dict
+    from titan_core.run import check_launch
+
+    check_launch(from_dict(config), get_registry(), ngpu)
 except UsageError as exc:
     try:
         from titan_core.cli import report_error

@@ -101,7 +101,10 @@ def titan_checkpointers() -> list[Checkpointer]:
     The trainer builds the one named by ``config.checkpoint.backend`` when
     ``checkpoint.enable`` or ``checkpoint.create_seed_checkpoint`` is set, before the model; it
     loads before step 1 and saves the steps ``should_save`` names (see
-    :class:`~titan_core.records.Checkpointer`).
+    :class:`~titan_core.records.Checkpointer`). Its optional ``launch_check(config, processes)``
+    runs earlier, before any process group starts (``run_train.sh`` calls it before torchrun)::
+
+        Checkpointer("mine", build_mine, "my checkpoints", launch_check=refuse_seed_on_many)
     """
 
 

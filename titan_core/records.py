@@ -261,6 +261,12 @@ class Checkpointer:
     name: str
     build: Callable[[TrainerConfig, Topology], Any]
     description: str = ""
+    #: ``launch_check(config, processes)``, or ``None``: raises ``UsageError`` for a config this
+    #: checkpointer refuses when the run has ``processes`` processes (a seed checkpoint is
+    #: written by one). Called before any process group starts: by ``run_train.sh`` before
+    #: torchrun starts ``NGPU`` processes, and by each process (``WORLD_SIZE``) before its comm
+    #: backend starts; torch-free, so that the launcher's check stays cheap.
+    launch_check: Callable[[TrainerConfig, int], None] | None = None
 
 
 @attrs.frozen

@@ -103,6 +103,25 @@ def check_names(config: Any, registry: Any) -> None:
     registry.get("datasets", config.data.dataset, what="dataset")
 
 
+def check_launch(config: Any, registry: Any, processes: int) -> None:
+    """The launch checks of the records this config selects, for a run of ``processes`` processes
+    (``run_train.sh`` before torchrun starts them; each process before its comm backend starts):
+    a refusal is one error before any process group exists, not a collective left waiting."""
+    c = config.checkpoint
+    if c.enable or c.create_seed_checkpoint:
+        checkpointer = registry.get("checkpointers", c.backend, what="checkpoint.backend")
+        if checkpointer.launch_check is not None:
+            checkpointer.launch_check(config, processes)
+
+
+def launched_processes(env: Mapping[str, str]) -> int:
+    """How many processes the launcher started (torchrun's ``WORLD_SIZE``; 1 without one)."""
+    raw = env.get("WORLD_SIZE", "").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"environment variable WORLD_SIZE={raw!r} is not a positive integer")
+    return int(raw)
+
+
 def refuse_unread_env(registry: Any, backend: str, env: Mapping[str, str]) -> None:
     """One error when a variable that other comm backends declare (``CommBackend.env_vars``) is
     set for a run whose backend ``backend`` would not read it. Blank counts as unset: run_train.sh

@@ -8,7 +8,6 @@ With one process these are no-ops.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 
@@ -41,23 +40,3 @@ class Peers:
         out: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(out, value)
         return out
-
-    def outlive_rank0(self) -> None:
-        """On ranks other than 0: return once rank 0 has ended (at once with one process).
-
-        For an error every rank raises alike before any collective (a refused launch): torchrun
-        stops the other ranks as soon as one exits, so a rank that exits first could take rank 0
-        down before rank 0 printed the error, and rank 0 is the one ``run_train.sh`` shows. Rank 0
-        never joins this collective; its exit closes its connections, which ends the wait here.
-        """
-        if not self.active:
-            return
-        import torch
-        import torch.distributed as dist
-
-        if dist.get_rank() == 0:
-            return
-        # A CPU tensor: gloo (also beside NCCL) notices a peer that is gone. The error it raises
-        # then is the expected end of the wait; the caller raises its own error next.
-        with contextlib.suppress(Exception):
-            dist.all_reduce(torch.zeros(1))

@@ -185,7 +185,9 @@ class DCPCheckpointer:
         c = config.checkpoint
         self.peers = Peers(topology.world_size)
         if c.create_seed_checkpoint:  # first: the launch is wrong whatever else the run would do
-            _refuse_seed_launch(config, topology.world_size, self.peers)
+            # Launched processes were checked before any process group (Checkpointer.launch_check);
+            # this sees a simulating backend's logical world size too.
+            check_seed_launch(config.parallelism, topology.world_size)
         if topology.simulates_peers:
             raise UsageError(
                 f"checkpoint: the {topology.backend!r} comm backend simulates its peers, so a "
@@ -445,12 +447,3 @@ def _dp_degree(config: TrainerConfig, world_size: int) -> int:
     p = config.parallelism
     dp_shard = p.dp_shard if p.dp_shard != -1 else world_size // (p.dp_replicate * p.cp * p.tp * p.pp)
     return p.dp_replicate * dp_shard
-
-
-def _refuse_seed_launch(config: TrainerConfig, world_size: int, peers: Peers) -> None:
-    """A seed run on several processes fails on every rank with the same line, rank 0's first."""
-    try:
-        check_seed_launch(config.parallelism, world_size)
-    except UsageError:
-        peers.outlive_rank0()  # so rank 0, the rank run_train.sh shows, prints before it is stopped
-        raise

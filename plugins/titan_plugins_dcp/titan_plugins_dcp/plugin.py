@@ -18,6 +18,13 @@ def _build(config: TrainerConfig, topology: Topology) -> Any:
     return DCPCheckpointer(config, topology)
 
 
+def _launch_check(config: TrainerConfig, processes: int) -> None:
+    if config.checkpoint.create_seed_checkpoint:
+        from titan_plugins_dcp.launch import check_seed_launch
+
+        check_seed_launch(config.parallelism, processes)
+
+
 def _export(args: argparse.Namespace) -> int:
     from titan_plugins_dcp.export import run
 
@@ -32,6 +39,7 @@ def titan_checkpointers() -> list[Checkpointer]:
             _build,
             "torch.distributed.checkpoint: resharding save/resume of model, optimizer, LR "
             "schedule and step; seed checkpoints",
+            launch_check=_launch_check,
         )
     ]
 
