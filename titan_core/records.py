@@ -295,6 +295,19 @@ class Callback:
     build: Callable[[Any], Any]
     order: int = 50
     description: str = ""
+    #: Files and folders it writes at the top of ``job.dump_folder``, as glob patterns
+    #: (``"my_report_rank*.json"``): ``--overwrite`` removes them with the earlier run's own
+    #: outputs, which would otherwise stay beside the new run's as if they were its.
+    outputs: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _output_patterns(v))
+
+
+def _output_patterns(value: Any) -> None:
+    bad = [p for p in value if not isinstance(p, str) or not p.strip("./") or "/" in p]
+    if isinstance(value, str) or bad:
+        raise TypeError(
+            f"outputs: expected a tuple of file or folder name patterns at the top of the dump folder "
+            f"(like 'my_report_rank*.json': no '/', not '.' or '..'), got {value!r}"
+        )
 
 
 @attrs.frozen
@@ -327,6 +340,8 @@ class RunOption:
     help: str
     run: Callable[[TrainerConfig, Any, argparse.Namespace], int]
     description: str = ""
+    #: What it writes at the top of ``job.dump_folder``, as :attr:`Callback.outputs`.
+    outputs: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _output_patterns(v))
 
 
 @attrs.frozen

@@ -76,36 +76,22 @@ class RunFolderLock:
 RUN_FILE = "run.json"
 #: Files a run writes at the top of its dump folder (besides its TensorBoard and checkpoint folders).
 RUN_FILES = ("config.toml", "metrics.jsonl", "train.log")
-#: What plugins write at the top of dump folders (glob patterns, in declaration order): see
-#: :func:`declare_outputs`. A dict, not a set, so the removal order is the declaration order.
-_DECLARED_OUTPUTS: dict[str, None] = {}
 
 
-def declare_outputs(*patterns: str) -> None:
-    """Declare files (or folders) a plugin writes at the top of ``job.dump_folder``, as glob
-    patterns (``"memory_report_rank*.json"``); a plugin calls it when its module is imported.
-
-    ``--overwrite`` removes what they match with the earlier run's own files: without this, a
-    plugin's outputs of the earlier run would stay beside the new run's as if they were its. A
-    start-over of the same run leaves them to the plugin, which replaces its own: they may be
-    per rank, and under a simulating comm backend the ranks of one run are processes that run one
-    after another, each of which starts the run over.
-    """
-    for pattern in patterns:
-        if not isinstance(pattern, str) or not pattern.strip("./") or "/" in pattern or os.sep in pattern:
-            raise ValueError(
-                f"declare_outputs: {pattern!r} is not a file or folder name pattern at the top of the "
-                "dump folder; give one like 'my_report_rank*.json' (no '/', not '.' or '..')"
-            )
-        _DECLARED_OUTPUTS[pattern] = None
+def plugin_outputs(registry: Any) -> list[str]:
+    """The glob patterns of what plugins write at the top of dump folders (``outputs`` of their
+    callbacks and run options), in registration order."""
+    kinds = ("callbacks", "run_options")
+    patterns = [p for kind in kinds for record in registry.records(kind).values() for p in record.outputs]
+    return list(dict.fromkeys(patterns))
 
 
-def _declared_paths(dump: str) -> list[str]:
-    """The paths in ``dump`` that declared outputs match (the dump folder itself never)."""
+def _declared_paths(dump: str, patterns: list[str]) -> list[str]:
+    """The paths in ``dump`` that ``patterns`` match (the dump folder itself never)."""
     import glob
 
     found: dict[str, None] = {}
-    for pattern in _DECLARED_OUTPUTS:
+    for pattern in patterns:
         for path in sorted(glob.glob(os.path.join(glob.escape(dump), pattern))):
             if os.path.realpath(path) != os.path.realpath(dump):
                 found[path] = None
@@ -180,14 +166,18 @@ class RunFolder:
     - takes over a folder holding only a seed checkpoint of the same model;
     - otherwise stops with one error naming the differences and the fixes (another folder, or
       ``--overwrite``, which deletes the earlier run's outputs, checkpoints and what plugins
-      declared (:func:`declare_outputs`) included, first).
+      plugins declare (``Callback.outputs``, ``RunOption.outputs``) included, first).
 
     Nothing of two different runs is ever mixed in one folder. All ranks read ``run.json`` before
     any writes it, so they decide alike.
     """
 
-    def __init__(self, config: Any, *, overwrite: bool, is_writer: bool) -> None:
+    def __init__(
+        self, config: Any, *, overwrite: bool, is_writer: bool, outputs: list[str] | None = None
+    ) -> None:
         self.config = config
+        #: Glob patterns of what plugins write at the top of the folder (:func:`plugin_outputs`).
+        self.outputs = outputs or []
         self.dump = config.job.dump_folder
         self.is_writer = is_writer
         self.prior = self._read_prior()
@@ -295,8 +285,8 @@ class RunFolder:
             path = os.path.join(self.dump, name)
             if os.path.isdir(path) and os.path.realpath(path) != os.path.realpath(self.dump):
                 shutil.rmtree(path)
-        if checkpoints:  # --overwrite: what plugins wrote goes too (declare_outputs)
-            for path in _declared_paths(self.dump):
+        if checkpoints:  # --overwrite: what plugins wrote goes too (their records' outputs)
+            for path in _declared_paths(self.dump, self.outputs):
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path)
                 elif os.path.lexists(path):

@@ -41,7 +41,7 @@ from titan_core.parallelize import (
     unhandled_dims,
 )
 from titan_core.run import check_launch, launched_processes, peer_failure, refuse_unread_env
-from titan_core.run_folder import RunFolder, RunFolderLock
+from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs
 from titan_core.schedule import WarmupStableDecay
 from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology
@@ -233,7 +233,9 @@ class Trainer:
                 "flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
             )
         self.lock = RunFolderLock.take(config, self.topology, is_writer=self.topology.rank == 0)
-        self.run_folder = RunFolder(config, overwrite=overwrite, is_writer=self.topology.rank == 0)
+        self.run_folder = RunFolder(
+            config, overwrite=overwrite, is_writer=self.topology.rank == 0, outputs=plugin_outputs(registry)
+        )
 
         # 3. Mesh, model on meta, strategies in their declared order; parameter sharing survives.
         self.mesh = self.parallel_dims.build_mesh(self.device.type) if self.topology.world_size > 1 else None

@@ -120,12 +120,16 @@ def test_a_run_json_written_before_sections_counted_still_starts_over(tmp_path: 
     assert steps_in(tmp_path) == [1, 2]
 
 
-@pytest.fixture
-def declared(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Declarations of these tests stay in them (they are process-wide)."""
-    from titan_core import run_folder
+def _registry_with_outputs(*patterns: str) -> object:
+    """titan's plugins and a third party's whose callback declares ``patterns`` as its outputs."""
+    from tests.conftest import plugin_module
+    from titan_core import Callback
+    from titan_core._registry import Registry
 
-    monkeypatch.setattr(run_folder, "_DECLARED_OUTPUTS", dict(run_folder._DECLARED_OUTPUTS))
+    registry = Registry().load_entry_points()
+    toy = Callback("toy_report", lambda trainer: None, outputs=patterns)
+    registry.register(plugin_module("toy", titan_callbacks=[toy]), "toy")
+    return registry
 
 
 def _plugin_outputs(tmp_path: Path) -> None:
@@ -136,33 +140,33 @@ def _plugin_outputs(tmp_path: Path) -> None:
     (tmp_path / "toy_logs" / "a.log").write_text("x")
 
 
-def test_overwrite_removes_the_outputs_plugins_declare(tmp_path: Path, declared: None) -> None:
-    from titan_core.run_folder import declare_outputs
-
-    declare_outputs("toy_report_rank*.json", "toy_logs")
-    train(tiny_llama3(tmp_path, 3), get_registry())
+def test_overwrite_removes_the_outputs_plugins_declare(tmp_path: Path) -> None:
+    registry = _registry_with_outputs("toy_report_rank*.json", "toy_logs")
+    train(tiny_llama3(tmp_path, 3), registry)
     _plugin_outputs(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")  # not declared by anyone: never touched
-    train(tiny_llama3(tmp_path, 2), get_registry(), overwrite=True)
+    train(tiny_llama3(tmp_path, 2), registry, overwrite=True)
     assert not list(tmp_path.glob("toy_report_rank*.json")) and not (tmp_path / "toy_logs").exists()
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_a_start_over_leaves_declared_outputs_to_their_plugin(tmp_path: Path, declared: None) -> None:
+def test_a_start_over_leaves_declared_outputs_to_their_plugin(tmp_path: Path) -> None:
     """Per-rank files may come from other processes of this run (the fake backends run each
     pipeline coordinate on its own): the plugin replaces its own, the core does not remove them."""
-    from titan_core.run_folder import declare_outputs
-
-    declare_outputs("toy_report_rank*.json")
-    train(tiny_llama3(tmp_path, 2), get_registry())
+    registry = _registry_with_outputs("toy_report_rank*.json")
+    train(tiny_llama3(tmp_path, 2), registry)
     _plugin_outputs(tmp_path)
-    train(tiny_llama3(tmp_path, 2), get_registry())
+    train(tiny_llama3(tmp_path, 2), registry)
     assert len(list(tmp_path.glob("toy_report_rank*.json"))) == 2
 
 
 @pytest.mark.parametrize("pattern", ["", "logs/a.json", "..", "/abs", 3])
-def test_declared_outputs_stay_at_the_top_of_the_folder(pattern: object, declared: None) -> None:
-    from titan_core.run_folder import declare_outputs
+def test_declared_outputs_stay_at_the_top_of_the_folder(pattern: object) -> None:
+    from titan_core import Callback, RunOption
 
-    with pytest.raises(ValueError, match="declare_outputs: "):
-        declare_outputs(pattern)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="outputs: expected a tuple of file or folder name patterns"):
+        Callback("toy", print, outputs=(pattern,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="outputs: expected"):
+        RunOption("toy", "--toy", "", print, outputs=(pattern,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="outputs: expected"):
+        Callback("toy", print, outputs="toy_logs")  # type: ignore[arg-type]  # a string, not a tuple

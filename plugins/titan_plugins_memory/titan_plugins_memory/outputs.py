@@ -7,9 +7,9 @@ adding its own report. Every other report is an earlier run's and goes when a ru
 reader of the folder (``titan memory compare DIR``, ``--all-pp-ranks``) never takes a rank this run
 never had for one of its own. A rank's own report goes too: an attempt that fails before writing
 must not leave the previous attempt's figures under its name. ``--overwrite`` removes them all
-(the run folder's ``declare_outputs``, see :mod:`titan_plugins_memory.plugin`).
+(the plugin's records declare them in ``outputs``, see :mod:`titan_plugins_memory.plugin`).
 
-No torch here: the plugin module imports it to declare the names.
+No torch here: the plugin module imports it for the names.
 """
 
 from __future__ import annotations

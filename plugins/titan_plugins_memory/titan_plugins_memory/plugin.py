@@ -13,11 +13,7 @@ import argparse
 from typing import Any
 
 from titan_core import Callback, Command, RunOption, hookimpl
-from titan_core.run_folder import declare_outputs
 from titan_plugins_memory.outputs import REPORT_PATTERN, SWEEP_LOGS, SWEEP_SUMMARY
-
-# --overwrite removes them with the earlier run's own files.
-declare_outputs(REPORT_PATTERN, SWEEP_SUMMARY, SWEEP_LOGS)
 
 #: Comm backends whose runs always report memory (they exist to size a layout).
 _REPORTING_BACKENDS = ("fake", "real_pp_fake_spmd")
@@ -98,6 +94,7 @@ def titan_callbacks() -> list[Callback]:
             _build_report,
             order=40,
             description="memory at the four observation points (fake backends, debug.memory_report)",
+            outputs=(REPORT_PATTERN,),  # --overwrite removes them with the earlier run's own files
         )
     ]
 
@@ -110,6 +107,7 @@ def titan_run_options() -> list[RunOption]:
             "--all-pp-ranks",
             "with --comm-backend fake: run every pipeline coordinate in turn and compare memory",
             _run_all_pp_ranks,
+            outputs=(SWEEP_SUMMARY, SWEEP_LOGS),
         )
     ]
 
