@@ -82,6 +82,9 @@ def titan_comm_backends() -> list[CommBackend]:
     backend, they stop it with one error before anything starts (it would ignore them)::
 
         CommBackend("sim", init_sim, "a simulated cluster", env_vars=("SIM_RANK",))
+
+    Config values every run of it has go in ``sets`` (``{"debug.memory_report": True}``),
+    applied before validation and ``--print-config``.
     """
 
 

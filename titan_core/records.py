@@ -219,6 +219,11 @@ class CommBackend:
     #: is set (not blank) is refused before anything starts: it would ignore the variable without
     #: a word, and the user would believe, say, a pipeline rank was simulated.
     env_vars: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _variable_names(v))
+    #: Config values every run of this backend has, by field path (``{"debug.memory_report":
+    #: True}``: the fake backends exist to size layouts). Set after the recipe and
+    #: ``--comm-backend``, before validation, so ``--print-config`` and the run's ``config.toml``
+    #: show what runs.
+    sets: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
 
 
 def _variable_names(value: Any) -> None:

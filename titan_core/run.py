@@ -12,7 +12,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from titan_core.errors import UsageError
+import attrs
+
+from titan_core.errors import PluginError, UsageError
 
 DESCRIPTION = """\
 Train with a recipe. Training behaviour (model, steps, batch, parallel degrees, ...) is set in
@@ -77,6 +79,7 @@ def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
     config = call_recipe(find_recipe(registry, args.recipe, args.module))
     if args.comm_backend:
         config.comm.backend = args.comm_backend
+    apply_backend_settings(config, registry)
     if args.dump_folder is not None:
         if not args.dump_folder.strip():  # an unset shell variable: not "use the recipe's folder"
             raise UsageError("--dump-folder: got an empty path; give the folder for this run's outputs")
@@ -101,6 +104,21 @@ def check_names(config: Any, registry: Any) -> None:
     registry.get("comm_backends", config.comm.backend, what="comm backend")
     refuse_unread_env(registry, config.comm.backend, os.environ)
     registry.get("datasets", config.data.dataset, what="dataset")
+
+
+def apply_backend_settings(config: Any, registry: Any) -> None:
+    """Set the config values the selected comm backend always runs with (``CommBackend.sets``)."""
+    backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+    for path, value in backend.sets.items():
+        section_name, _, name = path.partition(".")
+        section = config.sections().get(section_name)
+        if section is None or name not in attrs.fields_dict(type(section)):
+            owner = registry.provider("comm_backends", backend.name)
+            raise PluginError(
+                f"comm backend {backend.name!r} sets {path!r}, which is not a config field; plugin "
+                f"{owner.name!r} ({owner.origin}) must be fixed or disabled"
+            )
+        setattr(section, name, value)
 
 
 def check_launch(config: Any, registry: Any, processes: int) -> None:

@@ -40,7 +40,13 @@ from titan_core.parallelize import (
     select_strategies,
     unhandled_dims,
 )
-from titan_core.run import check_launch, launched_processes, peer_failure, refuse_unread_env
+from titan_core.run import (
+    apply_backend_settings,
+    check_launch,
+    launched_processes,
+    peer_failure,
+    refuse_unread_env,
+)
 from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs
 from titan_core.schedule import WarmupStableDecay
 from titan_core.tied import retie, shared_parameters
@@ -165,6 +171,7 @@ class Trainer:
 
         # 1. Who we are: the comm backend builds the topology; degrees are checked right away.
         backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+        apply_backend_settings(config, registry)  # done by `titan run` already; a Python caller too
         refuse_unread_env(registry, config.comm.backend, os.environ)
         check_launch(config, registry, launched_processes(os.environ))
         self.topology: Topology = backend.init(config)

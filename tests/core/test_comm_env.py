@@ -72,3 +72,29 @@ def test_fake_pp_rank_with_the_default_backend_is_one_line_before_anything_runs(
         assert lines[0].startswith("titan: error: FAKE_PP_RANK='1' is set, but comm backend 'default'")
         assert "--comm-backend fake" in lines[0] and "unset FAKE_PP_RANK" in lines[0]
         assert '"event": "step"' not in result.stdout and not (tmp_path / "out").exists()
+
+
+def test_a_backends_settings_are_applied_and_a_wrong_path_names_its_plugin() -> None:
+    """``CommBackend.sets``: what every run of the backend has, set before validation (so
+    ``--print-config`` shows it); a path that is no config field is the plugin's bug."""
+    from titan_core.config import TrainerConfig
+    from titan_core.errors import PluginError
+    from titan_core.run import apply_backend_settings
+
+    registry = _registry(
+        CommBackend("sizer", lambda c: None, sets={"debug.memory_report": True, "training.steps": 3}),
+        CommBackend("broken", lambda c: None, sets={"debug.memory_reprot": True}),
+    )
+    config = TrainerConfig()
+    config.comm.backend = "sizer"
+    apply_backend_settings(config, registry)
+    assert config.debug.memory_report is True and config.training.steps == 3
+    config = TrainerConfig()
+    apply_backend_settings(config, registry)  # the default backend sets nothing
+    assert config.debug.memory_report is False
+    config.comm.backend = "broken"
+    with pytest.raises(
+        PluginError,
+        match=r"backend .broken. sets .debug.memory_reprot., which is not a config field; plugin 'third'",
+    ):
+        apply_backend_settings(config, registry)

@@ -27,6 +27,10 @@ def _real_pp_fake_spmd(config: TrainerConfig) -> Topology:
     return init(config)
 
 
+#: Both backends exist to size a layout: their runs always write the memory report.
+_SIZING = {"debug.memory_report": True}
+
+
 @hookimpl
 def titan_comm_backends() -> list[CommBackend]:
     return [
@@ -36,6 +40,7 @@ def titan_comm_backends() -> list[CommBackend]:
             "one process stands for logical rank FAKE_PP_RANK*NGPU/pp of an NGPU-rank job; "
             "no communication (memory and shape debugging, docs/debugging.md)",
             env_vars=("FAKE_PP_RANK",),
+            sets=_SIZING,
         ),
         CommBackend(
             "real_pp_fake_spmd",
@@ -45,6 +50,7 @@ def titan_comm_backends() -> list[CommBackend]:
             # Declared so that its own launch check (FAKE_PP_RANK is invalid in hybrid mode, the
             # pipeline rank is torchrun's RANK) gives the precise error.
             env_vars=("FAKE_PP_RANK",),
+            sets=_SIZING,
         ),
     ]
 

@@ -15,9 +15,6 @@ from typing import Any
 from titan_core import Callback, Command, RunOption, hookimpl
 from titan_plugins_memory.outputs import REPORT_PATTERN, SWEEP_LOGS, SWEEP_SUMMARY
 
-#: Comm backends whose runs always report memory (they exist to size a layout).
-_REPORTING_BACKENDS = ("fake", "real_pp_fake_spmd")
-
 
 def _build_report(trainer: Any) -> Any:
     """The report of this run, or ``None``; either way the folder keeps no earlier run's report."""
@@ -25,7 +22,7 @@ def _build_report(trainer: Any) -> Any:
     from titan_plugins_memory.report import MemoryReport, run_layout
 
     config = trainer.config
-    on = config.comm.backend in _REPORTING_BACKENDS or config.debug.memory_report
+    on = config.debug.memory_report  # the fake backends set it (CommBackend.sets)
     # Called in every run, so that one without the report does not leave an earlier run's.
     clear_reports(config.job.dump_folder, run_layout(trainer) if on else None, trainer.topology.rank)
     return MemoryReport(trainer) if on else None

@@ -107,11 +107,6 @@ def test_all_pp_ranks_overwrite_leaves_every_coordinate_of_its_run(recipes: Path
     assert (out / SWEEP_SUMMARY).is_file()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs a core hook: the fake backends' rule lives in the memory plugin, which no hook "
-    "lets change the resolved config before --print-config prints it (see the report)",
-)
 def test_print_config_shows_the_report_on_under_the_fake_backends(tmp_path: Path) -> None:
     def printed(*extra: str) -> dict:
         result = subprocess.run(
