@@ -96,7 +96,8 @@ done
 
 # The checks torchrun's workers would make, in one cheap process first: the recipe resolves and
 # validates (--print-config), the parallel degrees fit NGPU, the comm backend's launch contract
-# holds for NGPU processes, and the selected plugins' launch checks pass (titan_core.run.check_launch). A worker's error would otherwise end as torchrun's ChildFailedError.
+# holds for NGPU processes, and the selected plugins' launch checks pass (titan_core.run.check_launch).
+# A worker's error would otherwise end as torchrun's ChildFailedError.
 read_launch_check() {
   cat <<'PY'
 import json

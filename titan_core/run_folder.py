@@ -166,7 +166,7 @@ class RunFolder:
     - takes over a folder holding only a seed checkpoint of the same model;
     - otherwise stops with one error naming the differences and the fixes (another folder, or
       ``--overwrite``, which deletes the earlier run's outputs, checkpoints and what plugins
-      plugins declare (``Callback.outputs``, ``RunOption.outputs``) included, first).
+      declare (``Callback.outputs``, ``RunOption.outputs``) included, first).
 
     Nothing of two different runs is ever mixed in one folder. All ranks read ``run.json`` before
     any writes it, so they decide alike.

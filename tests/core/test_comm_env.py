@@ -1,13 +1,13 @@
 """``CommBackend.env_vars``: a variable only other comm backends read, set for a run whose backend
-would ignore it, is one error before anything starts (``titan_core.run.refuse_unread_env``)."""
+would ignore it, is one error before anything starts (``titan_core.run.refuse_unread_env``); and
+``CommBackend.sets``. The fake backends' own declaration is tested with them
+(``tests/plugins/comm/test_contract.py``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import plugin_module, run_titan
+from tests.conftest import plugin_module
 from titan_core import CommBackend
 from titan_core._registry import Registry
 from titan_core.errors import UsageError
@@ -51,27 +51,6 @@ def test_env_vars_must_be_names() -> None:
         CommBackend("sim", lambda c: None, env_vars="SIM_RANK")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="variable names"):
         CommBackend("sim", lambda c: None, env_vars=("",))
-
-
-def test_fake_pp_rank_with_the_default_backend_is_one_line_before_anything_runs(tmp_path: Path) -> None:
-    """The fake backends declare FAKE_PP_RANK: a normal job must not pass for a simulated rank."""
-    for extra in ((), ("--print-config",)):  # run_train.sh's launch check resolves the config first
-        result = run_titan(
-            "run",
-            "--recipe",
-            "llama3_debugmodel",
-            "--dump-folder",
-            str(tmp_path / "out"),
-            *extra,
-            FAKE_PP_RANK="1",
-            TITAN_DEFAULT_MAX_STEPS="1",
-        )
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert result.returncode == 2, result.stderr
-        assert len(lines) == 1, result.stderr
-        assert lines[0].startswith("titan: error: FAKE_PP_RANK='1' is set, but comm backend 'default'")
-        assert "--comm-backend fake" in lines[0] and "unset FAKE_PP_RANK" in lines[0]
-        assert '"event": "step"' not in result.stdout and not (tmp_path / "out").exists()
 
 
 def test_a_backends_settings_are_applied_and_a_wrong_path_names_its_plugin() -> None:

@@ -114,29 +114,28 @@ def test_cli_reports_contract_errors_before_building(
 
 
 def test_fake_pp_rank_without_the_fake_backend_is_one_error(tmp_path: Path) -> None:
-    # The outside review's case: the default backend would train a normal job and ignore it.
-    result = run_titan(
-        "run",
-        "--recipe",
-        "llama3_debugmodel",
-        "--dump-folder",
-        str(tmp_path / "out"),
-        FAKE_PP_RANK="1",
-        NGPU="",
-        TITAN_DEFAULT_MAX_STEPS="1",  # bounds the run the bug would start
-    )
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 2, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("titan: error:"), result.stderr
-    for fragment in (
-        "FAKE_PP_RANK='1'",
-        "comm backend 'default'",
-        "--comm-backend fake",
-        "COMM_BACKEND=fake",
-    ):
-        assert fragment in lines[0], lines[0]
-    assert "unset FAKE_PP_RANK" in lines[0]
-    assert '"event": "step"' not in result.stdout  # refused before training
+    """The outside review's case: the default backend would train a normal job and ignore it.
+    Refused under --print-config too, which run_train.sh's launch check resolves first."""
+    for extra in ((), ("--print-config",)):
+        result = run_titan(
+            "run",
+            "--recipe",
+            "llama3_debugmodel",
+            "--dump-folder",
+            str(tmp_path / "out"),
+            *extra,
+            FAKE_PP_RANK="1",
+            NGPU="",
+            TITAN_DEFAULT_MAX_STEPS="1",  # bounds the run the bug would start
+        )
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2, result.stderr
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("titan: error: FAKE_PP_RANK='1' is set, but comm backend 'default'")
+        for fragment in ("--comm-backend fake", "COMM_BACKEND=fake", "unset FAKE_PP_RANK"):
+            assert fragment in lines[0], lines[0]
+        assert '"event": "step"' not in result.stdout  # refused before training
+        assert not (tmp_path / "out").exists()  # and before the dump folder
 
 
 @pytest.mark.parametrize(
