@@ -28,9 +28,10 @@
 #                   autocast with TITAN_BENCH_MIXED_PRECISION=autocast; prints perf_table.py
 #                   --recompute
 #   peer_budget     torchtitan 0.3.0's 8B-shape run with its memory_budget mode at each budget of
-#                   PERF_BUDGETS (bench/peer_budget.py), beside titan's budget runs
+#                   PERF_BUDGETS (bench/peer_recompute.py), beside titan's budget runs
 #   peer1[:RUN]     one of the peer kit's runs alone (r2_1b_v2k_eager, r3_1b_v2k_compile (default),
-#                   r4_8b_l8_v2k_compile), the kit's settings, for a short lease
+#                   r4_8b_l8_v2k_compile), the kit's settings, for a short lease; with TITAN_BENCH_AC=full
+#                   or none, in that activation-checkpoint mode (log name RUN_full, RUN_none)
 #   table           python3 bench/perf_table.py over everything measured on this machine
 #
 # TITAN_BENCH_AC, TITAN_BENCH_MEMORY_BUDGET and TITAN_BENCH_MIXED_PRECISION choose the
@@ -184,16 +185,21 @@ for stage in "${@:-titan hand peer table}"; do
         python3 bench/perf_table.py --recompute "$c" "$W" | tee "$OUT/recompute_$c.md" ;;
       peer_budget)
         for b in $(budgets); do
-          (export TITAN_BENCH_MEMORY_BUDGET=$b && peer_run "r4_8b_l8_v2k_compile_budget$b" --module bench.peer_budget \
+          (export TITAN_BENCH_AC=memory_budget TITAN_BENCH_MEMORY_BUDGET=$b && peer_run "r4_8b_l8_v2k_compile_budget$b" --module bench.peer_recompute \
             --config llama3_8b_l8_v2k --training.steps 20 --training.local_batch_size 4 --compile.enable)
         done ;;
       peer1)
+        # TITAN_BENCH_AC=full or none runs torchtitan in that activation-checkpoint mode too.
+        pv="" pm=peer_llama_configs
+        case ${TITAN_BENCH_AC:-selective} in
+          full | none) pv="_${TITAN_BENCH_AC}" pm=bench.peer_recompute ;;
+        esac
         for r in ${arg:-r3_1b_v2k_compile}; do
           case $r in
-            r2_1b_v2k_eager) peer_run "$r" --module peer_llama_configs --config llama3_1b_v2k --training.steps 30 ;;
-            r3_1b_v2k_compile) peer_run "$r" --module peer_llama_configs --config llama3_1b_v2k --training.steps 30 \
+            r2_1b_v2k_eager) peer_run "$r$pv" --module $pm --config llama3_1b_v2k --training.steps 30 ;;
+            r3_1b_v2k_compile) peer_run "$r$pv" --module $pm --config llama3_1b_v2k --training.steps 30 \
               --compile.enable ;;
-            r4_8b_l8_v2k_compile) peer_run "$r" --module peer_llama_configs --config llama3_8b_l8_v2k --training.steps 20 \
+            r4_8b_l8_v2k_compile) peer_run "$r$pv" --module $pm --config llama3_8b_l8_v2k --training.steps 20 \
               --training.local_batch_size 4 --compile.enable ;;
             *) echo "unknown peer run $r (r2_1b_v2k_eager r3_1b_v2k_compile r4_8b_l8_v2k_compile)"; exit 2 ;;
           esac

@@ -134,26 +134,43 @@ def find(dirs: list[Path], name: str) -> Path | None:
 
 
 def variants(dirs: list[Path], config: str) -> list[str]:
-    """The memory-budget variants of CONFIG measured in DIRS: log-name suffixes such as
-    ``_budget0.5_autocast`` (``variant()`` in ``bench/perf.sh``), by budget, FSDP2 before autocast."""
+    """The recomputation variants of CONFIG measured in DIRS: log-name suffixes such as
+    ``_budget0.5_autocast`` or ``_full`` (``variant()`` in ``bench/perf.sh``): full AC, no AC,
+    then the memory budgets by budget, FSDP2 before autocast."""
     found = {
         m.group(0)
         for d in dirs
-        for p in d.glob(f"*_{config}_budget*.log")
+        for p in d.glob(f"*_{config}_*.log")
         if (m := _VARIANT.fullmatch(p.name.removesuffix(".log").split(config, 1)[1]))
     }
-    return sorted(found, key=lambda v: (float(_VARIANT.fullmatch(v)[1]), v))  # type: ignore[index]
+
+    def order(v: str) -> tuple[float, str]:
+        m = _VARIANT.fullmatch(v)
+        return (-1.0 if m[2] else float(m[1]), v)  # type: ignore[index]
+
+    return sorted(found, key=order)
 
 
-_VARIANT = re.compile(r"_budget([\d.]+)(_autocast)?")
+#: ``_budget0.5_autocast``, ``_full``, ``_none_autocast``: the memory budget or the AC mode
+#: (``TITAN_BENCH_AC``), then the one-GPU mixed precision when it is autocast.
+_VARIANT = re.compile(r"_(?:budget([\d.]+)|(full|none))(_autocast)?")
 
 
 def describe(suffix: str) -> str:
-    """``_budget0.5_autocast`` -> ``memory budget 0.5, autocast``."""
+    """``_budget0.5_autocast`` -> ``memory budget 0.5, autocast``; ``_full`` -> ``full AC, FSDP2``."""
     m = _VARIANT.fullmatch(suffix)
     if not m:
         return suffix
-    return f"memory budget {m[1]}" + (", autocast" if m[2] else ", FSDP2")
+    what = f"memory budget {m[1]}" if m[1] else {"full": "full AC", "none": "no AC"}[m[2]]
+    return what + (", autocast" if m[3] else ", FSDP2")
+
+
+def peer_suffix(suffix: str) -> str:
+    """The torchtitan log-name suffix of a variant (it has no autocast mode on one GPU)."""
+    m = _VARIANT.fullmatch(suffix)
+    if not m:
+        return ""
+    return f"_budget{m[1]}" if m[1] else f"_{m[2]}"
 
 
 def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
@@ -161,12 +178,11 @@ def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
     for config, (title, peer_name) in CONFIGS.items():
         selective_peer = None
         for suffix in ["", *variants(dirs, config)]:
-            budget = _VARIANT.fullmatch(suffix)
             runs = {}
             for kind, name, parse in (
                 ("titan", f"titan_{config}{suffix}.log", json_steps),
                 ("hand loop", f"hand_{config}{suffix}.log", json_steps),
-                ("torchtitan 0.3.0", f"{peer_name}{f'_budget{budget[1]}' if budget else ''}.log", peer_steps),
+                ("torchtitan 0.3.0", f"{peer_name}{peer_suffix(suffix)}.log", peer_steps),
             ):
                 path = find(dirs, name)
                 rows = parse(path) if path else []
@@ -181,7 +197,7 @@ def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
                     continue
                 ratios = []
                 if kind == "titan" and peer:
-                    same = " (same budget)" if suffix else ""
+                    same = "" if not suffix else " (same budget)" if "budget" in suffix else " (same AC)"
                     ratios.append(f"{run['tps'] / peer['tps']:.3f} vs torchtitan{same}")
                 if kind == "titan" and suffix and selective_peer:
                     ratios.append(f"{run['tps'] / selective_peer['tps']:.3f} vs torchtitan selective")
@@ -280,7 +296,7 @@ def recompute_rows(dirs: list[Path], config: str, skip: int) -> list[dict[str, A
         path = find(dirs, f"titan_{config}{suffix}.log")
         what = (
             describe(suffix)
-            if suffix.startswith("_budget")
+            if _VARIANT.fullmatch(suffix)
             else "selective AC, op policy, " + ("autocast" if suffix else "FSDP2")
         )
         rows = json_steps(path) if path else []

@@ -103,3 +103,29 @@ def test_perf_sh_names_variant_logs_as_the_table_reads_them(env: dict[str, str],
         ["bash", "-c", function[0] + "\nvariant"], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == suffix
+
+
+def test_activation_checkpointing_variants_pair_with_torchtitan_in_the_same_mode(tmp_path: Path) -> None:
+    slow = [1.0] * 5
+    _titan_log(tmp_path / f"titan_{CONFIG}.log", slow + [100.0] * 5)
+    _titan_log(tmp_path / f"titan_{CONFIG}_full.log", slow + [90.0] * 5)
+    _titan_log(tmp_path / f"titan_{CONFIG}_none.log", slow + [120.0] * 5)
+    _peer_log(tmp_path / "peer" / "r4_8b_l8_v2k_compile.log", slow + [80.0] * 5)
+    _peer_log(tmp_path / "peer" / "r4_8b_l8_v2k_compile_full.log", slow + [75.0] * 5)
+    _peer_log(tmp_path / "peer" / "r4_8b_l8_v2k_compile_none.log", slow + [100.0] * 5)
+    rows = [r for r in table([tmp_path]) if r["config"].startswith("8B") and not r.get("missing")]
+    by = {(r["variant"], r["run"]): r for r in rows}
+    assert by[("_full", "titan")]["ratio"] == "1.200 vs torchtitan (same AC); 1.125 vs torchtitan selective"
+    assert by[("_none", "titan")]["ratio"].startswith("1.200 vs torchtitan (same AC)")
+    assert by[("_full", "torchtitan 0.3.0")]["tps"] == pytest.approx(75.0)
+    assert [r["variant"] for r in rows if r["run"] == "titan"] == ["", "_full", "_none"]
+    assert main([str(tmp_path)]) == 0
+
+
+def test_rendered_table_names_the_activation_checkpointing_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _titan_log(tmp_path / f"titan_{CONFIG}_full_autocast.log", [1.0] * 5 + [90.0] * 5)
+    assert main([str(tmp_path)]) == 0
+    row = "| 8B shape (8 layers), compiled, 8192x4, full AC, autocast | titan | 90 |"
+    assert row in capsys.readouterr().out
