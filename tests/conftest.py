@@ -98,6 +98,25 @@ def assert_same_forward_backward(a: object, b: object, x: object, *args: object)
         torch.testing.assert_close(g_a, g_b)
 
 
+def saved_storage_bytes(fn: object, *args: object) -> int:
+    """Bytes of the storages autograd keeps for backward over one ``fn(*args)``.
+
+    Counted by storage, not by tensor: a saved view keeps its whole base alive (a slice of a fused
+    projection holds the other slices too), which a count of the views' own sizes would miss."""
+    import torch
+
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn(*args)  # type: ignore[operator]
+    return sum(storages.values())
+
+
 def tiny_recipe_source(name: str, steps: int, extra: str = "") -> str:
     """A user recipe module (source text) defining ``name()``: the tiny Llama 3, ``steps`` steps."""
     return (

@@ -302,13 +302,20 @@ def project_qkv(
     wq: nn.Module, wk: nn.Module, wv: nn.Module, x: torch.Tensor, *, fuse: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``wq(x), wk(x), wv(x)``: one matmul over the concatenated weights when ``fuse`` and the
-    three projections allow it (:func:`_fusable`), three calls otherwise."""
+    three projections allow it (:func:`_fusable`), three calls otherwise.
+
+    Fused, ``q`` and ``k`` are views of the one output and ``v`` is a copy of its slice: attention
+    saves V for backward, and a saved view would keep the whole fused output (Q and K too) alive
+    until backward, one more ``dim + kv_dim`` wide activation per token and layer than separate
+    projections hold without activation checkpointing. A caller that saves Q or K for backward
+    itself (a norm over them) makes them contiguous first, for the same reason.
+    """
     linears = (wq, wk, wv)
     if not (fuse and _fusable(linears)):
         return wq(x), wk(x), wv(x)
     weights = [m.weight for m in linears]
     q, k, v = F.linear(x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
-    return q, k, v
+    return q, k, v.contiguous()
 
 
 class Attention(nn.Module):

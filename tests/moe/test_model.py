@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import assert_same_forward_backward
+from tests.conftest import assert_same_forward_backward, saved_storage_bytes
 from titan_core.errors import UsageError
 from titan_plugins_moe.flavors import FLAVORS, MoEArgs, flops_per_token, num_params
 from titan_plugins_moe.model import MoE, MoETransformer
@@ -174,6 +174,25 @@ def test_qwen3_attention_fuses_qkv_with_the_separate_projections_results() -> No
     x = torch.randn(2, 12, args.dim, requires_grad=True)
     freqs = rope_frequencies(args, 12)
     assert_same_forward_backward(fused, separate, x, freqs)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_qwen3_fused_qkv_keeps_no_more_for_backward_than_separate_projections(compiled: bool) -> None:
+    """The q/k norms and attention save Q, K and V: none may be a slice keeping the fused output."""
+    from titan_plugins_moe.attention import Attention, rope_frequencies
+
+    torch._dynamo.reset()
+    args = FLAVORS["qwen3_debugmodel"]
+    torch.manual_seed(0)
+    fused, separate = Attention(args), Attention(attrs.evolve(args, fuse_qkv=False))
+    x = torch.randn(2, 12, args.dim, requires_grad=True)
+    freqs = rope_frequencies(args, 12)
+    kept = []
+    for module in (fused, separate):
+        fn = torch.compile(module) if compiled else module
+        fn(x, freqs)  # compiles
+        kept.append(saved_storage_bytes(fn, x, freqs))
+    assert kept[0] == kept[1]
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,8 @@ class Attention(nn.Module):
         k = k.view(bs, seq, -1, self.head_dim)
         v = v.view(bs, seq, -1, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            # The norms save their inputs: copies, not views that keep the fused QKV output alive.
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
         q, k = blocks.apply_rope(q, freqs_cis), blocks.apply_rope(k, freqs_cis)
         out = blocks.call_attention(
             self.attention_fn, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask
