@@ -95,13 +95,12 @@ for arg in "$@"; do
 done
 
 # The checks torchrun's workers would make, in one cheap process first: the recipe resolves and
-# validates (--print-config), the parallel degrees fit NGPU, the comm backend's launch contract
-# holds for NGPU processes, and the selected plugins' launch checks pass (titan_core.run.check_launch).
-# A worker's error would otherwise end as torchrun's ChildFailedError.
+# validates (--print-config), the selected comm backend's and plugins' launch checks pass for NGPU
+# processes (titan_core.run.check_launch; the records' launch_check), and the parallel degrees fit
+# NGPU. A worker's error would otherwise end as torchrun's ChildFailedError.
 read_launch_check() {
   cat <<'PY'
 import json
-import os
 import sys
 from types import SimpleNamespace
 
@@ -111,36 +110,16 @@ ngpu = int(sys.argv[1])
 text = sys.stdin.read()
 offset = 0 if text.startswith("{") else text.find("\n{") + 1  # a recipe module may print first
 config = json.JSONDecoder().raw_decode(text[offset:])[0]
-p = SimpleNamespace(**config["parallelism"])
-backend = config["comm"]["backend"]
-docs = "see docs/debugging.md, 'Launch contract'"
 try:
-    if backend == "fake" and ngpu > 1:
-        raise UsageError(
-            f"comm.backend = 'fake' under torchrun: NGPU={ngpu} processes would each claim the same "
-            "logical rank and overwrite one report. The fake backend is one process standing for "
-            f"one rank of an NGPU-rank job: run COMM_BACKEND=fake NGPU={ngpu} ./run_train.sh; {docs}"
-        )
-    if backend == "real_pp_fake_spmd":
-        if p.pp != ngpu:
-            raise UsageError(
-                f"real_pp_fake_spmd needs one process per pipeline rank, but run_train.sh starts "
-                f"NGPU={ngpu} and parallelism.pp={p.pp}. Through run_train.sh set NGPU={p.pp} (a "
-                f"{p.pp}-rank job); to stand for a larger job, launch torchrun --nproc_per_node={p.pp} "
-                f"yourself with NGPU set to the logical world size; {docs}"
-            )
-        from titan_plugins_comm.contract import hybrid_launch
-
-        hybrid_launch(p.pp, {**os.environ, "NGPU": str(ngpu), "WORLD_SIZE": str(ngpu), "RANK": "0"})
-    from titan_core.parallel_dims import ParallelDims
-
-    ParallelDims.from_config(p, ngpu)
-    # The selected plugins' own launch checks (a seed checkpoint is written by one process).
     from titan_core import get_registry
     from titan_core.config import from_dict
+    from titan_core.parallel_dims import ParallelDims
     from titan_core.run import check_launch
 
+    # The comm backend's launch check first (how the run must be launched at all), then the
+    # other selected plugins' (a seed checkpoint is written by one process); then the degrees.
     check_launch(from_dict(config), get_registry(), ngpu)
+    ParallelDims.from_config(SimpleNamespace(**config["parallelism"]), ngpu)
 except UsageError as exc:
     try:
         from titan_core.cli import report_error

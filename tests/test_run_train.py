@@ -101,7 +101,7 @@ def test_unknown_recipe_and_bad_config_stop_before_torchrun(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("ngpu", "env", "expected"),
     [
-        ("4", {}, "real_pp_fake_spmd needs one process per pipeline rank, but run_train.sh starts NGPU=4"),
+        ("4", {}, "real_pp_fake_spmd needs one process per pipeline rank, but 4 processes are launched"),
         ("2", {"FAKE_PP_RANK": "1"}, "FAKE_PP_RANK='1' is set, but real_pp_fake_spmd takes the pipeline"),
     ],
 )
@@ -122,7 +122,8 @@ def test_hybrid_launch_contract_errors_exit_2(tmp_path: Path, ngpu: str, env: di
 
 def test_pure_fake_under_torchrun_is_a_launch_contract_error(tmp_path: Path) -> None:
     result = launch(tmp_path, {"comm.backend": "fake"}, NGPU="2")
-    assert "comm.backend = 'fake' under torchrun" in one_error_line(result)
+    line = one_error_line(result)
+    assert "comm.backend = 'fake' runs as ONE process" in line and "but 2 processes are launched" in line
 
 
 def test_comm_backend_fake_and_another_backend_flag_disagree(tmp_path: Path) -> None:

@@ -84,7 +84,11 @@ def titan_comm_backends() -> list[CommBackend]:
         CommBackend("sim", init_sim, "a simulated cluster", env_vars=("SIM_RANK",))
 
     Config values every run of it has go in ``sets`` (``{"debug.memory_report": True}``),
-    applied before validation and ``--print-config``.
+    applied before validation and ``--print-config``. A backend that cannot run under some
+    launches gives ``launch_check(config, processes)``, called by ``run_train.sh`` (``NGPU``)
+    before torchrun starts and by each process (``WORLD_SIZE``) before ``init``::
+
+        CommBackend("sim", init_sim, "a simulated cluster", launch_check=refuse_torchrun)
     """
 
 

@@ -224,6 +224,13 @@ class CommBackend:
     #: ``--comm-backend``, before validation, so ``--print-config`` and the run's ``config.toml``
     #: show what runs.
     sets: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
+    #: ``launch_check(config, processes)``, or ``None``: raises ``UsageError`` when this backend
+    #: cannot run as ``processes`` launched processes (the fake backend is one plain process; a
+    #: hybrid one needs one per pipeline rank). Called before any process group starts: by
+    #: ``run_train.sh`` before torchrun starts ``NGPU`` processes, and by each process
+    #: (``WORLD_SIZE``) before ``init``. Keep it torch-free: the launcher's check is one cheap
+    #: process.
+    launch_check: Callable[[TrainerConfig, int], None] | None = None
 
 
 def _variable_names(value: Any) -> None:

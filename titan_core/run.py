@@ -124,7 +124,11 @@ def apply_backend_settings(config: Any, registry: Any) -> None:
 def check_launch(config: Any, registry: Any, processes: int) -> None:
     """The launch checks of the records this config selects, for a run of ``processes`` processes
     (``run_train.sh`` before torchrun starts them; each process before its comm backend starts):
-    a refusal is one error before any process group exists, not a collective left waiting."""
+    a refusal is one error before any process group exists, not a collective left waiting. The
+    comm backend's comes first: it says how the run must be launched at all."""
+    backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+    if backend.launch_check is not None:
+        backend.launch_check(config, processes)
     c = config.checkpoint
     if c.enable or c.create_seed_checkpoint:
         checkpointer = registry.get("checkpointers", c.backend, what="checkpoint.backend")

@@ -1,9 +1,11 @@
 """``CommBackend.env_vars``: a variable only other comm backends read, set for a run whose backend
-would ignore it, is one error before anything starts (``titan_core.run.refuse_unread_env``); and
-``CommBackend.sets``. The fake backends' own declaration is tested with them
-(``tests/plugins/comm/test_contract.py``)."""
+would ignore it, is one error before anything starts (``titan_core.run.refuse_unread_env``);
+``CommBackend.sets``; and ``CommBackend.launch_check`` (``titan_core.run.check_launch``). The
+fake backends' own declarations are tested with them (``tests/plugins/comm/test_contract.py``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,37 @@ def test_a_backends_settings_are_applied_and_a_wrong_path_names_its_plugin() -> 
         match=r"backend .broken. sets .debug.memory_reprot., which is not a config field; plugin 'third'",
     ):
         apply_backend_settings(config, registry)
+
+
+def test_a_third_party_backends_launch_check_runs_before_init_with_the_launched_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer calls the selected backend's ``launch_check(config, WORLD_SIZE)`` before its
+    ``init``; ``check_launch`` (what ``run_train.sh`` calls with NGPU) does the same."""
+    from tests.conftest import tiny_llama3
+    from titan_core.run import check_launch
+    from titan_core.trainer import Trainer
+
+    calls: list[tuple[str, int]] = []
+
+    def refuse_many(config: object, processes: int) -> None:
+        calls.append(("check", processes))
+        if processes > 2:
+            raise UsageError(f"sim runs at most 2 processes, not {processes}")
+
+    def init(config: object) -> None:
+        calls.append(("init", 0))
+        raise RuntimeError("init must not run after a refused launch")
+
+    registry = _registry(CommBackend("sim", init, launch_check=refuse_many))
+    config = tiny_llama3(tmp_path, steps=1)
+    config.comm.backend = "sim"
+    check_launch(config, registry, 2)
+    with pytest.raises(UsageError, match="sim runs at most 2 processes, not 3"):
+        check_launch(config, registry, 3)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(UsageError, match="not 4"):
+        Trainer(config, registry)
+    assert calls == [("check", 2), ("check", 3), ("check", 4)]
+    config.comm.backend = "default"
+    check_launch(config, registry, 4)  # a backend without a launch check accepts any launch

@@ -25,11 +25,16 @@ and testable alone.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
 from titan_core.errors import UsageError
+
+if TYPE_CHECKING:
+    from titan_core.config import TrainerConfig
 
 DOC = "see docs/debugging.md, 'Launch contract'"
 
@@ -152,3 +157,33 @@ def hybrid_launch(pp: int, env: Mapping[str, str]) -> FakeLaunch:
             f"launch with torchrun --nproc_per_node={pp}; {DOC}"
         )
     return FakeLaunch(ngpu, pp, rank)
+
+
+def fake_launch_check(config: TrainerConfig, processes: int) -> None:
+    """``fake``'s launch check (``CommBackend.launch_check``): one plain process, never torchrun."""
+    if processes > 1:
+        # Every process would claim the same logical rank and overwrite the same report.
+        raise UsageError(
+            "comm.backend = 'fake' runs as ONE process standing for one rank of an NGPU-rank job, "
+            f"but {processes} processes are launched (torchrun, WORLD_SIZE={processes}): each "
+            "would claim the same logical rank and overwrite one report. Launch one plain process: "
+            "COMM_BACKEND=fake NGPU=<ranks of the job> ./run_train.sh, or use --comm-backend "
+            f"real_pp_fake_spmd for one process per pipeline rank; {DOC}"
+        )
+
+
+def hybrid_launch_check(config: TrainerConfig, processes: int) -> None:
+    """``real_pp_fake_spmd``'s launch check: one process per pipeline rank, and its environment
+    (:func:`hybrid_launch`) as torchrun will set it for ``processes`` processes."""
+    pp = config.parallelism.pp
+    if processes != pp:
+        raise UsageError(
+            f"real_pp_fake_spmd needs one process per pipeline rank, but {processes} processes are "
+            f"launched (WORLD_SIZE={processes}) and parallelism.pp={pp}. Launch {pp}: through "
+            f"run_train.sh NGPU={pp} (it starts NGPU processes, so the job has {pp} ranks); to stand "
+            f"for a larger job, run torchrun --nproc_per_node={pp} yourself with NGPU set to the "
+            f"logical world size; {DOC}"
+        )
+    env = {**os.environ, "WORLD_SIZE": str(processes), "RANK": os.environ.get("RANK") or "0"}
+    env.setdefault("NGPU", str(processes))
+    hybrid_launch(pp, env)

@@ -1,5 +1,6 @@
 """Hook implementations of the comm plugin: the fake backends (the ``default`` one is the core's;
-each declares ``FAKE_PP_RANK`` as its variable, so the core refuses it for any other backend), the
+each declares ``FAKE_PP_RANK`` as its variable, so the core refuses it for any other backend, and a
+launch check, so ``run_train.sh`` refuses a launch that cannot work before torchrun starts), the
 gloo flight recorder (a loop callback) and ``titan fr analyze``.
 
 Backends are imported only when a run selects one; nothing here imports torch."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from titan_core import Callback, Command, CommBackend, hookimpl
+from titan_plugins_comm.contract import fake_launch_check, hybrid_launch_check
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -41,6 +43,7 @@ def titan_comm_backends() -> list[CommBackend]:
             "no communication (memory and shape debugging, docs/debugging.md)",
             env_vars=("FAKE_PP_RANK",),
             sets=_SIZING,
+            launch_check=fake_launch_check,
         ),
         CommBackend(
             "real_pp_fake_spmd",
@@ -51,6 +54,7 @@ def titan_comm_backends() -> list[CommBackend]:
             # pipeline rank is torchrun's RANK) gives the precise error.
             env_vars=("FAKE_PP_RANK",),
             sets=_SIZING,
+            launch_check=hybrid_launch_check,
         ),
     ]
 
