@@ -197,7 +197,8 @@ def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
                     continue
                 ratios = []
                 if kind == "titan" and peer:
-                    same = "" if not suffix else " (same budget)" if "budget" in suffix else " (same AC)"
+                    variant = _VARIANT.fullmatch(suffix)
+                    same = "" if not variant else " (same budget)" if variant[1] else " (same AC)"
                     ratios.append(f"{run['tps'] / peer['tps']:.3f} vs torchtitan{same}")
                 if kind == "titan" and suffix and selective_peer:
                     ratios.append(f"{run['tps'] / selective_peer['tps']:.3f} vs torchtitan selective")

@@ -98,13 +98,17 @@ def assert_same_forward_backward(a: object, b: object, x: object, *args: object)
         torch.testing.assert_close(g_a, g_b)
 
 
-def saved_storage_bytes(fn: object, *args: object) -> int:
-    """Bytes of the storages autograd keeps for backward over one ``fn(*args)``.
+def saved_storage_bytes(module: object, *args: object, compiled: bool = False) -> int:
+    """Bytes of the storages autograd keeps for backward over one ``module(*args)``; with
+    ``compiled``, of ``torch.compile(module)`` after a first call that compiles it.
 
     Counted by storage, not by tensor: a saved view keeps its whole base alive (a slice of a fused
     projection holds the other slices too), which a count of the views' own sizes would miss."""
     import torch
 
+    fn = torch.compile(module) if compiled else module
+    if compiled:
+        fn(*args)  # type: ignore[operator]
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:

@@ -184,6 +184,4 @@ def hybrid_launch_check(config: TrainerConfig, processes: int) -> None:
             f"for a larger job, run torchrun --nproc_per_node={pp} yourself with NGPU set to the "
             f"logical world size; {DOC}"
         )
-    env = {**os.environ, "WORLD_SIZE": str(processes), "RANK": os.environ.get("RANK") or "0"}
-    env.setdefault("NGPU", str(processes))
-    hybrid_launch(pp, env)
+    hybrid_launch(pp, {**os.environ, "WORLD_SIZE": str(processes), "RANK": os.environ.get("RANK") or "0"})
