@@ -151,7 +151,10 @@ def document_mask(tokens: torch.Tensor, bos_id: int) -> Any:
 
 
 def stage_inputs(
-    model: nn.Module, tokens: torch.Tensor, positions: torch.Tensor | None
+    model: nn.Module,
+    tokens: torch.Tensor,
+    positions: torch.Tensor | None,
+    input_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """What a decoder's blocks take: ``(h, freqs_cis, mask)`` for ``tokens`` (or hidden states).
 
@@ -159,17 +162,23 @@ def stage_inputs(
     pipeline stage after the first, whose input is already hidden states) and ``freqs_cis``.
     ``positions (seq,)`` selects the rotary rows of a sequence shard (context parallel); without
     it attention takes the first rows it needs (:func:`apply_rope`). ``mask`` is ``None`` unless
-    ``args.document_mask``, which needs the tokens, so only the first stage can build it.
+    ``args.document_mask``. The mask comes from the token ids: the input itself on the first
+    stage, and ``input_tokens (batch, seq)`` on a later one. The pipeline strategy passes every
+    stage the token ids of its microbatch under that keyword, when the stage's ``forward``
+    accepts it (docs/plugins.md, "Model contract").
     """
     mask = None
+    first = model.tok_embeddings is not None
     if model.args.document_mask:
-        if model.tok_embeddings is None:
+        ids = tokens if first else input_tokens
+        if ids is None:
             raise UsageError(
-                "model.overrides.document_mask: a pipeline stage without the embedding cannot "
-                "see the tokens the mask comes from; set parallelism.pp = 1 or document_mask = False"
+                "model.overrides.document_mask: this pipeline stage has no embedding, and its forward "
+                "got no input_tokens to build the mask from; the pipeline strategy in use must pass "
+                "them (titan's pp does), or set model.overrides.document_mask = False"
             )
-        mask = document_mask(tokens, model.args.bos_id)
-    h = model.tok_embeddings(tokens) if model.tok_embeddings is not None else tokens
+        mask = document_mask(ids, model.args.bos_id)
+    h = model.tok_embeddings(tokens) if first else tokens
     freqs_cis = model.freqs_cis[positions] if positions is not None else model.freqs_cis
     return h, freqs_cis, mask
 

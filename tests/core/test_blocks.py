@@ -257,7 +257,7 @@ def test_fused_qkv_falls_back_where_a_projection_must_run_itself() -> None:
     assert _matmuls(biased, x, freqs) == 4
 
 
-def test_stage_inputs_embed_tokens_slice_rotary_rows_and_mask_only_with_the_embedding() -> None:
+def test_stage_inputs_embed_tokens_slice_rotary_rows_and_mask_from_the_token_ids() -> None:
     from types import SimpleNamespace
 
     from titan_core.errors import UsageError
@@ -279,8 +279,14 @@ def test_stage_inputs_embed_tokens_slice_rotary_rows_and_mask_only_with_the_embe
     later = SimpleNamespace(
         args=SimpleNamespace(document_mask=True, bos_id=0), tok_embeddings=None, freqs_cis=freqs
     )
-    with pytest.raises(UsageError, match="a pipeline stage without the embedding cannot see the tokens"):
-        blocks.stage_inputs(later, torch.randn(1, 6, 4), None)
+    hidden = torch.randn(1, 6, 4)
+    # A later stage masks from the token ids the pipeline passes, never from its hidden states.
+    h, _, mask = blocks.stage_inputs(later, hidden, None, input_tokens=tokens)
+    assert h is hidden and torch.equal(mask, blocks.document_mask(tokens, 0))
+    with pytest.raises(
+        UsageError, match="this pipeline stage has no embedding, and its forward got no input_tokens"
+    ):
+        blocks.stage_inputs(later, hidden, None)
     later.args.document_mask = False
     hidden = torch.randn(1, 6, 4)
     assert blocks.stage_inputs(later, hidden, None)[0] is hidden

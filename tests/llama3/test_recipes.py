@@ -28,24 +28,26 @@ def layout(config: object, world_size: int) -> ParallelDims:
 
 
 @pytest.mark.parametrize("recipe", [recipes.llama3_70b, recipes.llama3_405b])
-def test_large_tp_recipes_mask_documents_and_their_layout_accepts_it(recipe: object) -> None:
+def test_large_tp_recipes_mask_documents_and_their_layouts_accept_it(recipe: object) -> None:
     config = recipe()  # type: ignore[operator]
     args = resolved_args(config)
     assert args.document_mask is True  # type: ignore[attr-defined]
     validate(args, layout(config, 64))  # FSDP 8 x TP 8: no error
+    config.parallelism.pp = 2  # TP 8 x PP 2 x FSDP 4: the later stage masks from the token ids
+    validate(resolved_args(config), layout(config, 64))
+    config.parallelism.pp, config.parallelism.cp = 1, 2  # context parallel is refused
+    with pytest.raises(UsageError, match=r"^model\.overrides\.document_mask: context parallel"):
+        validate(resolved_args(config), layout(config, 64))
 
 
 @pytest.mark.parametrize("recipe", [recipes.llama3_debugmodel, recipes.llama3_8b])
-def test_recipes_the_documented_pipeline_layouts_build_on_keep_causal_attention(recipe: object) -> None:
+def test_recipes_the_documented_pipeline_layouts_build_on_accept_the_mask(recipe: object) -> None:
     config = recipe()  # type: ignore[operator]
     assert resolved_args(config).document_mask is False  # type: ignore[attr-defined]
     config.parallelism.pp = 2  # as docs/debugging.md and the 64-rank fake job do
     config.parallelism.dp_shard = 2
-    validate(resolved_args(config), layout(config, 4))
-    # Turning the mask on there is the documented refusal, one line naming both ways out.
     config.model.overrides = {**config.model.overrides, "document_mask": True}
-    with pytest.raises(UsageError, match=r"^model\.overrides\.document_mask: .*pp=2.*document_mask = False"):
-        validate(resolved_args(config), layout(config, 4))
+    validate(resolved_args(config), layout(config, 4))
 
 
 def test_a_document_masked_run_takes_the_bos_id_from_the_tokenizer_and_learns(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ microbatches adds up to the batch mean).
 
 EP 2 (experts sharded, dense weights FSDP 2), EP 2 with expert FSDP 2 (4 ranks), TP 2 (with
 sequence and loss parallel) and PP 2 for DeepSeek-V3's shape (MLA, group-limited sigmoid routing,
-shared expert, dense first layer); EP 2 and TP 2 for Qwen3-MoE's (q/k norm, explicit head_dim).
+shared expert, dense first layer); EP 2 and TP 2 for Qwen3-MoE's (q/k norm, explicit head_dim),
+and PP 2 for Qwen3-MoE's with document masking.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ ARCHS: dict[str, dict[str, Any]] = {
     },
 }
 
+#: Qwen3-MoE with document masking: under PP the second stage masks from the token ids the
+#: pipeline passes it.
+ARCHS["qwen3_masked"] = {
+    **ARCHS["qwen3"],
+    "model.overrides": {**ARCHS["qwen3"]["model.overrides"], "document_mask": True},
+}
+
 LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
     "ep2": (2, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 2}),
     "ep2_efsdp2": (4, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 4}),
@@ -76,6 +84,7 @@ CASES = [
     ("deepseek_v3", "pp2"),
     ("qwen3", "ep2"),
     ("qwen3", "tp2"),
+    ("qwen3_masked", "pp2"),
 ]
 
 _SEEDS: dict[str, Path] = {}
@@ -86,7 +95,10 @@ def reference(arch: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     """The seed checkpoint of ``arch`` and its one-process step records (once per session)."""
     if arch not in _SEEDS:
         folder = tmp_path_factory.mktemp(f"moe_{arch}")
-        _SEEDS[arch] = write_seed_checkpoint(folder / "seed.pt", **ARCHS[arch])
+        # The weights do not depend on the mask, and the seed is built without the trainer
+        # that fills in the tokenizer's bos_id for it.
+        model = {k: v for k, v in ARCHS[arch]["model.overrides"].items() if k != "document_mask"}
+        _SEEDS[arch] = write_seed_checkpoint(folder / "seed.pt", **{**ARCHS[arch], "model.overrides": model})
         _REFERENCE[arch] = layout_rows(folder / "one", 1, _SEEDS[arch], ARCHS[arch])
     return _SEEDS[arch], _REFERENCE[arch]
 

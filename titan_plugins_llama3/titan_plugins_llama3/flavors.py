@@ -162,9 +162,3 @@ def validate(args: Llama3Args, parallel_dims: Any) -> None:
             "attends over the whole sequence and does not apply the document mask; set "
             "model.overrides.document_mask = False (plain causal attention) or parallelism.cp = 1"
         )
-    if args.document_mask and parallel_dims.pp > 1:
-        raise UsageError(
-            f"model.overrides.document_mask: the document mask comes from the input tokens, which "
-            f"pipeline stages after the first (parallelism.pp={parallel_dims.pp}) do not see; set "
-            "model.overrides.document_mask = False (plain causal attention) or parallelism.pp = 1"
-        )

@@ -87,12 +87,20 @@ class Llama3(nn.Module):
                     self.output.weight, mean=0.0, std=self.args.dim**-0.5, a=-cutoff, b=cutoff
                 )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        input_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``tokens (batch, seq)`` -> logits ``(batch, seq, vocab)``; on a middle pipeline stage
         the input and output are hidden states ``(batch, seq, dim)``. ``positions (seq,)`` gives
-        each token's position when the sequence is a shard (context parallel)."""
+        each token's position when the sequence is a shard (context parallel).
+        ``input_tokens (batch, seq)``: on a pipeline stage after the first, the token ids of its
+        microbatch, which the document mask comes from."""
         # Under sequence parallelism h holds a slice of the sequence: attention takes its rows.
-        h, freqs_cis, mask = blocks.stage_inputs(self, tokens, positions)
+        h, freqs_cis, mask = blocks.stage_inputs(self, tokens, positions, input_tokens)
         for block in self.layers.values():
             h = block(h, freqs_cis) if mask is None else block(h, freqs_cis, mask)
         h = self.norm(h) if self.norm is not None else h

@@ -497,9 +497,3 @@ def validate(args: MoEArgs, parallel_dims: Any) -> None:
             f"model.overrides.document_mask: context parallel (parallelism.cp={parallel_dims.cp}) "
             "does not apply the document mask; set document_mask = False or parallelism.cp = 1"
         )
-    if args.document_mask and parallel_dims.pp > 1:
-        raise UsageError(
-            "model.overrides.document_mask: the mask comes from the input tokens, which pipeline "
-            f"stages after the first (parallelism.pp={parallel_dims.pp}) do not see; set "
-            "document_mask = False or parallelism.pp = 1"
-        )

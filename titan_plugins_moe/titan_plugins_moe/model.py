@@ -110,11 +110,19 @@ class MoETransformer(nn.Module):
                     self.output.weight, mean=0.0, std=self.args.dim**-0.5, a=-cutoff, b=cutoff
                 )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        input_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``tokens (batch, seq)`` -> logits ``(batch, seq, vocab)``; on a middle pipeline stage
         the input and output are hidden states ``(batch, seq, dim)``. ``positions (seq,)`` gives
-        each token's position when the sequence is a shard (context parallel)."""
-        h, freqs_cis, mask = blocks.stage_inputs(self, tokens, positions)
+        each token's position when the sequence is a shard (context parallel).
+        ``input_tokens (batch, seq)``: on a pipeline stage after the first, the token ids of its
+        microbatch, which the document mask comes from."""
+        h, freqs_cis, mask = blocks.stage_inputs(self, tokens, positions, input_tokens)
         for block in self.layers.values():
             h = block(h, freqs_cis, mask=mask)
         if self.norm is None or self.output is None:

@@ -198,7 +198,12 @@ class Pipeline:
 
     ``kwargs`` are per-step forward arguments that are the same for every sample (context
     parallel's ``positions``); every stage's forward receives them through a pre-hook, since the
-    schedule would otherwise split them like the batch and hand them to the first stage only.
+    schedule would otherwise split them like the batch.
+
+    A stage whose ``forward`` takes the keyword ``input_tokens`` gets the token ids of each
+    microbatch under it, on every stage: the schedule splits that keyword like the batch and
+    hands it to each stage's forward. A stage after the first sees hidden states only, and the
+    ids are what a document mask comes from (``titan_core.blocks.stage_inputs``).
     """
 
     def __init__(
@@ -218,6 +223,7 @@ class Pipeline:
         self.group = ctx.topology.group("pp", ctx.mesh)
         self.n_microbatches = n_microbatches
         self._step_kwargs: dict[str, Any] = {}
+        self._passes_tokens = all("input_tokens" in inspect.signature(p.forward).parameters for p in parts)
         for part in parts:
             part.register_forward_pre_hook(self._add_step_kwargs, with_kwargs=True)
         from titan_plugins_parallel.fake_pipeline import peers_simulated, simulated_peer_stages
@@ -295,10 +301,12 @@ class Pipeline:
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.plan.has_first else ()
         target = labels if self.plan.has_last else None
+        # Every rank loads the batch, so each stage can get its microbatch's token ids.
+        split = {"input_tokens": inputs} if self._passes_tokens else {}
         with ExitStack() as stack:
             if self._autocast:
                 stack.enter_context(torch.autocast(ctx.topology.device.type, dtype=torch.bfloat16))
-            run(*args, target=target, losses=losses)
+            run(*args, target=target, losses=losses, **split)
         self._step_kwargs = {}
         loss = torch.stack([_plain(x) for x in losses]).sum() if self.plan.has_last else None
         if self._last_rank is None:
