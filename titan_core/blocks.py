@@ -165,7 +165,7 @@ def stage_inputs(
     ``args.document_mask``. The mask comes from the token ids: the input itself on the first
     stage, and ``input_tokens (batch, seq)`` on a later one. The pipeline strategy passes every
     stage the token ids of its microbatch under that keyword, when the stage's ``forward``
-    accepts it (docs/plugins.md, "Model contract").
+    accepts it (docs/plugins.md, "The decoder protocol").
     """
     mask = None
     first = model.tok_embeddings is not None

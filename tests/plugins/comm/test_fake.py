@@ -35,6 +35,21 @@ def llama3_debugmodel_pp2_fsdp2():
     return config
 
 
+def llama3_debugmodel_pp2_fsdp2_masked():
+    """The same layout with document masking (the later stage masks from the token ids)."""
+    config = llama3_debugmodel_pp2_fsdp2()
+    config.model.overrides = {"document_mask": True}
+    config.job.dump_folder = "./out_masked"
+    return config
+
+
+def llama3_debugmodel_pp2_fsdp2_masked_computed():
+    """The masked layout with computed (not shape-only) steps."""
+    config = llama3_debugmodel_pp2_fsdp2_masked()
+    config.debug.fake_tensors = "off"
+    return config
+
+
 def llama3_debugmodel_fsdp4():
     """FSDP over four ranks, no pipeline."""
     config = llama3_debugmodel_pp2_fsdp2()
@@ -158,6 +173,32 @@ def test_pure_fake_example_is_logical_rank_2_and_reports_memory(recipes: Path) -
     fwd_bwd = by_point["steady_forward_backward"]
     assert fwd_bwd["step_allocations_peak_bytes"] > 0
     assert fwd_bwd["peak_bytes"] > report["params_bytes"] + fwd_bwd["grads_bytes"]
+
+
+@pytest.mark.parametrize(
+    "recipe", ["llama3_debugmodel_pp2_fsdp2_masked", "llama3_debugmodel_pp2_fsdp2_masked_computed"]
+)
+def test_pure_fake_pp_rank_1_takes_its_step_with_document_masking(recipes: Path, recipe: str) -> None:
+    """The later stage of a simulated pipeline masks from the token ids the schedule passes it,
+    in shape-only steps (``debug.fake_tensors = "auto"``) and in computed ones (``"off"``)."""
+    result = subprocess.run(
+        [str(REPO / "run_train.sh")],
+        cwd=recipes,
+        env=env(
+            NGPU="4",
+            FAKE_PP_RANK="1",
+            COMM_BACKEND="fake",
+            MODULE="my_debug_configs",
+            CONFIG=recipe,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert [(r["step"], r["rank"]) for r in step_rows(result.stdout)] == [(1, 2)]
+    report = json.loads((recipes / "out_masked" / "memory_report_rank2.json").read_text())
+    assert (report["logical_rank"], report["pp_rank"]) == (2, 1)
 
 
 @pytest.mark.slow
