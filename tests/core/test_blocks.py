@@ -288,5 +288,4 @@ def test_stage_inputs_embed_tokens_slice_rotary_rows_and_mask_from_the_token_ids
     ):
         blocks.stage_inputs(later, hidden, None)
     later.args.document_mask = False
-    hidden = torch.randn(1, 6, 4)
     assert blocks.stage_inputs(later, hidden, None)[0] is hidden

@@ -54,15 +54,15 @@ def _large(flavor: str, lr: float) -> TrainerConfig:
     return config
 
 
+def llama3_8b() -> TrainerConfig:
+    """Llama 3.1 8B, FSDP over all ranks, bf16, selective activation checkpointing."""
+    return _large("8B", 3e-4)
+
+
 def _document_masked(config: TrainerConfig) -> TrainerConfig:
     """Block-causal attention over the packed documents (``bos_id`` comes from the tokenizer)."""
     config.model.overrides = {**config.model.overrides, "document_mask": True}
     return config
-
-
-def llama3_8b() -> TrainerConfig:
-    """Llama 3.1 8B, FSDP over all ranks, bf16, selective activation checkpointing."""
-    return _large("8B", 3e-4)
 
 
 def llama3_70b() -> TrainerConfig:

@@ -181,22 +181,9 @@ def test_pure_fake_example_is_logical_rank_2_and_reports_memory(recipes: Path) -
 def test_pure_fake_pp_rank_1_takes_its_step_with_document_masking(recipes: Path, recipe: str) -> None:
     """The later stage of a simulated pipeline masks from the token ids the schedule passes it,
     in shape-only steps (``debug.fake_tensors = "auto"``) and in computed ones (``"off"``)."""
-    result = subprocess.run(
-        [str(REPO / "run_train.sh")],
-        cwd=recipes,
-        env=env(
-            NGPU="4",
-            FAKE_PP_RANK="1",
-            COMM_BACKEND="fake",
-            MODULE="my_debug_configs",
-            CONFIG=recipe,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = fake_run(recipes, recipe, FAKE_PP_RANK="1")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert [(r["step"], r["rank"]) for r in step_rows(result.stdout)] == [(1, 2)]
+    assert [(r["step"], r["rank"]) for r in step_rows(result.stdout)] == [(1, 2), (2, 2)]
     report = json.loads((recipes / "out_masked" / "memory_report_rank2.json").read_text())
     assert (report["logical_rank"], report["pp_rank"]) == (2, 1)
 
