@@ -13,6 +13,12 @@ What the CPU tests cannot see, on one CUDA device in bf16; one PASS/FAIL line pe
 4. ``titan run`` on one CUDA process with ``training.dtype = bfloat16``: the FSDP strategy applies
    on a 1-device mesh, parameters stay fp32 (DTensors) while the blocks compute in bf16, the
    trainer skips autocast, and the loss falls; reports whether AdamW is fused.
+5. FSDP2 on a 1-device mesh keeps the fp32 gradients in the compute stream's memory pool with
+   titan's ``ComputeStreamGradients`` (in the reduce-scatter stream's without it), and the
+   gradients, accumulated over two microbatches, are bitwise those of plain FSDP2.
+
+``python3 -m bench.gpu_perf_check [NAME ...]`` runs the checks whose function names contain a
+NAME (all without one).
 """
 
 from __future__ import annotations
@@ -153,10 +159,67 @@ def check_single_gpu_fsdp() -> None:
     )
 
 
-def main() -> int:
-    return run_checks(
-        (check_flex_document_mask, check_gqa_backends, check_no_recompile, check_single_gpu_fsdp)
+def check_gradients_on_compute_stream() -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from titan_plugins_llama3.flavors import Llama3Args
+    from titan_plugins_llama3.model import Llama3
+    from titan_plugins_parallel import fsdp
+
+    device = torch.device("cuda", torch.cuda.current_device())  # a process group's device_id needs the index
+    created = not dist.is_initialized()
+    mesh = fsdp.one_device_mesh(device)
+    args = Llama3Args(dim=256, n_layers=2, n_heads=8, n_kv_heads=4, vocab_size=2048, multiple_of=64)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    generator = torch.Generator(device).manual_seed(0)
+    tokens = torch.randint(0, 2048, (2, 4, 257), device=device, generator=generator)
+    grads: dict[str, list[torch.Tensor]] = {}
+    streams: dict[str, set[int]] = {}
+    try:
+        for name, titan in (("plain FSDP2", False), ("titan", True)):
+            torch.manual_seed(0)
+            with torch.device(device):
+                model = Llama3(args)
+                model.init_weights()
+            fsdp.shard_part(model, mesh, policy, reshard_after_forward=True)
+            if titan:
+                fsdp.use_compute_stream_gradients([model], device)
+            for micro in tokens:  # the second microbatch adds into .grad on the reduce-scatter stream
+                logits = model(micro[:, :-1])
+                F.cross_entropy(logits.flatten(0, 1).float(), micro[:, 1:].flatten()).backward()
+            torch.cuda.synchronize()
+            segments = [
+                (s["address"], s["address"] + s["total_size"], s["stream"])
+                for s in torch.cuda.memory_snapshot()
+            ]
+            local = [p.grad.to_local() for p in model.parameters()]
+            streams[name] = {next(st for lo, hi, st in segments if lo <= g.data_ptr() < hi) for g in local}
+            grads[name] = [g.clone() for g in local]
+            del model, local
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+    compute = torch.cuda.current_stream().cuda_stream
+    same = all(torch.equal(a, b) for a, b in zip(grads["plain FSDP2"], grads["titan"], strict=True))
+    report(
+        "one-GPU FSDP2 gradients on the compute stream",
+        streams["titan"] == {compute} and compute not in streams["plain FSDP2"] and same,
+        f"compute stream {compute}; gradient segments' streams: titan {sorted(streams['titan'])}, "
+        f"plain FSDP2 {sorted(streams['plain FSDP2'])}; gradients bitwise equal: {same}",
     )
+
+
+def main() -> int:
+    checks = (
+        check_flex_document_mask,
+        check_gqa_backends,
+        check_no_recompile,
+        check_single_gpu_fsdp,
+        check_gradients_on_compute_stream,
+    )
+    names = sys.argv[1:]
+    return run_checks([c for c in checks if not names or any(n in c.__name__ for n in names)])
 
 
 if __name__ == "__main__":

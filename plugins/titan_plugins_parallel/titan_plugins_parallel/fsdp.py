@@ -16,6 +16,12 @@ use, again in every recomputation, and keep fp32 activations at its boundaries. 
 mesh needs a process group: one is created (NCCL, world size 1, an in-memory store) when the
 run has none; the comm backend's shutdown destroys it with the others. On CPU nothing changes:
 one process trains unsharded in fp32 (or under autocast).
+
+On a 1-device mesh the fp32 gradients are allocated from the compute stream's memory
+(:class:`ComputeStreamGradients`), not from FSDP2's reduce-scatter stream: the caching allocator
+keeps one pool per stream, and gradients freed by ``zero_grad`` in the reduce-scatter stream's
+pool could not hold the next forward's activations, so on one GPU that pool's memory (all the
+gradients) stayed reserved beside the activations' peak.
 """
 
 from __future__ import annotations
@@ -79,6 +85,60 @@ def dp_mesh(ctx: ParallelContext) -> Any:
     return ctx.mesh.world["dp_replicate", "dp_shard_cp"]
 
 
+class ComputeStreamGradients:
+    """FSDP2's reduce-scatter buffers taken from the compute stream's pool, for a 1-device mesh.
+
+    ``fully_shard`` allocates the reduce-scatter output, which becomes the sharded gradients the
+    optimizer reads, inside its reduce-scatter stream, so the allocator files it under that
+    stream; memory freed there serves only later allocations on that stream. On a 1-device mesh
+    the reduce-scatter is a copy (FSDP2 skips the collective), so nothing overlaps with compute
+    and the separate pool only costs memory. This allocates the buffers on the compute stream
+    captured at construction and marks them as used by the reduce-scatter stream
+    (``record_stream``), so that a buffer freed while that stream may still read it (gradient
+    accumulation adds into ``.grad`` there) is not handed out before it is done.
+
+    An object for ``FSDPModule.set_custom_reduce_scatter``; it follows the interface of
+    ``torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter`` (``allocate`` and
+    ``__call__``; private, pinned by ``tests/plugins/parallel/test_fsdp.py``) without
+    inheriting it, so this module imports no torch at import time.
+    """
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._streams = torch.get_device_module(device)
+        self._compute = self._streams.current_stream()
+
+    def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+        import torch
+
+        comm = self._streams.current_stream()
+        with self._streams.stream(self._compute):
+            out = torch.empty(*size, dtype=dtype, device=device)
+        if comm != self._compute and out.device.type != "cpu":
+            out.record_stream(comm)
+        return out
+
+    def __call__(
+        self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False
+    ) -> Any:
+        import torch.distributed as dist
+
+        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
+def use_compute_stream_gradients(parts: list[nn.Module], device: Any) -> None:
+    """Every ``fully_shard`` unit of ``parts`` (on a 1-device mesh) allocates its gradients
+    through :class:`ComputeStreamGradients`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    comm = ComputeStreamGradients(device)
+    for part in parts:
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(comm)
+
+
 def mixed_precision(ctx: ParallelContext) -> Any:
     """bf16 compute with fp32 gradient reduction on CUDA; ``None`` (fp32 throughout) otherwise."""
     import torch
@@ -117,6 +177,8 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     mesh = dp_mesh(ctx)
     for part in parts:
         shard_part(part, mesh, mp_policy, reshard_after_forward)
+    if mesh.size() == 1:
+        use_compute_stream_gradients(parts, ctx.topology.device)
     if mp_policy is not None:
         ctx.mixed_precision_applied = True
     return parts

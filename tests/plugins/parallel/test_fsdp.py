@@ -81,12 +81,29 @@ def test_one_process_applies_only_for_bf16_on_cuda(
     assert fsdp.applies(ctx.config, ctx.parallel_dims) is expected
 
 
-def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model() -> None:
+def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The 1-device path on CPU/gloo (the CUDA run differs only in NCCL and the bf16 policy):
     a process group and mesh are made for this process, every parameter is a DTensor holding
-    the whole tensor, and AdamW steps give the plain model's losses."""
+    the whole tensor, and AdamW steps give the plain model's losses. Every FSDP unit reduces
+    through ``ComputeStreamGradients``, and FSDP2 allocates the gradients through it (pins
+    ``set_custom_reduce_scatter`` and the ``allocate`` call of FSDP2's 1-device reduction, a
+    private contract: ``_reduce_scatter_comm`` on the parameter groups)."""
     import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
+
+    allocated: list[tuple[int, torch.dtype]] = []
+    allocate = fsdp.ComputeStreamGradients.allocate
+
+    def counting(
+        self: fsdp.ComputeStreamGradients, size: tuple[int, ...], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        allocated.append((int(torch.Size(size).numel()), dtype))
+        return allocate(self, size, dtype=dtype, device=device)
+
+    monkeypatch.setattr(fsdp.ComputeStreamGradients, "allocate", counting)
 
     from titan_plugins_llama3.flavors import Llama3Args
     from titan_plugins_llama3.model import Llama3
@@ -106,6 +123,11 @@ def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model() -> No
         assert params and all(isinstance(p, DTensor) and p.device_mesh.size() == 1 for p in params.values())
         assert all(p.to_local().shape == p.shape for p in params.values())
         assert ctx.mixed_precision_applied is False  # fp32 on CPU: no casting policy
+        units = [m for m in sharded.modules() if isinstance(m, FSDPModule)]
+        assert len(units) == args.n_layers + 1  # each block and the root
+        for unit in units:
+            for group in unit._get_fsdp_state()._fsdp_param_groups:
+                assert isinstance(group._reduce_scatter_comm, fsdp.ComputeStreamGradients)
         tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
         losses = {}
         for name, model in (("plain", plain), ("sharded", sharded)):
@@ -120,6 +142,40 @@ def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model() -> No
                 losses[name].append(loss.item())
         assert losses["sharded"] == pytest.approx(losses["plain"], rel=1e-5)
         assert losses["plain"][-1] < losses["plain"][0]
+        # Each unit's reduction, every step, allocates its gradients through it: all parameters.
+        n_params = sum(p.numel() for p in plain.parameters())
+        assert sum(n for n, _ in allocated) == 3 * 2 * n_params  # the copy-in buffer and the output
+        assert {dtype for _, dtype in allocated} == {torch.float32}
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_a_sharded_mesh_keeps_fsdp2s_own_reduce_scatter() -> None:
+    """Gradients come from the compute stream only on a 1-device mesh: with 2 ranks the
+    reduce-scatter is a real collective that overlaps with backward, so FSDP2 keeps its own
+    stream's buffers (a fake 2-rank group, one process)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titan_plugins_llama3.flavors import Llama3Args
+    from titan_plugins_llama3.model import Llama3
+
+    args = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16)
+    model = Llama3(args)
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        ctx = _ctx()
+        ctx.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, ep=1, world_size=2)
+        ctx.mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard_cp",))
+        [model] = fsdp.apply([model], ctx)
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        assert len(units) == args.n_layers + 1
+        for unit in units:
+            for group in unit._get_fsdp_state()._fsdp_param_groups:
+                assert not isinstance(group._reduce_scatter_comm, fsdp.ComputeStreamGradients)
+    finally:
+        dist.destroy_process_group()
