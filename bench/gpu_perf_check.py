@@ -132,11 +132,18 @@ def check_single_gpu_fsdp() -> None:
     config.training.steps = 8
     config.training.seq_len = 1024
     config.job.dump_folder = "/tmp/titan_perf/check_fsdp"
-    trainer = Trainer(config, get_registry())
+    trainer = Trainer(config, get_registry(), overwrite=True)  # an earlier check's folder
     seen: dict[str, Any] = {}
     block = next(iter(trainer.parts[0].layers.values()))
-    linear = next(m for m in block.modules() if isinstance(m, torch.nn.Linear))
-    linear.register_forward_pre_hook(lambda mod, inp: seen.setdefault("weight", mod.weight.dtype))
+
+    def record_weight_dtype(mod: torch.nn.Module, inputs: Any) -> None:
+        # Returns None: a forward pre-hook's non-None result would replace the module's inputs.
+        seen.setdefault("weight", mod.weight.dtype)
+
+    # Every linear layer of the block: with fused QKV, wq/wk/wv's weights are read without
+    # calling their modules, so the first one called records the dtype.
+    for linear in (m for m in block.modules() if isinstance(m, torch.nn.Linear)):
+        linear.register_forward_pre_hook(record_weight_dtype)
     t = time.perf_counter()
     try:
         losses = [row["loss"] for row in trainer.train() if "loss" in row]
