@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -81,6 +82,24 @@ def test_one_process_applies_only_for_bf16_on_cuda(
     assert fsdp.applies(ctx.config, ctx.parallel_dims) is expected
 
 
+def _tiny_llama3_args() -> Any:
+    from titan_plugins_llama3.flavors import Llama3Args
+
+    return Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16)
+
+
+def _reduce_scatter_comms(model: torch.nn.Module) -> list[list[Any]]:
+    """Per ``fully_shard`` unit of ``model``, the reduce-scatter objects of its parameter groups
+    (private: ``_fsdp_param_groups[*]._reduce_scatter_comm``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [
+        [group._reduce_scatter_comm for group in unit._get_fsdp_state()._fsdp_param_groups]
+        for unit in model.modules()
+        if isinstance(unit, FSDPModule)
+    ]
+
+
 def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -91,7 +110,6 @@ def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model(
     ``set_custom_reduce_scatter`` and the ``allocate`` call of FSDP2's 1-device reduction, a
     private contract: ``_reduce_scatter_comm`` on the parameter groups)."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     allocated: list[tuple[int, torch.dtype]] = []
@@ -105,10 +123,9 @@ def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model(
 
     monkeypatch.setattr(fsdp.ComputeStreamGradients, "allocate", counting)
 
-    from titan_plugins_llama3.flavors import Llama3Args
     from titan_plugins_llama3.model import Llama3
 
-    args = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16)
+    args = _tiny_llama3_args()
     torch.manual_seed(0)
     plain = Llama3(args)
     plain.init_weights()
@@ -123,11 +140,9 @@ def test_one_process_mesh_shards_nothing_and_trains_like_the_plain_model(
         assert params and all(isinstance(p, DTensor) and p.device_mesh.size() == 1 for p in params.values())
         assert all(p.to_local().shape == p.shape for p in params.values())
         assert ctx.mixed_precision_applied is False  # fp32 on CPU: no casting policy
-        units = [m for m in sharded.modules() if isinstance(m, FSDPModule)]
-        assert len(units) == args.n_layers + 1  # each block and the root
-        for unit in units:
-            for group in unit._get_fsdp_state()._fsdp_param_groups:
-                assert isinstance(group._reduce_scatter_comm, fsdp.ComputeStreamGradients)
+        comms = _reduce_scatter_comms(sharded)
+        assert len(comms) == args.n_layers + 1 and all(comms)  # each block and the root
+        assert all(isinstance(c, fsdp.ComputeStreamGradients) for unit in comms for c in unit)
         tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
         losses = {}
         for name, model in (("plain", plain), ("sharded", sharded)):
@@ -157,13 +172,11 @@ def test_a_sharded_mesh_keeps_fsdp2s_own_reduce_scatter() -> None:
     stream's buffers (a fake 2-rank group, one process)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from titan_plugins_llama3.flavors import Llama3Args
     from titan_plugins_llama3.model import Llama3
 
-    args = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16)
+    args = _tiny_llama3_args()
     model = Llama3(args)
     assert not dist.is_initialized()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
@@ -172,10 +185,8 @@ def test_a_sharded_mesh_keeps_fsdp2s_own_reduce_scatter() -> None:
         ctx.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, ep=1, world_size=2)
         ctx.mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard_cp",))
         [model] = fsdp.apply([model], ctx)
-        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-        assert len(units) == args.n_layers + 1
-        for unit in units:
-            for group in unit._get_fsdp_state()._fsdp_param_groups:
-                assert not isinstance(group._reduce_scatter_comm, fsdp.ComputeStreamGradients)
+        comms = _reduce_scatter_comms(model)
+        assert len(comms) == args.n_layers + 1 and all(comms)
+        assert not any(isinstance(c, fsdp.ComputeStreamGradients) for unit in comms for c in unit)
     finally:
         dist.destroy_process_group()
