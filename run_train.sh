@@ -94,46 +94,14 @@ for arg in "$@"; do
   previous="${arg}"
 done
 
-# The checks torchrun's workers would make, in one cheap process first: the recipe resolves and
-# validates (--print-config), the selected comm backend's and plugins' launch checks pass for NGPU
-# processes (titan_core.run.check_launch; the records' launch_check), and the parallel degrees fit
-# NGPU. A worker's error would otherwise end as torchrun's ChildFailedError.
-read_launch_check() {
-  cat <<'PY'
-import json
-import sys
-from types import SimpleNamespace
-
-from titan_core.errors import UsageError
-
-ngpu = int(sys.argv[1])
-text = sys.stdin.read()
-offset = 0 if text.startswith("{") else text.find("\n{") + 1  # a recipe module may print first
-config = json.JSONDecoder().raw_decode(text[offset:])[0]
-try:
-    from titan_core import get_registry
-    from titan_core.config import from_dict
-    from titan_core.parallel_dims import ParallelDims
-    from titan_core.run import check_launch
-
-    # The comm backend's launch check first (how the run must be launched at all), then the
-    # other selected plugins' (a seed checkpoint is written by one process); then the degrees.
-    check_launch(from_dict(config), get_registry(), ngpu)
-    ParallelDims.from_config(SimpleNamespace(**config["parallelism"]), ngpu)
-except UsageError as exc:
-    try:
-        from titan_core.cli import report_error
-    except ImportError:
-        print(f"titan: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    sys.exit(report_error(exc))
-PY
-}
-
+# The checks torchrun's workers would make before building anything, in one process first
+# (titan_core.run.preflight): the recipe resolves and validates, the comm backend's and plugins'
+# launch checks pass for NGPU processes, the parallel degrees fit NGPU, the model accepts its
+# arguments, the dump folder may take the run. A worker's error would otherwise end as torchrun's
+# ChildFailedError, or be hidden when LOG_RANK does not show the rank that failed.
 launch_check() {
-  local resolved
-  resolved=$(python -m titan_core.train "${args[@]}" "$@" --print-config json) || exit "$?"
-  printf '%s\n' "${resolved}" | python -c "$(read_launch_check)" "${NGPU}" || exit "$?"
+  python -c 'import sys; from titan_core.run import preflight; sys.exit(preflight(sys.argv[2:], int(sys.argv[1])))' \
+    "${NGPU}" "${args[@]}" "$@" || exit "$?"
 }
 
 case "${COMM_BACKEND:-}" in

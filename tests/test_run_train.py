@@ -194,3 +194,37 @@ def test_docs_recipe_resolves_through_the_launcher(
     printed = "\n".join(lines)
     config = json.loads(printed[printed.index("{") :])
     assert {k: config[section][k] for k in expected} == expected
+
+
+def test_a_model_argument_error_stops_before_torchrun(tmp_path: Path) -> None:
+    """The model's own check (tied embeddings cannot be split over pipeline stages) runs in the
+    launcher's check, not first in the workers (whose error LOG_RANK may hide)."""
+    layout = {
+        "parallelism.pp": 2,
+        "parallelism.dp_shard": 1,
+        "model.overrides": {"dim": 64, "n_layers": 2, "n_heads": 4, "tie_embeddings": True},
+    }
+    line = one_error_line(launch(tmp_path, layout, NGPU="2"))
+    assert "tie_embeddings" in line and "pp = 1" in line
+
+
+def test_a_dump_folder_holding_another_run_stops_before_torchrun(tmp_path: Path) -> None:
+    first = launch(tmp_path, {})
+    assert first.returncode == 0, first.stderr[-3000:]
+    line = one_error_line(launch(tmp_path, {"training.lr": 1e-3}))
+    assert "holds the outputs of another run" in line and "training.lr: 0.003 -> 0.001" in line
+
+
+def test_a_recipe_module_that_prints_a_brace_line_still_launches(tmp_path: Path) -> None:
+    module = write_recipe_module(tmp_path, {"training.steps": 1})
+    path = tmp_path / f"{module}.py"
+    path.write_text(
+        'import json\nprint(json.dumps({"training": {"steps": 99}}))\nprint("{not json")\n' + path.read_text()
+    )
+    full_env = child_env(tmp_path, MODULE=module, CONFIG="layout")
+    full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full_env.get("PATH", "")])
+    result = subprocess.run(
+        [str(SCRIPT)], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len([r for r in log_records(result.stdout) if r.get("event") == "step"]) == 1

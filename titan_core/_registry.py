@@ -237,6 +237,11 @@ class Registry:
         """
         return {name: p.record for name, p in self._gather(kind).items() if not p.rivals}
 
+    def conflicts(self, kind: str, what: str | None = None) -> dict[str, str]:
+        """Names of ``kind`` that two plugins provide, each with the error naming both."""
+        what = what or kind.rstrip("s").replace("_", " ")
+        return {p.record.name: _conflict_message(what, p) for p in self._gather(kind).values() if p.rivals}
+
     def provider(self, kind: str, name: str) -> PluginInfo:
         return self._gather(kind)[name.lower()].plugin
 
@@ -280,9 +285,16 @@ class Registry:
             sections[provided.record.name] = provided.record.cls
         return sections
 
-    def config_checks(self) -> list[Any]:
-        """The cross-field checks of plugin config sections."""
-        return [s.check for s in self.records("config_sections").values() if s.check is not None]
+    def config_checks(self) -> list[tuple[str, Any]]:
+        """The cross-field checks of plugin config sections, each with how errors name it
+        (``config section 'x' (plugin p, dist 1.0)``)."""
+        checks = []
+        for provided in self._gather("config_sections").values():
+            record, plugin = provided.record, provided.plugin
+            if record.check is not None and not provided.rivals:
+                label = f"config section {record.name!r} (plugin {plugin.name}, {plugin.origin})"
+                checks.append((label, record.check))
+        return checks
 
     def _gather(self, kind: str) -> dict[str, _Provided]:
         if not self._records:
@@ -304,11 +316,18 @@ class Registry:
                     continue
                 by_kind = results.setdefault(impl.plugin_name, (info, {}))[1]
                 try:
-                    by_kind[kind] = _check_result(impl.function(), RECORD_TYPES[kind], hook_name)
+                    result = impl.function()
+                    error = None
                 except Exception as exc:  # a hook that raises fails its plugin, not the run
-                    if info.status == "loaded":  # the first problem is the one reported
-                        info.status, info.error = "failed", describe(exc)
-                        self._hook_failed.add(id(info))
+                    error = describe(exc)
+                else:
+                    try:
+                        by_kind[kind] = _check_result(result, RECORD_TYPES[kind], hook_name)
+                    except (TypeError, ValueError) as exc:  # the hook's result is wrong: point at it
+                        error = f"{type(exc).__name__}: {exc} (the hook: {_where(impl.function)})"
+                if error is not None and info.status == "loaded":  # the first problem is reported
+                    info.status, info.error = "failed", error
+                    self._hook_failed.add(id(info))
         self._withheld.clear()
         self._records = {kind: {} for kind in RECORD_TYPES}
         for info, by_kind in (results[key] for key in self.plugins if key in results):  # registration order
@@ -344,6 +363,11 @@ def _conflict_message(what: str, provided: _Provided) -> str:
         f"{what} {provided.record.name!r} is provided twice: by {listed}; uninstall or disable one "
         f"of them ({DISABLE_ENV}={owners[-1].name} or --disable-plugin {owners[-1].name})"
     )
+
+
+def _where(function: Any) -> str:
+    code = getattr(function, "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(function)
 
 
 def _check_result(result: Any, record_type: type, hook: str) -> list[Any]:
@@ -385,6 +409,24 @@ def _check_section(record: ConfigSection, hook: str) -> None:
             f"{hook}() returned config section {record.name!r} whose class {record.cls!r} is not a class "
             "made with titan_core.config.section"
         )
+    # Every config holds every section, so a class that cannot be built with its defaults would
+    # fail every run: found here, naming the plugin, instead.
+    try:
+        record.cls()
+    except Exception as exc:
+        raise TypeError(
+            f"{hook}() returned config section {record.name!r} whose class cannot be built with its "
+            f"defaults ({type(exc).__name__}: {exc}); give every field a valid default"
+        ) from None
+    fields = {a.name for a in attrs.fields(record.cls)}
+    unknown = [r for r in record.results if r not in fields]
+    if unknown:
+        raise ValueError(
+            f"{hook}() returned config section {record.name!r} whose results name "
+            f"{', '.join(map(repr, unknown))}, not fields of it; its fields: {', '.join(sorted(fields))}"
+        )
+    if record.check is not None and not callable(record.check):
+        raise TypeError(f"{hook}() returned config section {record.name!r} whose check is not callable")
 
 
 _default: Registry | None = None

@@ -31,6 +31,19 @@ def _early_disabled(argv: Sequence[str]) -> set[str]:
     return found
 
 
+def _command_name(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` gives: its first word that is neither an option nor an option's value."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--disable-plugin":
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def build_parser(registry: Any) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="titan",
@@ -39,7 +52,10 @@ def build_parser(registry: Any) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print titan's version and exit")
     parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME", help=DISABLE_HELP)
     commands = registry.records("commands")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
+    conflicts = registry.conflicts("commands")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join([*commands, *conflicts]) + "}")
+    for name in conflicts:  # listed, and refused when given (_main), naming both plugins
+        sub.add_parser(name, help="(refused: provided by two plugins)", add_help=False)
     for name, command in commands.items():
         child = sub.add_parser(name, help=command.help, description=command.description or command.help)
         child.add_argument(
@@ -105,8 +121,23 @@ def _main(argv: list[str]) -> int:
     from titan_core._registry import get_registry
 
     try:
-        registry = get_registry(_early_disabled(argv))
+        disabled = _early_disabled(argv)
+        registry = get_registry(disabled)
+        unknown = sorted(disabled - set(registry.plugins))
+        if unknown:
+            from titan_core.errors import UsageError
+
+            known = ", ".join(sorted(registry.plugins)) or "(none)"
+            raise UsageError(
+                f"--disable-plugin {', '.join(unknown)}: no plugin of that name; plugins: {known}"
+            )
         parser = build_parser(registry)
+        given = _command_name(argv)
+        conflicts = registry.conflicts("commands")
+        if given in conflicts:
+            from titan_core.errors import PluginError
+
+            raise PluginError(conflicts[given])
     except TitanError as exc:
         return report_error(exc)
     args = parser.parse_args(argv)
@@ -148,11 +179,18 @@ def report_error(exc: TitanError) -> int:
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
     from titan_core._registry import get_registry
-    from titan_core.run import DESCRIPTION, configure
+    from titan_core.run import DESCRIPTION, add_run_options, configure
 
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    configure(parser, list(get_registry().records("run_options").values()))
+    registry = get_registry()
+
+    def provider(option: Any) -> str:
+        info = registry.provider("run_options", option.name)
+        return f"plugin {info.name!r} ({info.origin})"
+
+    configure(parser)
+    add_run_options(parser, list(registry.records("run_options").values()), provider)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -12,10 +12,11 @@ bad value fails on the recipe's own line with the field's dotted path. :func:`va
 the checks that span several fields, once, after the recipe returns. :func:`to_dict` /
 :func:`from_dict` convert to and from plain data through cattrs.
 
-This module does not use ``from __future__ import annotations``: :func:`section` reads the real
-annotation objects.
+This module does not use ``from __future__ import annotations``: the core sections' validators
+read the real annotation objects (a plugin's section may use it: :func:`section`).
 """
 
+import functools
 import inspect
 import json
 import math
@@ -28,7 +29,7 @@ from typing import Any, Literal
 import attrs
 from attrs import field
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, TitanError, UsageError
 
 # ---------------------------------------------------------------------------------------------
 # Errors and validators
@@ -128,6 +129,8 @@ def _type_error(value: Any, annotation: Any) -> str | None:
             if (err := _type_error(v, value_type)) is not None:
                 return f".{k}: {err}"  # rendered as the path of the entry
         return None
+    if origin in (list, tuple) or annotation in (list, tuple):
+        return _sequence_error(value, annotation)
     if annotation is type(None):
         return None if value is None else f"expected None, got {_describe(value)}"
     if annotation is bool:
@@ -144,6 +147,38 @@ def _type_error(value: Any, annotation: Any) -> str | None:
         what = f"a {annotation.__name__} section" if attrs.has(annotation) else annotation.__name__
         return f"expected {what}, got {_describe(value)}"
     return None
+
+
+def _sequence_error(value: Any, annotation: Any) -> str | None:
+    """A list or tuple field: a list or tuple (TOML has only arrays), each item checked."""
+    if not isinstance(value, (list, tuple)):
+        return f"expected a list, got {_describe(value)}"
+    args = typing.get_args(annotation)
+    if not args:
+        return None
+    if typing.get_origin(annotation) is tuple and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            return f"expected {len(args)} items, got {len(value)}: {value!r}"
+        items = list(zip(args, value, strict=True))
+    else:
+        items = [(args[0], v) for v in value]
+    for i, (item_type, item) in enumerate(items):
+        if (err := _type_error(item, item_type)) is not None:
+            return f"[{i}]: {err}"
+    return None
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a section class whose module used ``from __future__ import
+    annotations`` (attrs then holds strings): resolved once, when a value is first checked."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception as exc:
+        raise UsageError(
+            f"config section class {cls.__module__}.{cls.__qualname__}: its field annotations do not "
+            f"resolve ({type(exc).__name__}: {exc}); use names the module defines or imports"
+        ) from None
 
 
 def _type_name(annotation: Any) -> str:
@@ -169,7 +204,10 @@ class _Checked:
     validators: tuple[Callable, ...]
 
     def __call__(self, inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-        err = _type_error(value, self.annotation)
+        annotation = self.annotation
+        if isinstance(annotation, str):  # ``from __future__ import annotations`` in the section's module
+            annotation = _hints(type(inst)).get(attribute.name, Any)
+        err = _type_error(value, annotation)
         if err is None:
             try:
                 for validator in self.validators:
@@ -177,7 +215,7 @@ class _Checked:
             except (ValueError, TypeError) as exc:
                 err = str(exc)
         if err is not None:
-            sep = "" if err.startswith(".") else ": "
+            sep = "" if err.startswith((".", "[")) else ": "
             raise ConfigError([f"{_path(inst, attribute.name)}{sep}{err}"])
 
 
@@ -193,9 +231,11 @@ def _add_checks(cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribut
 def section(cls: type) -> type:
     """Make ``cls`` a config section: an attrs class whose fields are checked when set.
 
-    Every field needs a default; annotate it with real types (``int``, ``float | None``,
-    ``Literal["a", "b"]``) and add validators beside it (:func:`positive`, :func:`in_range`...).
-    A ``#:`` comment above a field is its documentation (``--print-config`` and docs/config.md).
+    Every field needs a default; annotate it with types (``int``, ``float | None``,
+    ``Literal["a", "b"]``, ``list[str]``) and add validators beside it (:func:`positive`,
+    :func:`in_range`...). String annotations (``from __future__ import annotations``) are resolved
+    when a value is first checked. A ``#:`` comment above a field is its documentation (``titan
+    recipes copy`` writes it beside the field, docs/config.md lists it).
     """
     return attrs.define(cls, field_transformer=_add_checks)
 
@@ -223,6 +263,11 @@ def field_docs(cls: type) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 # Core sections. Field docs are the ``#:`` comment above each field; docs/config.md shows them.
 # ---------------------------------------------------------------------------------------------
+
+
+#: Field metadata of a core field that a plugin implements (a callback lists it in
+#: ``Callback.serves``): setting it with no such plugin loaded is an error, not a no-op.
+PLUGIN_SERVED = "titan_plugin_served"
 
 
 @section
@@ -422,13 +467,26 @@ class Debug:
     #: Record memory after init, after the first optimizer step, during steady-state
     #: forward/backward and after the optimizer step, and write
     #: ``memory_report_rank{rank}.json`` under ``job.dump_folder``; always on with the fake
-    #: comm backends (docs/debugging.md; needs titan-plugins-memory).
-    memory_report: bool = False
+    #: comm backends (docs/debugging.md). A plugin's callback implements it (``Callback.serves``;
+    #: titan's: titan-plugins-memory): a run that sets it with no such callback loaded is refused.
+    memory_report: bool = field(default=False, metadata={PLUGIN_SERVED: True})
     #: With a comm backend that simulates every peer: run steps on PyTorch fake tensors (shapes,
     #: dtypes and storage sizes propagate; nothing is computed, initialised or loaded; batches
     #: are zeros; loss and gradient norm log as NaN). ``auto``: on the CPU when the model allows
     #: it (docs/debugging.md); ``on`` errors where it cannot; ``off`` computes.
     fake_tensors: Literal["auto", "on", "off"] = "auto"
+
+
+def plugin_served(config: "TrainerConfig") -> dict[str, Any]:
+    """The core fields a plugin implements (metadata :data:`PLUGIN_SERVED`) that ``config`` sets
+    to other than their defaults, by dotted path."""
+    found = {}
+    for name, cls in CORE_SECTIONS.items():
+        section = getattr(config, name)
+        for a in attrs.fields(cls):
+            if a.metadata.get(PLUGIN_SERVED) and getattr(section, a.name) != a.default:
+                found[f"{name}.{a.name}"] = getattr(section, a.name)
+    return found
 
 
 #: The core's sections, in the order they print.
@@ -523,9 +581,12 @@ def _unknown_section(name: str) -> str:
     if withheld is not None:  # the section exists, but its plugin failed: say which and why
         return f"{name}: {withheld}"
     known = ", ".join([*CORE_SECTIONS, *sorted(plugin_sections())])
-    return (
-        f"{name}: no config section of that name; sections: {known} (is the plugin that adds it installed?)"
-    )
+    registry = get_registry()
+    disabled = sorted(p.name for p in registry.plugins.values() if p.status == "disabled")
+    hint = "is the plugin that adds it installed?"
+    if disabled:  # a disabled plugin is never imported, so its sections are unknown
+        hint += f" Disabled plugins, whose sections are not known: {', '.join(disabled)}"
+    return f"{name}: no config section of that name; sections: {known} ({hint})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,11 +617,28 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
         )
     from titan_core._registry import get_registry
 
-    for check in get_registry().config_checks():
-        problems += check(config)
+    for label, check in get_registry().config_checks():
+        problems += _plugin_check(label, check, config)
     if problems:
         raise ConfigError(problems, source)
     return config
+
+
+def _plugin_check(label: str, check: Callable[[Any], Any], config: TrainerConfig) -> list[str]:
+    """A plugin section's ``check``: its problems, or one :class:`PluginError` naming it when it
+    raises or returns something other than a list of strings."""
+    try:
+        found = check(config)
+    except TitanError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"the check of {label} failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(found, (list, tuple)) or not all(isinstance(p, str) for p in found):
+        raise PluginError(
+            f"the check of {label} returned {found!r}; it must return a list of problems "
+            "(strings, 'section.field: message'), empty when there are none"
+        )
+    return list(found)
 
 
 # ---------------------------------------------------------------------------------------------

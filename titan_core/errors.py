@@ -22,11 +22,16 @@ class PluginError(TitanError):
 
 
 def describe(exc: BaseException) -> str:
-    """One line: the exception and the innermost place it was raised."""
+    """One line: the exception and the innermost place it was raised outside titan's core and
+    attrs (a record's validator raises inside them, but the line to fix is the caller's)."""
+    import os
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    ours = (os.path.dirname(__file__) + os.sep, f"{os.sep}attr{os.sep}", f"{os.sep}attrs{os.sep}", "<attrs")
+    outside = [f for f in frames if not any(part in f.filename for part in ours)]
+    frame = (outside or frames or [None])[-1]
+    where = f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
 

@@ -93,7 +93,9 @@ def initialise(
 ) -> str:
     """Initialise ``parts`` (buffers included); returns how (``one_process`` or ``per_shard``)."""
     # Buffers (and, on the per-shard path, parameters) come from the model's own init_weights.
-    torch.manual_seed(seed + pp_coordinate)
+    # Wrapped to 64 bits: the largest seed the config allows plus a stage's coordinate would
+    # overflow torch.manual_seed on that stage's rank only.
+    torch.manual_seed((seed + pp_coordinate) % 2**64)
     for part in parts:
         with torch.no_grad():
             part.init_weights(buffer_device=device)

@@ -77,6 +77,24 @@ def load_initial_weights(parts: list[nn.Module], path: str, spec: ModelSpec, mod
     load_full_state_dict(parts, path)
 
 
+def _read_state_dict(path: str, device: str) -> dict[str, torch.Tensor]:
+    """A ``torch.save``d state dict of tensors, or one :class:`UsageError` saying what the file is not."""
+    try:
+        full = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # not a torch file, truncated, or objects beyond tensors
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise UsageError(
+            f"{_FIELD}: {path!r} cannot be read as a torch.save file of tensors ({first[:200]}); give a "
+            ".pt state dict, a DCP checkpoint folder or a Hugging Face model folder"
+        ) from None
+    if not isinstance(full, dict) or not all(isinstance(v, torch.Tensor) for v in full.values()):
+        raise UsageError(
+            f"{_FIELD}: {path!r} holds a {type(full).__name__}, not a state dict of tensors (name -> "
+            "tensor); save it with torch.save(model.state_dict(), path)"
+        )
+    return full
+
+
 def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
     """Strict: the file's tensors are exactly the whole model's, with the same shapes.
 
@@ -96,7 +114,7 @@ def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
             if k.startswith("model.")
         }
     elif source.is_file():
-        full = torch.load(path, map_location="meta", weights_only=True)
+        full = _read_state_dict(path, "meta")
         shapes = {k: tuple(v.shape) for k, v in full.items()}
     else:
         return
@@ -135,7 +153,7 @@ def load_full_state_dict(parts: list[nn.Module], path: str) -> None:
             f"{_FIELD}: no file or folder at {path!r}; give a .pt state dict, a DCP checkpoint folder "
             "or a Hugging Face model folder"
         )
-    full = torch.load(path, map_location="cpu", weights_only=True)
+    full = _read_state_dict(path, "cpu")
     for part in parts:
         own = {k: v for k, v in full.items() if k in part.state_dict()}
         missing = set(part.state_dict()) - set(own)
@@ -274,6 +292,8 @@ def _check_hf_config(
             raise UsageError(
                 f"{_FIELD}: {path}/config.json does not describe a {spec.name} model: {exc}"
             ) from None
+        if adapter.for_run is not None:
+            hf_args = adapter.for_run(hf_args, model_args)
         theirs = _architecture(adapter.hf_config(hf_args))
     else:
         hf_args = None

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from titan_core.errors import UsageError
+from titan_core.records import PARALLEL_DIMS
 
 if TYPE_CHECKING:
     import torch
@@ -130,9 +131,14 @@ class ParallelContext:
 
 
 def select_strategies(
-    strategies: dict[str, Strategy], config: TrainerConfig, parallel_dims: ParallelDims
+    strategies: dict[str, Strategy],
+    config: TrainerConfig,
+    parallel_dims: ParallelDims,
+    call: Callable[..., Any] = lambda strategy, fn, *args: fn(*args),
 ) -> list[Strategy]:
-    chosen = [s for s in strategies.values() if s.applies(config, parallel_dims)]
+    """The strategies this run applies, in order; ``call(strategy, fn, *args)`` runs the
+    plugin's ``applies`` (the trainer's names the plugin when it raises)."""
+    chosen = [s for s in strategies.values() if call(s, s.applies, config, parallel_dims)]
     return sorted(chosen, key=lambda s: (s.order, s.name))
 
 
@@ -145,7 +151,10 @@ def apply_strategies(
     parts = [model]
     for strategy in strategies:
         parts = strategy.apply(parts, ctx)
-        after_each(parts)
+        try:
+            after_each(parts)
+        except UsageError as exc:
+            raise UsageError(f"after strategy {strategy.name!r}: {exc}") from None
         ctx.applied.append(strategy.name)
     return parts
 
@@ -156,8 +165,6 @@ def unhandled_dims(parallel_dims: ParallelDims, chosen: list[Strategy]) -> list[
     Asked of the records, not of their names: a run with ``tp = 2`` and no strategy handling
     ``tp`` would otherwise train as if it had one rank.
     """
-    needed = [
-        d for d in ("pp", "tp", "ep", "cp", "dp_shard", "dp_replicate") if getattr(parallel_dims, d) > 1
-    ]
+    needed = [d for d in PARALLEL_DIMS if getattr(parallel_dims, d) > 1]
     handled = {dim for s in chosen for dim in s.handles}
     return [d for d in needed if d not in handled]

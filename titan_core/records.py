@@ -13,6 +13,7 @@ distributions, and a plugin with one bad hook result offers none of its records.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -172,6 +173,11 @@ class StateDictAdapter:
     hf_config: Callable[[Any], dict[str, Any]]
     #: ``args_from_hf(config_json) -> args``: model arguments equal to a Hugging Face config.
     args_from_hf: Callable[[dict[str, Any]], Any] | None = None
+    #: ``for_run(folder_args, run_args) -> args``: the folder's arguments as a run may load them,
+    #: where it may load less than the folder holds (DeepSeek's multi-token-prediction modules:
+    #: a run with fewer loads the main model, ``from_hf`` dropping the rest). ``None``: they
+    #: must equal the run's.
+    for_run: Callable[[Any, Any], Any] | None = None
 
 
 @attrs.frozen
@@ -192,18 +198,45 @@ class Strategy:
     """
 
     name: str
-    order: int
+    order: int = attrs.field(validator=lambda _i, _a, v: _an_int("Strategy.order", v))
     #: ``applies(config, parallel_dims) -> bool``: whether this run needs the strategy.
-    applies: Callable[[TrainerConfig, ParallelDims], bool]
+    applies: Callable[[TrainerConfig, ParallelDims], bool] = attrs.field(
+        validator=lambda _i, _a, v: _callable("Strategy.applies", v)
+    )
     #: ``apply(parts, ctx) -> parts``: takes this rank's model parts (a list of ``nn.Module``)
     #: and a :class:`~titan_core.parallelize.ParallelContext`, returns the parts to train; it may
     #: also contribute to the training step through the context (loss, batch, step contexts).
-    apply: Callable[..., Any]
+    apply: Callable[..., Any] = attrs.field(validator=lambda _i, _a, v: _callable("Strategy.apply", v))
     description: str = ""
     #: Parallel dimensions this strategy implements when it applies (``"tp"``, ``"dp_shard"``,
-    #: ...): a run whose degree is above 1 in a dimension no applied strategy handles fails
-    #: before anything is built.
-    handles: tuple[str, ...] = ()
+    #: ...: :data:`PARALLEL_DIMS`): a run whose degree is above 1 in a dimension no applied
+    #: strategy handles fails before anything is built.
+    handles: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _parallel_dims(v))
+
+
+#: The parallel dimensions a :class:`Strategy` can handle (the ``parallelism`` degrees).
+PARALLEL_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+
+
+def _an_int(what: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what}: expected an int, got {type(value).__name__} {value!r}")
+
+
+def _callable(what: str, value: Any) -> None:
+    if not callable(value):
+        raise TypeError(f"{what}: expected a function, got {type(value).__name__} {value!r}")
+
+
+def _parallel_dims(value: Any) -> None:
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"Strategy.handles: expected a tuple of dimension names, got {value!r}")
+    unknown = [v for v in value if v not in PARALLEL_DIMS]
+    if unknown:
+        raise ValueError(
+            f"Strategy.handles: {', '.join(map(repr, unknown))} is not a parallel dimension; "
+            f"the dimensions: {', '.join(PARALLEL_DIMS)}"
+        )
 
 
 @attrs.frozen
@@ -311,6 +344,16 @@ class Callback:
     #: (``"my_report_rank*.json"``): ``--overwrite`` removes them with the earlier run's own
     #: outputs, which would otherwise stay beside the new run's as if they were its.
     outputs: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _output_patterns(v))
+    #: Core config fields this callback implements (``"debug.memory_report"``): a run that sets
+    #: one of them while no loaded callback serves it is refused, instead of ignoring it.
+    serves: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _field_paths(v))
+
+
+def _field_paths(value: Any) -> None:
+    if isinstance(value, str) or not all(isinstance(v, str) and "." in v for v in value):
+        raise TypeError(
+            f"Callback.serves: expected a tuple of config field paths like 'debug.x', got {value!r}"
+        )
 
 
 def _output_patterns(value: Any) -> None:
@@ -348,12 +391,17 @@ class RunOption:
     """
 
     name: str
-    flag: str
+    flag: str = attrs.field(validator=lambda _i, _a, v: _flag(v))
     help: str
     run: Callable[[TrainerConfig, Any, argparse.Namespace], int]
     description: str = ""
     #: What it writes at the top of ``job.dump_folder``, as :attr:`Callback.outputs`.
     outputs: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _output_patterns(v))
+
+
+def _flag(value: Any) -> None:
+    if not isinstance(value, str) or not re.fullmatch(r"--[A-Za-z0-9][A-Za-z0-9-]*", value):
+        raise ValueError(f"RunOption.flag: expected a long option like '--my-report', got {value!r}")
 
 
 @attrs.frozen

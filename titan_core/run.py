@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -24,8 +24,8 @@ RANK/WORLD_SIZE/LOCAL_RANK come from the launcher; plugin comm backends read the
 variables (see docs/debugging.md)."""
 
 
-def configure(parser: argparse.ArgumentParser, run_options: list[Any] = ()) -> None:  # type: ignore[assignment]
-    """The operational options of ``titan run``, plus the flags plugins add (``RunOption``)."""
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The operational options of ``titan run`` (the plugins' flags: :func:`add_run_options`)."""
     parser.add_argument(
         "--recipe",
         "--config",
@@ -63,10 +63,48 @@ def configure(parser: argparse.ArgumentParser, run_options: list[Any] = ()) -> N
         help="delete the outputs (checkpoints included) of another run in the dump folder first; "
         "without it such a folder is refused, unless this run resumes it (docs/getting_started.md)",
     )
+
+
+def add_run_options(
+    parser: argparse.ArgumentParser, run_options: list[Any], provider: Callable[[Any], str]
+) -> None:
+    """The plugins' flags. A flag of ``titan run``'s own is left out with a warning naming the
+    plugin; a flag two plugins share fails, naming both, when it is given (neither would know
+    the other's action ran instead)."""
+    by_flag: dict[str, list[Any]] = {}
     for option in run_options:
-        parser.add_argument(
-            option.flag, action="store_true", dest=f"run_option_{option.name}", help=option.help
-        )
+        by_flag.setdefault(option.flag, []).append(option)
+    for flag, options in by_flag.items():
+        try:
+            if len(options) > 1:
+                owners = " and ".join(f"run option {o.name!r} of {provider(o)}" for o in options)
+                message = f"{flag} is provided twice: by {owners}; uninstall or disable one of them"
+                parser.add_argument(
+                    flag, action=_Refused, nargs=0, message=message, help="(refused: provided twice)"
+                )
+            else:
+                option = options[0]
+                parser.add_argument(
+                    flag, action="store_true", dest=f"run_option_{option.name}", help=option.help
+                )
+        except argparse.ArgumentError:  # the flag is titan run's own
+            for option in options:
+                print(
+                    f"titan: warning: run option {option.name!r} of {provider(option)} has flag {flag}, "
+                    "which is titan run's own; it is left out: the plugin should rename the flag",
+                    file=sys.stderr,
+                )
+
+
+class _Refused(argparse.Action):
+    """A flag that cannot be used; giving it ends the parse with its message."""
+
+    def __init__(self, *args: Any, message: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.message = message
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        parser.error(self.message)
 
 
 def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
@@ -134,6 +172,38 @@ def check_launch(config: Any, registry: Any, processes: int) -> None:
         checkpointer = registry.get("checkpointers", c.backend, what="checkpoint.backend")
         if checkpointer.launch_check is not None:
             checkpointer.launch_check(config, processes)
+
+
+def preflight(argv: list[str], processes: int) -> int:
+    """``run_train.sh``'s checks before torchrun starts ``processes`` processes, in one process:
+    what each of them would refuse before building anything, refused once (one error line, its
+    exit status) instead of as torchrun's traceback after a worker failed, or not at all on the
+    screen when only a rank that ``LOG_RANK`` hides failed.
+
+    The recipe resolves and validates, the names it selects exist, the comm backend's and
+    plugins' launch checks pass, the parallel degrees fit, the model accepts its arguments under
+    them (``ModelSpec.validate``), and the dump folder may take this run.
+    """
+    from titan_core._registry import get_registry
+    from titan_core.cli import build_parser, report_error
+    from titan_core.errors import TitanError
+
+    registry = get_registry()
+    args = build_parser(registry).parse_args(["run", *argv])
+    try:
+        config = resolve_config(args, registry)
+        check_names(config, registry)
+        check_launch(config, registry, processes)
+        from titan_core.parallel_dims import ParallelDims
+        from titan_core.run_folder import RunFolder, plugin_outputs
+        from titan_core.trainer import resolve_model
+
+        resolve_model(config, registry, ParallelDims.from_config(config.parallelism, processes))
+        # Reads run.json and decides as the run's first process will; writes and removes nothing.
+        RunFolder(config, overwrite=args.overwrite, is_writer=False, outputs=plugin_outputs(registry))
+    except TitanError as exc:
+        return report_error(exc)
+    return 0
 
 
 def launched_processes(env: Mapping[str, str]) -> int:

@@ -98,8 +98,8 @@ def _declared_paths(dump: str, patterns: list[str]) -> list[str]:
     return list(found)
 
 
-#: The sections that define a run's results (plus ``debug.seed`` and the fields plugin sections
-#: name in ``ConfigSection.results``); the others (job, metrics, comm, checkpoint, validation,
+#: The sections that define a run's results (plus ``debug.seed``, ``comm.backend`` and the fields
+#: plugin sections name in ``ConfigSection.results``); the others (job, metrics, comm, checkpoint, validation,
 #: debug switches, the rest of plugin sections) are operational: a rerun that
 #: changes only those is the same run. ``training.steps`` is in: a run to another length started
 #: from step 0 is another run (resuming to more steps goes through the checkpoint). The layout
@@ -120,6 +120,9 @@ def identity(config: Any) -> dict[str, Any]:
         for name in names:
             found[section_name].pop(name, None)
     found["debug"] = {"seed": data["debug"]["seed"]}
+    # A comm backend that simulates its peers logs no real losses (or none at all): its rerun in
+    # a real run's folder would replace that run's history, so the backend is part of the identity.
+    found["comm"] = {"backend": data["comm"]["backend"]}
     for name, fields in _plugin_result_fields().items():
         unknown = [f for f in fields if f not in data[name]]
         if unknown:
@@ -238,6 +241,17 @@ class RunFolder:
         if prior.get("seed_checkpoint") and not self.config.checkpoint.create_seed_checkpoint and same_model:
             return  # a seed checkpoint of this model: this run starts from it
         if prior.get("identity") == mine and not prior.get("seed_checkpoint"):
+            c = self.config.checkpoint
+            checkpoints = os.path.join(self.dump, prior.get("checkpoint_folder") or c.folder)
+            loads = c.enable and not c.create_seed_checkpoint  # then it resumed, or found none
+            if not loads and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+                # Starting over would replace the logs of the run those checkpoints continue.
+                raise UsageError(
+                    f"job.dump_folder {self.dump!r} holds checkpoints of this run ({checkpoints}), which "
+                    "this run does not load (checkpoint.enable = False or create_seed_checkpoint); set "
+                    "checkpoint.enable = True to resume it, give this run a new folder (--dump-folder "
+                    "DIR), or start it over with `titan run ... --overwrite`"
+                )
             self.restart = True
             return
         if prior.get("unidentified") or prior.get("unreadable"):

@@ -43,26 +43,44 @@ def _owner(part: nn.Module, name: str, names: list[str]) -> tuple[nn.Module, str
 
 
 def retie(parts: list[nn.Module], groups: list[list[str]]) -> None:
-    """Point every name of each group at one parameter, in each part that holds two of them."""
-    for part in parts:
-        current = [n for n, _ in part.named_parameters(remove_duplicate=False)]
-        for names in groups:
-            owners = [(n, o) for n in names if (o := _owner(part, n, current)) is not None]
-            if len(owners) < 2:
+    """Point every name of each group at one parameter.
+
+    A group must be held whole by one part of this rank, or not at all (a middle pipeline
+    stage): split over parts or ranks, each holder's copy would train on its own, so that is
+    refused rather than trained.
+    """
+    currents = [[n for n, _ in part.named_parameters(remove_duplicate=False)] for part in parts]
+    for names in groups:
+        held = [
+            [(n, o) for n in names if (o := _owner(part, n, current)) is not None]
+            for part, current in zip(parts, currents, strict=True)
+        ]
+        holders = [owners for owners in held if owners]
+        if not holders:
+            continue
+        if len(holders) > 1 or len(holders[0]) < len(names):
+            here = [n for owners in holders for n, _ in owners]
+            where = f"{len(holders)} model parts" if len(holders) > 1 else "this rank's model part"
+            raise UsageError(
+                f"tied parameters {' and '.join(names)} would be split: {where} hold "
+                f"{', '.join(here)}{' only' if len(holders) == 1 else ' apart'}, so each copy would "
+                "train on its own. Pipeline parallelism puts the embedding and the output on "
+                "different stages: untie them in the model (e.g. tie_embeddings = False) or set "
+                "parallelism.pp = 1"
+            )
+        first_name, (module, leaf) = holders[0][0]
+        keep = module._parameters[leaf]
+        for name, (other, other_leaf) in holders[0][1:]:
+            param = other._parameters[other_leaf]
+            if param is keep:
                 continue
-            first_name, (module, leaf) = owners[0]
-            keep = module._parameters[leaf]
-            for name, (other, other_leaf) in owners[1:]:
-                param = other._parameters[other_leaf]
-                if param is keep:
-                    continue
-                if _layout(param) != _layout(keep):
-                    raise UsageError(
-                        f"tied parameters {first_name} and {name} were laid out differently "
-                        f"({_layout(keep)} vs {_layout(param)}) by a strategy; they cannot stay "
-                        "tied: untie them in the model (e.g. tie_embeddings=False) or change the plan"
-                    )
-                other._parameters[other_leaf] = keep
+            if _layout(param) != _layout(keep):
+                raise UsageError(
+                    f"tied parameters {first_name} and {name} were laid out differently "
+                    f"({_layout(keep)} vs {_layout(param)}) by a strategy; they cannot stay "
+                    "tied: untie them in the model (e.g. tie_embeddings=False) or change the plan"
+                )
+            other._parameters[other_leaf] = keep
 
 
 def _layout(param: nn.Parameter) -> tuple[object, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
 import os
 import signal
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from titan_core._registry import Registry
-from titan_core.config import TrainerConfig
+from titan_core.config import TrainerConfig, plugin_served
 from titan_core.data.loader import PackedBatches, load_tokenizer
 from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import PluginError, TitanError, UsageError, is_out_of_memory
@@ -116,18 +117,27 @@ def set_determinism(config: TrainerConfig, seed: int) -> None:
 class Callbacks:
     """The built callbacks, bound once per loop point (a point nobody implements costs nothing)."""
 
-    def __init__(self, objects: list[Any], labels: list[str]) -> None:
-        """``labels``: how errors name each object (``callback 'x' (plugin p)``), in order."""
+    def __init__(
+        self,
+        objects: list[Any],
+        labels: list[str],
+        guard: Callable[[str, str, Callable[..., Any]], Callable[..., Any]] = lambda label, point, fn: fn,
+    ) -> None:
+        """``labels``: how errors name each object (``callback 'x' (plugin p)``), in order;
+        ``guard(label, point, method)``: the method as the loop calls it (the trainer's turns an
+        exception into one error naming the callback)."""
         self.objects = objects
+        named = list(zip(objects, labels, strict=True))
         for point in CALLBACK_POINTS:
             if point == "metrics":
                 continue  # metric_sources, below
-            setattr(self, point, [getattr(o, point) for o in objects if callable(getattr(o, point, None))])
+            methods = [(label, getattr(o, point)) for o, label in named if callable(getattr(o, point, None))]
+            setattr(self, point, [guard(label, point, fn) for label, fn in methods])
         #: ``(label, metrics)`` of the callbacks that report metrics: their values are checked,
         #: and the error names the callback.
         self.metric_sources = [
-            (label, o.metrics)
-            for o, label in zip(objects, labels, strict=True)
+            (label, guard(label, "metrics", o.metrics))
+            for o, label in named
             if callable(getattr(o, "metrics", None))
         ]
 
@@ -164,12 +174,48 @@ class Trainer:
                 log.debug("cleanup after a failed build failed", error=repr(exc))
 
     def _build(self, config: TrainerConfig, registry: Registry, overwrite: bool) -> None:
+        """The build order of the module docstring, one step per method."""
         self.config = config
         self.registry = registry
         self.step = 0
         self.started_at = time.perf_counter()
+        self._join()
+        strategies, dataset = self._resolve_plugins()
+        self.lock = RunFolderLock.take(config, self.topology, is_writer=self.topology.rank == 0)
+        self.run_folder = RunFolder(
+            config, overwrite=overwrite, is_writer=self.topology.rank == 0, outputs=plugin_outputs(registry)
+        )
+        self._build_model(strategies)
+        self._build_optimizer()
+        self._build_data(dataset)
+        self._restore()
+        self.run_folder.started(resumed=self.step > 0)
+        self._build_step()
+        self._open_outputs()
+        # Callbacks last, after everything they may look at exists.
+        self.callbacks = Callbacks(*self._build_callbacks(), guard=self._guarded_callback)
+        t = config.training
+        n_params = sum(_local(p).numel() for part in self.parts for p in part.parameters())
+        log.info(
+            "built",
+            recipe=config.recipe,
+            model=f"{config.model.name}/{config.model.flavor}",
+            params_total=self.spec.num_params(self.model_args, True),
+            params_local=n_params,
+            degrees=self.parallel_dims.degrees(),
+            global_batch_size=t.local_batch_size * self.parallel_dims.dp * self.accumulation,
+            microbatches_per_step=self.accumulation,
+            strategies=self.ctx.applied,
+            callbacks=[type(o).__name__ for o in self.callbacks.objects],
+            device=str(self.device),
+            comm_backend=config.comm.backend,
+        )
 
-        # 1. Who we are: the comm backend builds the topology; degrees are checked right away.
+    # -- build steps, in order -------------------------------------------------------------------
+
+    def _join(self) -> None:
+        """Who we are: the comm backend builds the topology; degrees are checked right away."""
+        config, registry = self.config, self.registry
         backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
         apply_backend_settings(config, registry)  # done by `titan run` already; a Python caller too
         refuse_unread_env(registry, config.comm.backend, os.environ)
@@ -186,35 +232,25 @@ class Trainer:
         if config.debug.max_steps is not None:
             self.steps = min(self.steps, config.debug.max_steps)
 
-        # 2. Plugins this run needs and the model's own checks, before anything heavy is built.
-        self.spec = registry.get("models", config.model.name, what="model")
-        self.tokenizer = load_tokenizer(config.data.tokenizer_path)
-        try:
-            self.model_args = self.spec.flavor(config.model.flavor, config.model.overrides)
-            if model_arg(self.model_args, "bos_id", _ABSENT) is None:  # the model asks for the BOS id
-                overrides = {**config.model.overrides, "bos_id": self.tokenizer.bos_id}
-                self.model_args = self.spec.flavor(config.model.flavor, overrides)
-        except LookupError as exc:
-            field = "model.overrides" if config.model.flavor in self.spec.flavors else "model.flavor"
-            raise UsageError(f"{field}: {exc}") from None
-        if self.spec.validate is not None:
-            self._plugin_call(
-                "models",
-                self.spec.name,
-                "failed to validate its arguments",
-                self.spec.validate,
-                self.model_args,
-                self.parallel_dims,
-            )
-        max_seq_len = model_arg(self.model_args, "max_seq_len")
-        if max_seq_len is not None and config.training.seq_len > max_seq_len:
-            raise UsageError(
-                f"training.seq_len={config.training.seq_len} exceeds the model's max_seq_len="
-                f"{max_seq_len} ({config.model.name}/{config.model.flavor}); lower seq_len or set "
-                'model.overrides = {"max_seq_len": ...}'
-            )
+    def _resolve_plugins(self) -> tuple[list[Any], Any]:
+        """The plugins this run needs and the model's own checks, before anything heavy is built:
+        a wrong name or value fails here, in seconds. Returns the strategies and the dataset."""
+        config, registry = self.config, self.registry
+        self.spec, self.tokenizer, self.model_args = resolve_model(
+            config,
+            registry,
+            self.parallel_dims,
+            lambda fn, *args: self._plugin_call(
+                "models", config.model.name, "failed to validate its arguments", fn, *args
+            ),
+        )
         self.fake_tensors = wanted(config.debug.fake_tensors, self.topology, self.spec, self.device)
-        strategies = select_strategies(registry.records("strategies"), config, self.parallel_dims)
+        strategies = select_strategies(
+            registry.records("strategies"),
+            config,
+            self.parallel_dims,
+            lambda s, fn, *args: self._plugin_call("strategies", s.name, "failed in applies", fn, *args),
+        )
         unhandled = unhandled_dims(self.parallel_dims, strategies)
         if unhandled:
             raise PluginError(
@@ -222,6 +258,14 @@ class Trainer:
                 f"{self.parallel_dims.degrees()}), which no installed plugin provides; install a "
                 "parallelism plugin (titan's is titan-plugins-parallel: docs/architecture.md)"
             )
+        served = {path for r in registry.records("callbacks").values() for path in r.serves}
+        for path, value in plugin_served(config).items():
+            if path not in served:
+                raise UsageError(
+                    f"{path} = {value!r}: no loaded plugin implements it (a callback listing it in "
+                    "Callback.serves); install or enable that plugin (titan's own: docs/architecture.md) "
+                    f"or leave {path} at its default"
+                )
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.
         if next(iter(dataset.documents(config.data)), None) is None:
@@ -232,19 +276,14 @@ class Trainer:
             self.checkpointer = registry.get("checkpointers", c.backend, what="checkpoint.backend").build(
                 config, self.topology
             )
-        vocab = model_arg(self.model_args, "vocab_size")
-        if vocab is not None and self.tokenizer.vocab_size > vocab:
-            raise UsageError(
-                f"the tokenizer has {self.tokenizer.vocab_size} tokens but model "
-                f"{config.model.name}/{config.model.flavor} has a vocabulary of {vocab}; use a "
-                "flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
-            )
-        self.lock = RunFolderLock.take(config, self.topology, is_writer=self.topology.rank == 0)
-        self.run_folder = RunFolder(
-            config, overwrite=overwrite, is_writer=self.topology.rank == 0, outputs=plugin_outputs(registry)
-        )
+        return strategies, dataset
 
-        # 3. Mesh, model on meta, strategies in their declared order; parameter sharing survives.
+    def _build_model(self, strategies: list[Any]) -> None:
+        """Mesh, model on meta, strategies in their declared order (parameter sharing survives
+        each), then this rank's shards materialised and initialised as one process would
+        (init.py). Shape-only runs (fake_tensors.py) materialise fake tensors and stay fake until
+        close."""
+        config = self.config
         self.mesh = self.parallel_dims.build_mesh(self.device.type) if self.topology.world_size > 1 else None
         with torch.device("meta"):
             model = self._plugin_call(
@@ -260,9 +299,6 @@ class Trainer:
             self.ctx,
             after_each=lambda parts: retie(parts, tied),
         )
-
-        # 4. Materialise this rank's shards and initialise them, as one process would (init.py).
-        # Shape-only runs (fake_tensors.py) materialise fake tensors and stay fake until close.
         if self.fake_tensors:
             self._contexts.enter_context(fake_mode())
         for part in self.parts:
@@ -286,6 +322,7 @@ class Trainer:
             )
         for part in self.parts:
             part.train()
+        c = config.checkpoint
         if c.initial_load_path and self.fake_tensors:
             log.info("fake tensors: checkpoint.initial_load_path is not read (no values to load)")
         elif c.initial_load_path:
@@ -293,8 +330,9 @@ class Trainer:
 
             load_initial_weights(self.parts, c.initial_load_path, self.spec, self.model_args)
 
-        # 5. Optimizer, schedule, data.
-        t = config.training
+    def _build_optimizer(self) -> None:
+        """AdamW over the parameter groups and the LR schedule."""
+        t = self.config.training
         self.optimizer = torch.optim.AdamW(
             self._param_groups(),
             lr=t.lr,
@@ -306,9 +344,19 @@ class Trainer:
             **({"fused": True} if self.device.type == "cuda" else {"foreach": True}),
         )
         self.schedule = WarmupStableDecay.from_config(t)
+        if t.warmup_steps >= t.steps:
+            log.warning(
+                f"training.warmup_steps={t.warmup_steps} >= training.steps={t.steps}: the learning rate "
+                f"never reaches training.lr={t.lr:g} (it ends at {t.lr * self.schedule(t.steps - 1):.3g}) "
+                "and never decays; lower warmup_steps below steps"
+            )
         # A function, not the schedule object: LambdaLR saves a callable object's attributes in
         # its state dict and a resume would silently bring back the old schedule.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: self.schedule(i))
+
+    def _build_data(self, dataset: Any) -> None:
+        """This rank's share of the packed training batches, and the validation batches."""
+        config, t = self.config, self.config.training
         coords = self.parallel_dims.coordinates(self.topology.rank)
         self.batches: Any
         if self.fake_tensors:  # no values: skip tokenizing the job's stream to find this rank's batch
@@ -326,15 +374,71 @@ class Trainer:
                 name=f"data.dataset {config.data.dataset!r}"
                 + (f" at data.path {config.data.path!r}" if config.data.path else ""),
             )
-        self.val_batches = self._validation_batches(registry) if config.validation.enable else None
-        if self.checkpointer is not None and not c.create_seed_checkpoint:
-            self.step, meta = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
-            if self.step:
-                self.schedule.check_resume(meta.get("lr_schedule"), self.step)
-                # The optimizer restored the LR the checkpoint stored; this run's schedule decides.
-                for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-                    group["lr"] = base * self.schedule(self.scheduler.last_epoch)
-        self.run_folder.started(resumed=self.step > 0)
+        self.val_batches = self._validation_batches(self.registry) if config.validation.enable else None
+
+    def _restore(self) -> None:
+        """Resume from the last checkpoint, if there is one (sets ``self.step`` and how many
+        microbatches the restored steps consumed).
+
+        The checkpoint brings back weights, optimizer moments and the schedule's position; the
+        settings of how training goes on are this run's: its model must be the checkpoint's (or
+        the weights would be read as another model), and its optimizer settings and schedule
+        apply from the next step (a warning names what changed). Checkpoints of earlier titan
+        versions, whose ``meta.json`` lacks a record, skip that comparison.
+        """
+        #: Microbatches this rank's data stream gave the restored steps (a resume skips them).
+        self.consumed = 0
+        self.resumed_from = 0
+        if self.checkpointer is None or self.config.checkpoint.create_seed_checkpoint:
+            return
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        fresh_base_lrs = list(self.scheduler.base_lrs)
+        self.step, meta = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
+        if not self.step:
+            return
+        resumed = resume_record(self.config, 0)
+        saved_model = meta.get("model")
+        if saved_model is not None and saved_model != resumed["model"]:
+            changes = _changes(saved_model, resumed["model"], "model.")
+            raise UsageError(
+                f"checkpoint of step {self.step} in {self.config.job.dump_folder!r} was saved by another "
+                f"model ({'; '.join(changes)}): resuming would read its weights as this model. Resume "
+                "it with the model it was written for, or start a new run in another job.dump_folder "
+                "from its weights (checkpoint.initial_load_path)"
+            )
+        self.schedule.check_resume(meta.get("lr_schedule"), self.step)
+        changed = _changes(meta.get("optimizer") or {}, resumed["optimizer"], "training.")
+        if changed:
+            log.warning(
+                f"resuming with other optimizer settings; this run's apply from step {self.step + 1}: "
+                + ", ".join(changed)
+            )
+        changed = _changes(meta.get("data") or {}, resumed["data"], "")
+        if changed:
+            log.warning(
+                "resuming with another data configuration; the data will not continue where it stopped: "
+                + ", ".join(changed)
+            )
+        local = self.config.training.local_batch_size
+        samples = meta.get("samples", self.step * self.accumulation * local)  # earlier titans: as now
+        self.consumed, rest = divmod(int(samples), local)
+        if rest:
+            log.warning(
+                f"the checkpoint's data stream stopped after {samples} sequences, not a multiple of "
+                f"training.local_batch_size={local}; the data resumes {rest} sequences later"
+            )
+            self.consumed += 1
+        self.resumed_from = self.step
+        # The checkpoint restored its own hyper-parameters into the optimizer and the scheduler's
+        # base LRs; this run's (its recipe's) decide from here on.
+        self.scheduler.base_lrs = fresh_base_lrs
+        for group, own, base in zip(self.optimizer.param_groups, fresh, fresh_base_lrs, strict=True):
+            group.update(own)
+            group["lr"] = base * self.schedule(self.scheduler.last_epoch)
+
+    def _build_step(self) -> None:
+        """The step function (a strategy may replace it: PP), autocast and the metrics."""
+        t = self.config.training
         # Gradient accumulation: each microbatch's loss is divided by their number, so the summed
         # gradients (and the summed losses) are those of the whole batch's mean. Wrapped before the
         # step function is built: a strategy's replacement (PP) gets the scaled loss too.
@@ -349,13 +453,17 @@ class Trainer:
         )
         tokens = t.local_batch_size * t.seq_len * self.accumulation
         self.metrics = MetricsLogger(
-            config,
+            self.config,
             self.device,
             self.spec.flops_per_token(self.model_args, t.seq_len),
             tokens // self.parallel_dims.cp,  # tokens this device processes per step
             total_steps=self.steps,
             throughput=not self.fake_tensors,
         )
+
+    def _open_outputs(self) -> None:
+        """The logging rank writes ``config.toml`` and (appending on a resume) ``train.log``."""
+        config = self.config
         self.is_logging_rank = self._is_logging_rank()
         self.run_folder.claim(is_logging_rank=self.is_logging_rank)
         if self.is_logging_rank:
@@ -367,24 +475,6 @@ class Trainer:
             attach_file(os.path.join(config.job.dump_folder, LOG_FILE), append=self.step > 0)
         else:
             detach_file()
-
-        # 6. Callbacks, after everything they may look at exists.
-        self.callbacks = Callbacks(*self._build_callbacks())
-        n_params = sum(_local(p).numel() for part in self.parts for p in part.parameters())
-        log.info(
-            "built",
-            recipe=config.recipe,
-            model=f"{config.model.name}/{config.model.flavor}",
-            params_total=self.spec.num_params(self.model_args, True),
-            params_local=n_params,
-            degrees=self.parallel_dims.degrees(),
-            global_batch_size=t.local_batch_size * self.parallel_dims.dp * self.accumulation,
-            microbatches_per_step=self.accumulation,
-            strategies=self.ctx.applied,
-            callbacks=[type(o).__name__ for o in self.callbacks.objects],
-            device=str(self.device),
-            comm_backend=config.comm.backend,
-        )
 
     # -- build helpers ---------------------------------------------------------------------------
 
@@ -500,20 +590,45 @@ class Trainer:
             if is_out_of_memory(exc) or peer_failure(exc, self.config) is not None:
                 raise
             what = {"models": "model", "strategies": "strategy", "callbacks": "callback"}.get(kind, kind)
-            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-            text = f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
-            message = f"{what} {name!r} ({self._plugin_label(kind, name)}) {failed}: {text}"
-            where = self._keep_traceback(exc, message)
-            message += (
-                f"; the traceback is in {where}" if where else " (the traceback is chained to this error)"
-            )
-            raise PluginError(message) from exc
+            raise self._plugin_error(
+                f"{what} {name!r} ({self._plugin_label(kind, name)}) {failed}", exc
+            ) from exc
+
+    def _guarded_callback(self, label: str, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A callback's method as the loop calls it: its exception becomes one error naming it."""
+
+        def call(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except TitanError:
+                raise
+            except Exception as exc:
+                if is_out_of_memory(exc) or peer_failure(exc, self.config) is not None:
+                    raise
+                raise self._plugin_error(f"{label} failed in {point}", exc) from exc
+
+        return call
+
+    def _plugin_error(self, message: str, exc: BaseException) -> PluginError:
+        """``message: the exception's first line``, and where the traceback was kept."""
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        message += f": {type(exc).__name__}: {first[:300]}" if first else f": {type(exc).__name__}"
+        where = self._keep_traceback(exc, message)
+        message += f"; the traceback is in {where}" if where else " (the traceback is chained to this error)"
+        return PluginError(message)
 
     def _guarded_apply(self, strategy: Any) -> Callable[..., Any]:
         def apply(parts: list[nn.Module], ctx: ParallelContext) -> Any:
-            return self._plugin_call(
+            result = self._plugin_call(
                 "strategies", strategy.name, "failed to apply", strategy.apply, parts, ctx
             )
+            if not isinstance(result, list) or not all(isinstance(p, nn.Module) for p in result):
+                raise PluginError(
+                    f"strategy {strategy.name!r} ({self._plugin_label('strategies', strategy.name)}) "
+                    f"returned {type(result).__name__} from apply; it must return the list of model "
+                    "parts to train (nn.Module each), e.g. the parts it was given"
+                )
+            return result
 
         return apply
 
@@ -663,7 +778,7 @@ class Trainer:
             return []
         batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.batches)
         # Resumed: skip the batches the restored steps consumed.
-        for _ in range(self.step * self.accumulation):
+        for _ in range(self.consumed):
             next(batches)
         # Shape-only runs' zero batches cost nothing to make (and the thread would make them
         # outside the fake mode, which is the training thread's).
@@ -859,7 +974,14 @@ class _CheckpointSaves:
     def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
         t = self.trainer
         if t.checkpointer.should_save(step, last):
-            meta = {"lr_schedule": t.schedule.describe(), "loss_finite": True, "step": step}
+            microbatches = t.consumed + (step - t.resumed_from) * t.accumulation
+            samples = microbatches * t.config.training.local_batch_size
+            meta = {
+                "lr_schedule": t.schedule.describe(),
+                "loss_finite": True,
+                "step": step,
+                **resume_record(t.config, samples),
+            }
             t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
 
 
@@ -895,6 +1017,86 @@ class _StopSignals:
         for signum, previous in self._previous.items():
             if previous is not None:
                 signal.signal(signum, previous)
+
+
+def resolve_model(
+    config: TrainerConfig,
+    registry: Registry,
+    parallel_dims: ParallelDims,
+    call: Callable[..., Any] = lambda fn, *args: fn(*args),
+) -> tuple[Any, Any, Any]:
+    """The model spec, the tokenizer and the model's arguments (the BOS id filled in from the
+    tokenizer when the model asks for it), checked by the model itself (``ModelSpec.validate``,
+    through ``call``) and against the tokenizer and ``training.seq_len``. Builds nothing: the
+    trainer and run_train.sh's check before torchrun (:func:`titan_core.run.preflight`) share it."""
+    spec = registry.get("models", config.model.name, what="model")
+    tokenizer = load_tokenizer(config.data.tokenizer_path)
+    try:
+        model_args = spec.flavor(config.model.flavor, config.model.overrides)
+        if model_arg(model_args, "bos_id", _ABSENT) is None:  # the model asks for the BOS id
+            model_args = spec.flavor(
+                config.model.flavor, {**config.model.overrides, "bos_id": tokenizer.bos_id}
+            )
+    except LookupError as exc:
+        field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
+        raise UsageError(f"{field}: {exc}") from None
+    if spec.validate is not None:
+        call(spec.validate, model_args, parallel_dims)
+    name = f"{config.model.name}/{config.model.flavor}"
+    max_seq_len = model_arg(model_args, "max_seq_len")
+    if max_seq_len is not None and config.training.seq_len > max_seq_len:
+        raise UsageError(
+            f"training.seq_len={config.training.seq_len} exceeds the model's max_seq_len={max_seq_len} "
+            f'({name}); lower seq_len or set model.overrides = {{"max_seq_len": ...}}'
+        )
+    vocab = model_arg(model_args, "vocab_size")
+    if vocab is not None and tokenizer.vocab_size > vocab:
+        raise UsageError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but model {name} has a vocabulary of "
+            f"{vocab}; use a flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
+        )
+    return spec, tokenizer, model_args
+
+
+def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
+    """What a checkpoint's ``meta.json`` records for a resume to compare (:meth:`Trainer._restore`):
+    the model, the optimizer settings, the data, and how many sequences of this rank's data
+    stream the saved steps consumed (so a resume with another accumulation or local batch size
+    continues where the stream stopped)."""
+    t, d = config.training, config.data
+    return {
+        # As JSON gives it back (tuples as lists), so that a resume compares like with like.
+        "model": json.loads(
+            json.dumps(
+                {
+                    "name": config.model.name,
+                    "flavor": config.model.flavor,
+                    "overrides": config.model.overrides,
+                },
+                default=str,
+            )
+        ),
+        "optimizer": {
+            "lr": t.lr,
+            "weight_decay": t.weight_decay,
+            "beta1": t.beta1,
+            "beta2": t.beta2,
+            "eps": t.eps,
+        },
+        "data": {
+            "data.dataset": d.dataset,
+            "data.path": d.path,
+            "data.tokenizer_path": d.tokenizer_path,
+            "data.bundled_documents": d.bundled_documents,
+        },
+        "samples": samples,
+    }
+
+
+def _changes(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str) -> list[str]:
+    """``prefix + key: saved -> now`` for each key whose value differs (keys ``saved`` lacks:
+    recorded by no earlier checkpoint, not compared)."""
+    return [f"{prefix}{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
 
 
 def _same_file(a: str | None, b: str | None) -> bool:

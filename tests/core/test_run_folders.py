@@ -170,3 +170,20 @@ def test_declared_outputs_stay_at_the_top_of_the_folder(pattern: object) -> None
         RunOption("toy", "--toy", "", print, outputs=(pattern,))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="outputs: expected"):
         Callback("toy", print, outputs="toy_logs")  # type: ignore[arg-type]  # a string, not a tuple
+
+
+def test_a_fake_backend_run_does_not_replace_a_real_runs_history(tmp_path: Path) -> None:
+    """Pure fake mode logs no losses: rerun into a real run's folder, it would have replaced that
+    run's metrics as 'the same run over'. The comm backend is part of the identity."""
+    (tmp_path / "fake_recipes.py").write_text(tiny_recipe_source("tiny", 2))
+    args = ("run", "--module", "fake_recipes", "--recipe", "tiny", "--dump-folder", "out")
+    real = run_titan(*args, cwd=tmp_path)
+    assert real.returncode == 0, real.stderr
+    before = (tmp_path / "out" / "metrics.jsonl").read_text()
+    fake = run_titan(*args, "--comm-backend", "fake", cwd=tmp_path, NGPU="4")
+    assert fake.returncode == 2, fake.stdout + fake.stderr
+    assert (
+        "holds the outputs of another run" in fake.stderr
+        and "comm.backend: 'default' -> 'fake'" in fake.stderr
+    )
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == before

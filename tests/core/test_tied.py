@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from titan_core.errors import UsageError
 from titan_core.tied import retie, shared_parameters
 from titan_core.wrapped_names import find_unwrapped, find_wrapped
 
@@ -147,3 +148,58 @@ def test_the_trainer_keeps_a_tie_under_a_plugins_wrapping_strategy(tmp_path: obj
         assert model.output.weight is model.tok_embeddings.weight
     finally:
         trainer.close()
+
+
+def _stages() -> tuple[list[list[str]], nn.Module, nn.Module]:
+    """A tied model cut in two pipeline stages the way PP cuts it (ends set to None)."""
+    import copy
+
+    with torch.device("meta"):
+        model = Tiny()
+    groups = shared_parameters(model)
+    first, last = copy.deepcopy(model), copy.deepcopy(model)
+    first.output = None
+    last.tok_embeddings = None
+    return groups, first, last
+
+
+@pytest.mark.parametrize("layout", ["first stage", "last stage", "both stages on one rank"])
+def test_a_tie_split_over_pipeline_stages_is_refused(layout: str) -> None:
+    groups, first, last = _stages()
+    parts = {"first stage": [first], "last stage": [last], "both stages on one rank": [first, last]}[layout]
+    with pytest.raises(UsageError, match=r"tok_embeddings\.weight and output\.weight would be split"):
+        retie(parts, groups)
+
+
+def test_a_stage_holding_no_name_of_a_tie_is_fine() -> None:
+    groups, first, _ = _stages()
+    middle = first
+    middle.tok_embeddings = None
+    retie([middle], groups)  # nothing of the tie here: nothing to keep together
+
+
+def test_the_trainer_refuses_a_strategy_that_splits_a_tie(tmp_path: object) -> None:
+    """A third-party strategy that drops the output from this rank's part (as a pipeline stage
+    does) gets one error naming the tie and the strategy, not a run whose copies drift apart."""
+    import types
+
+    from tests.conftest import tiny_llama3
+    from titan_core import Strategy, hookimpl
+    from titan_core._registry import Registry
+    from titan_core.trainer import Trainer
+
+    def first_stage(parts: list[nn.Module], ctx: object) -> list[nn.Module]:
+        for part in parts:
+            part.output = None
+        return parts
+
+    strategy = Strategy("stage", 45, lambda config, dims: True, first_stage)
+    module = types.ModuleType("third_party_stage")
+    module.titan_strategies = hookimpl(lambda: [strategy])  # type: ignore[attr-defined]
+    registry = Registry().load_entry_points()
+    registry.register(module, "third_party_stage")
+    config = tiny_llama3(tmp_path, 2)
+    config.model.overrides = {"tie_embeddings": True}
+    split = r"after strategy 'stage'.*would be split.*tok_embeddings\.weight only"
+    with pytest.raises(UsageError, match=split):
+        Trainer(config, registry)

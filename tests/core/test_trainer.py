@@ -154,3 +154,57 @@ class _Backend:
     @hookimpl
     def titan_comm_backends(self) -> list:
         return [self.record]
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, -(2**63)])
+def test_the_extreme_seeds_the_config_allows_initialise_every_pipeline_stage(seed: int) -> None:
+    """A later stage adds its PP coordinate to the seed; at the ends of the range that must wrap,
+    not overflow on that stage's rank alone."""
+    from titan_core._registry import get_registry
+    from titan_core.init import initialise
+
+    spec = get_registry().get("models", "llama3")
+    args = spec.flavor("debugmodel", {"dim": 64, "n_layers": 2, "n_heads": 4})
+    with torch.device("meta"):
+        model = spec.build(args)
+    model.to_empty(device="cpu")
+    for coordinate in (0, 1):
+        mode = initialise(
+            [model],
+            spec,
+            args,
+            seed,
+            device=torch.device("cpu"),
+            simulated=False,
+            max_full_gib=8.0,
+            pp_coordinate=coordinate,
+            world_size=2,
+        )
+        assert mode and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_warmup_as_long_as_the_run_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import titan_core.trainer as trainer_module
+
+    seen: list[str] = []
+    real = trainer_module.log
+    monkeypatch.setattr(
+        trainer_module,
+        "log",
+        type(
+            "L",
+            (),
+            {"warning": lambda self, e, **k: seen.append(e), "__getattr__": lambda self, n: getattr(real, n)},
+        )(),
+    )
+    config = tiny_llama3(tmp_path, 4)
+    config.training.warmup_steps = 4
+    Trainer(config, get_registry()).close()
+    assert any(
+        "training.warmup_steps=4 >= training.steps=4: the learning rate never reaches" in w for w in seen
+    )
+    seen.clear()
+    config = tiny_llama3(tmp_path / "b", 4)
+    config.training.warmup_steps = 3
+    Trainer(config, get_registry()).close()
+    assert not any("warmup_steps" in w for w in seen)

@@ -223,3 +223,25 @@ def test_a_trained_bias_is_not_dropped_silently_by_a_qwen3_export() -> None:
 def test_real_flavors_have_a_counterpart(flavor: str) -> None:
     config = hf.hf_config(FLAVORS[flavor])
     assert hf.args_from_hf(config) == FLAVORS[flavor]
+
+
+@pytest.mark.parametrize(
+    ("base", "field", "value"),
+    [
+        ("qwen3", "hidden_act", "gelu"),
+        ("qwen3", "use_sliding_window", True),
+        ("qwen3", "attention_bias", True),
+        ("deepseek_v3", "hidden_act", "gelu"),
+        ("deepseek_v3", "scoring_func", "softmax"),
+        ("deepseek_v3", "topk_method", "greedy"),
+    ],
+)
+def test_settings_titan_does_not_compute_are_refused_not_dropped(base: str, field: str, value: Any) -> None:
+    """transformers builds these models (other logits); a silent import would train another model."""
+    config = {
+        "qwen3": hf.hf_config(FLAVORS["qwen3_debugmodel"]),
+        "deepseek_v3": hf.hf_config(FLAVORS["deepseek_v3_debugmodel"]),
+    }[base]
+    hf.args_from_hf(config)  # as exported: imports
+    with pytest.raises(UsageError, match=rf"Hugging Face config: {field} = {value!r} is not supported"):
+        hf.args_from_hf({**config, field: value})

@@ -161,6 +161,11 @@ def test_layout_checks_name_what_to_change() -> None:
         validate(
             attrs.evolve(FLAVORS["debugmodel"], score_func="relu"), SimpleNamespace(tp=1, pp=1, cp=1, ep=1)
         )
+    one = SimpleNamespace(tp=1, pp=1, cp=1, ep=1)
+    with pytest.raises(UsageError, match=r"model.overrides.qk_rope_head_dim: RoPE rotates pairs"):
+        validate(attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], qk_rope_head_dim=15), one)
+    with pytest.raises(UsageError, match=r"model.overrides.head_dim: RoPE rotates pairs"):
+        validate(attrs.evolve(FLAVORS["qwen3_debugmodel"], head_dim=15), one)
 
 
 def test_qwen3_attention_fuses_qkv_with_the_separate_projections_results() -> None:

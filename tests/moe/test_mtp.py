@@ -123,6 +123,50 @@ def test_hf_layout_keeps_the_mtp_weights(tmp_path: Path) -> None:
         torch.testing.assert_close(model(tokens), reference(input_ids=tokens).logits, rtol=1e-4, atol=1e-4)
 
 
+def _saved_hf_folder(folder: Path, args: object, state: dict) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    save_file(
+        {k: v.contiguous() for k, v in hf.to_hf(state, args).items()}, str(folder / "model.safetensors")
+    )
+    (folder / "config.json").write_text(json.dumps(hf.hf_config(args)))
+    return folder
+
+
+def _loaded(folder: Path, args: object) -> MoETransformer:
+    from titan_core.initial_weights import load_initial_weights
+
+    model = build(args, seed=9)
+    load_initial_weights([model], str(folder), get_registry().get("models", "moe"), args)
+    return model
+
+
+def test_a_folder_with_mtp_weights_loads_with_or_without_them(tmp_path: Path) -> None:
+    """DeepSeek's checkpoints keep MTP modules at layer n_layers + k: a run with them loads them,
+    a run without builds the main model and drops them (as transformers does)."""
+    args = attrs.evolve(ARGS, n_mtp_layers=1)
+    model = build(args)
+    folder = _saved_hf_folder(tmp_path / "with_mtp", args, model.state_dict())
+    with_mtp = _loaded(folder, args)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(with_mtp.state_dict()[name], tensor), name
+    main_args = attrs.evolve(ARGS, n_mtp_layers=0)
+    main = _loaded(folder, main_args)
+    for name, tensor in main.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+    tokens = torch.randint(0, args.vocab_size, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(main(tokens), model(tokens))
+
+
+def test_a_run_with_mtp_from_a_folder_without_its_weights_names_them(tmp_path: Path) -> None:
+    main_args = attrs.evolve(ARGS, n_mtp_layers=0)
+    folder = _saved_hf_folder(tmp_path / "main_only", main_args, build(main_args).state_dict())
+    with pytest.raises(UsageError, match=r"are not this model's tensors: \d+ missing \(model\.layers\.3\."):
+        _loaded(folder, attrs.evolve(ARGS, n_mtp_layers=1))
+
+
 def test_training_with_mtp_logs_its_term(tmp_path: Path) -> None:
     config = recipes.deepseek_v3_debugmodel()
     config.model.overrides = {"dim": 128, "n_layers": 3, "n_mtp_layers": 1}

@@ -420,7 +420,8 @@ def check_args(args: MoEArgs) -> None:
             )
     if args.rope_dim % 2:
         raise _problem(
-            "head_dim", f"RoPE rotates pairs of dimensions; the rotated width {args.rope_dim} is odd"
+            "qk_rope_head_dim" if args.attention == "mla" else "head_dim",
+            f"RoPE rotates pairs of dimensions; the rotated width {args.rope_dim} is odd",
         )
     if args.n_experts % args.n_expert_groups:
         raise _problem(

@@ -12,8 +12,9 @@ Three counterparts, chosen from the model arguments (:func:`hf_architecture`):
 Multi-token-prediction modules go where DeepSeek's checkpoints keep them: module ``k`` is layer
 ``n_layers + k`` (``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm``, copies of the embedding
 and output as ``embed_tokens`` and ``shared_head.head``, and a decoder layer); transformers skips
-them when loading. :func:`args_from_hf` builds the main model (``n_mtp_layers = 0``); set
-``model.overrides.n_mtp_layers`` to also load a checkpoint's MTP weights.
+them when loading. :func:`args_from_hf` builds the main model (``n_mtp_layers = 0``); a run
+loads as many MTP modules as it has (:func:`for_run`): with ``model.overrides.n_mtp_layers`` it
+loads a checkpoint's MTP weights too, without it drops them.
 
 Expert weights are written in the Hub layout (``mlp.experts.{j}.gate_proj.weight`` ...), the one
 ``from_pretrained`` of every transformers release reads; :func:`from_hf` also takes the fused
@@ -211,11 +212,39 @@ def to_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
     return out
 
 
+def _beyond_mtp(name: str, args: MoEArgs) -> bool:
+    """Whether ``name`` is a tensor of a layer past the run's MTP modules."""
+    parts = name.split(".")
+    return (
+        len(parts) > 2
+        and parts[:2] == ["model", "layers"]
+        and parts[2].isdigit()
+        and (int(parts[2]) >= args.n_layers + args.n_mtp_layers)
+    )
+
+
+def for_run(hf_args: MoEArgs, run_args: MoEArgs) -> MoEArgs:
+    """A folder's arguments as a run may load them: with the run's number of MTP modules.
+
+    ``num_nextn_predict_layers`` cannot decide it: transformers writes 1 in every DeepSeek-V3
+    folder and saves no MTP weights, DeepSeek's own checkpoints hold them. The tensors decide
+    instead: MTP weights beyond the run's are dropped (:func:`from_hf`), and ones the run needs
+    but the folder lacks are named as missing.
+    """
+    return attrs.evolve(hf_args, n_mtp_layers=run_args.n_mtp_layers)
+
+
 def from_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
     """Hugging Face state dict (Hub layout or transformers 5's fused experts) -> titan."""
     import torch
 
     kind = hf_architecture(args)
+    # A checkpoint's MTP modules beyond the run's (layers n_layers + n_mtp_layers and up): the
+    # run builds fewer of them, or only the main model, as transformers does.
+    # Only the names are looked at (``keys()``): a caller may track which tensors were read.
+    beyond = [k for k in state_dict.keys() if _beyond_mtp(k, args)]  # noqa: SIM118
+    if beyond and len(beyond) == len(state_dict):
+        return {}
     names, permuted = _plain_names(args, kind), _permuted(args, kind)
     absent = [theirs for theirs in names.values() if theirs not in state_dict]
     if absent:
@@ -344,6 +373,34 @@ def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+#: Settings of a Hugging Face config that change what the model computes and that titan's MoE
+#: model has no counterpart for: ``(field, the values titan computes, what it does instead)``.
+#: Refused rather than dropped: the import would load and give other logits.
+_UNSUPPORTED: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {
+    "all": [
+        ("hidden_act", ("silu",), "SwiGLU experts (silu)"),
+        ("attention_bias", (False,), "attention projections without bias"),
+        ("mlp_bias", (False,), "expert projections without bias"),
+    ],
+    "qwen3_moe": [("use_sliding_window", (False,), "full attention in every layer")],
+    "deepseek_v3": [
+        ("scoring_func", ("sigmoid",), "sigmoid router scores"),
+        ("topk_method", ("noaux_tc",), "group-limited top-k over bias-corrected sigmoid scores"),
+    ],
+    "deepseek_v2": [("scoring_func", ("softmax",), "softmax router scores")],
+}
+
+
+def _refuse_unsupported(config: dict[str, Any], kind: str) -> None:
+    for field, computed, what in [*_UNSUPPORTED["all"], *_UNSUPPORTED.get(kind, [])]:
+        value = config.get(field, computed[0])
+        if value not in computed:
+            raise UsageError(
+                f"Hugging Face config: {field} = {value!r} is not supported by titan's {kind} model "
+                f"({what}: {field} = {computed[0]!r}); importing it would give other logits"
+            )
+
+
 def args_from_hf(config: dict[str, Any]) -> MoEArgs:
     """Model arguments equal to a Hugging Face ``config.json`` (Qwen3-MoE, DeepSeek-V2/V3)."""
     kind = config.get("model_type")
@@ -352,6 +409,7 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
             f"Hugging Face config: model_type {kind!r} has no titan counterpart in the moe plugin; "
             f"supported: {', '.join(_ARCHITECTURES)}"
         )
+    _refuse_unsupported(config, kind)
     common: dict[str, Any] = {
         "dim": config["hidden_size"],
         "n_layers": config["num_hidden_layers"],

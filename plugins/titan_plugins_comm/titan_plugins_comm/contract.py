@@ -66,10 +66,10 @@ class FakeLaunch:
 
 
 def _int_or_none(raw: str) -> int | None:
-    try:
-        return int(raw.strip())
-    except ValueError:
-        return None
+    """Plain decimal digits only, as run_train.sh reads them (Python's ``int`` takes ``1_6``)."""
+    text = raw.strip()
+    digits = text[1:] if text.startswith("-") else text
+    return int(text) if digits.isascii() and digits.isdigit() else None
 
 
 def read_ngpu(pp: int, env: Mapping[str, str]) -> int:

@@ -8,8 +8,9 @@ leaves every earlier checkpoint usable and never leaves a half-written ``step-N`
 3. rank 0 renames ``step-N.tmp`` to ``step-N`` (atomic on POSIX) and syncs the parent folder.
 
 Resume does not trust the name alone (a disk can fail, a copy can be cut short, someone may
-truncate a file): :func:`inspect` checks a step folder without reading any tensor, and the
-checkpointer falls back to the newest folder that passes. Only names titan writes count:
+truncate a file): :func:`inspect` checks a step folder without reading any tensor, the
+checkpointer then compares every data file with the CRC-32 saved in ``meta.json`` (the ranks
+share the files), and falls back to the newest folder that passes. Only names titan writes count:
 ``step-<N>`` with ``N`` written without leading zeros (``step-006`` is not step 6).
 """
 
@@ -52,6 +53,8 @@ class Usable:
     meta: dict[str, Any]
     #: DCP's ``Metadata`` (``state_dict_metadata``: every key with its global shape).
     metadata: Any
+    #: CRC-32 of each data file as saved (``{}`` in checkpoints of earlier titan versions).
+    checksums: dict[str, int] = attrs.field(factory=dict)
 
 
 def scan(folder: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
@@ -109,7 +112,27 @@ def inspect(step: int, path: str, folder: str) -> Usable | str:
         return metadata
     if (short := _short_file(path, metadata)) is not None:
         return short
-    return Usable(step, path, str(record.get("kind", "train")), record["meta"], metadata)
+    checksums = record.get("checksums") or {}
+    return Usable(step, path, str(record.get("kind", "train")), record["meta"], metadata, checksums)
+
+
+def data_files(metadata: Any) -> list[str]:
+    """The data files DCP's index points into, sorted (relative to the step folder)."""
+    return sorted({info.relative_path for info in (getattr(metadata, "storage_data", None) or {}).values()})
+
+
+def crc32(path: str) -> int:
+    """CRC-32 of a file's bytes, read in 16 MiB pieces."""
+    import zlib
+
+    value = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while piece := os.read(fd, 16 << 20):
+            value = zlib.crc32(piece, value)
+    finally:
+        os.close(fd)
+    return value
 
 
 def read_metadata(path: str) -> Any:
@@ -143,11 +166,14 @@ def _short_file(path: str, metadata: Any) -> str | None:
     return None
 
 
-def meta_text(step: int, kind: str, meta: dict[str, Any]) -> str:
+def meta_text(step: int, kind: str, meta: dict[str, Any], checksums: dict[str, int] | None = None) -> str:
     """``meta.json``'s content; fails now (TypeError) if ``meta`` is not JSON-able."""
+    record = {"format": FORMAT, "step": step, "kind": kind, "saved_at": time.time(), "meta": meta}
+    if checksums:
+        record["checksums"] = checksums
     try:
         return json.dumps(
-            {"format": FORMAT, "step": step, "kind": kind, "saved_at": time.time(), "meta": meta},
+            record,
             indent=1,
             sort_keys=True,
         )

@@ -64,9 +64,12 @@ from titan_plugins_dcp._folder import (
     DISK_FULL,
     Usable,
     commit,
+    crc32,
+    data_files,
     inspect,
     meta_text,
     os_error,
+    read_metadata,
     remove,
     scan,
     step_name,
@@ -249,6 +252,9 @@ class DCPCheckpointer:
                 why = found if isinstance(found, str) else "another rank cannot read it"
                 self._skip(path, why, skipped)
                 continue
+            if (damaged := self._damaged_file(found)) is not None:
+                self._skip(path, damaged, skipped)
+                continue
             check_fit(path, saved_shapes(found.metadata, "model."), wanted)
             if found.meta.get("loss_finite") is False:
                 earlier = [step_name(s) for s, _ in steps if s < step]
@@ -287,6 +293,33 @@ class DCPCheckpointer:
                 changed=changed,
             )
         return train.step
+
+    def _checksums(self, path: str) -> dict[str, int]:
+        """CRC-32 of every data file of a finished save, each rank summing its share of them."""
+        metadata = read_metadata(path)
+        names = data_files(metadata) if not isinstance(metadata, str) else []
+        own = {name: crc32(os.path.join(path, name)) for name in names[self.rank :: self.peers.world_size]}
+        merged: dict[str, int] = {}
+        for sums in self.peers.all_gather(own):
+            merged.update(sums)
+        return merged
+
+    def _damaged_file(self, found: Usable) -> str | None:
+        """Why a checkpoint's data differs from what was saved (a data file whose CRC-32 is not
+        the one in ``meta.json``), or ``None``; each rank reads its share of the files."""
+        if not found.checksums:  # written by an earlier titan
+            return None
+        names = sorted(found.checksums)[self.rank :: self.peers.world_size]
+        own = []
+        for name in names:
+            file = os.path.join(found.path, name)
+            if not os.path.isfile(file) or crc32(file) != found.checksums[name]:
+                own.append(name)
+        bad = sorted(name for names in self.peers.all_gather(own) for name in names)
+        if not bad:
+            return None
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        return f"its data file {bad[0]}{more} differs from what was saved (CRC-32 mismatch): damaged on disk"
 
     def _model_shapes(self, parts: list[nn.Module]) -> dict[str, tuple[int, ...] | None]:
         """Every rank's model keys under ``model.`` with global shapes (pipeline stages together)."""
@@ -358,6 +391,8 @@ class DCPCheckpointer:
             except dcp.CheckpointException as exc:  # DCP raises it on every rank
                 rank, cause = _failure(exc)
                 problem = self._save_problem(step, cause, rank)
+            if problem is None:
+                text = meta_text(step, kind, meta, self._checksums(tmp))
             if problem is None and self.rank == 0:
                 try:
                     if commit(tmp, final, text):

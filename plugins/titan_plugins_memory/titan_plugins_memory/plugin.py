@@ -92,6 +92,7 @@ def titan_callbacks() -> list[Callback]:
             order=40,
             description="memory at the four observation points (fake backends, debug.memory_report)",
             outputs=(REPORT_PATTERN,),  # --overwrite removes them with the earlier run's own files
+            serves=("debug.memory_report",),
         )
     ]
 

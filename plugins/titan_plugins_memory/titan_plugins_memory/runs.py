@@ -55,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def read_metrics(run: str) -> dict[int, dict[str, Any]]:
     """Step -> logged values of one run (the last row of a step wins, e.g. after a resume)."""
     path = run if os.path.isfile(run) else os.path.join(run, METRICS_FILE)
+    if not os.path.exists(run):
+        raise UsageError(f"{run}: no such file or folder; give the job.dump_folder of a run")
     if not os.path.exists(path):
         raise UsageError(
             f"{run}: no {METRICS_FILE}; give the job.dump_folder of a run (it writes {METRICS_FILE} "
@@ -117,6 +119,7 @@ def compare_runs(
     data = [read_metrics(r) for r in runs]
     labels = _labels(runs)
     ref = data[0]
+    _check_metrics_exist(metrics, data, labels, asserting=rtol is not None or atol is not None)
     steps = sorted(set().union(*data))
     asserting = rtol is not None or atol is not None
     rtol_, atol_ = rtol or 0.0, atol or 0.0
@@ -164,6 +167,27 @@ def compare_runs(
         "atol": atol,
         "failures": failures,
     }
+
+
+def _check_metrics_exist(
+    metrics: list[str], data: list[dict[int, dict[str, Any]]], labels: list[str], *, asserting: bool
+) -> None:
+    """A metric no run logs (a typo) is an error, and so, when comparing against tolerances, is
+    one the reference lacks: nothing would be compared, and the check would pass."""
+    logged = [{m for row in d.values() for m, v in row.items() if v is not None} for d in data]
+    known = sorted(set().union(*logged) - {"step"})
+    unknown = [m for m in metrics if not any(m in names for names in logged)]
+    if unknown:
+        raise UsageError(
+            f"--metrics {', '.join(unknown)}: no run logs {'it' if len(unknown) == 1 else 'them'}; "
+            f"the runs log: {', '.join(known)}"
+        )
+    missing = [m for m in metrics if m not in logged[0]]
+    if asserting and missing:
+        raise UsageError(
+            f"the reference run {labels[0]} logs no {', '.join(missing)}, so nothing would be compared; "
+            "put a run that logs it first, or leave it out of --metrics"
+        )
 
 
 def _fmt(value: Any) -> str:

@@ -29,6 +29,7 @@ def test_logical_rank_is_pp_rank_times_spmd_size() -> None:
         (2, {}, ["NGPU is not set", "divisible by parallelism.pp=2", "NGPU=8"]),
         (1, {"NGPU": "four"}, ["NGPU='four' is not a positive integer"]),
         (1, {"NGPU": "0"}, ["NGPU='0' is not a positive integer"]),
+        (1, {"NGPU": "1_6"}, ["NGPU='1_6' is not a positive integer"]),  # Python's int() takes it
         (4, {"NGPU": "6", "FAKE_PP_RANK": "0"}, ["NGPU=6 is not divisible", "parallelism.pp=4", "4 or 8"]),
         (2, {"NGPU": "4"}, ["FAKE_PP_RANK is not set", "one of 0..1", "--all-pp-ranks"]),
         (2, {"NGPU": "4", "FAKE_PP_RANK": "2"}, ["FAKE_PP_RANK=2 is out of range", "0..1"]),

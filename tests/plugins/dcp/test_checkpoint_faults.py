@@ -218,6 +218,14 @@ def _zero_head(file: Path) -> None:
     file.write_bytes(bytes(data))
 
 
+def _flip_middle(file: Path) -> None:
+    """Bytes inside a tensor's data changed, the size kept: DCP itself reads them without error."""
+    data = bytearray(file.read_bytes())
+    start = len(data) // 3
+    data[start : start + 256] = bytes(b ^ 0xFF for b in data[start : start + 256])
+    file.write_bytes(bytes(data))
+
+
 DAMAGE = {
     "truncated .metadata": (lambda d: _cut(d / ".metadata", 0.5), "its .metadata cannot be read"),
     "empty .metadata": (lambda d: _cut(d / ".metadata", 0), "its .metadata is empty (0 bytes)"),
@@ -226,7 +234,14 @@ DAMAGE = {
     "no .distcp": (lambda d: (d / "__0_0.distcp").unlink(), "its data file __0_0.distcp is missing"),
     "no meta.json": (lambda d: (d / "meta.json").unlink(), "it has no meta.json"),
     "cut meta.json": (lambda d: _cut(d / "meta.json", 0.5), "its meta.json cannot be read"),
-    "damaged .distcp bytes": (lambda d: _zero_head(d / "__0_0.distcp"), "reading its data failed"),
+    "damaged .distcp header": (
+        lambda d: _zero_head(d / "__0_0.distcp"),
+        "__0_0.distcp differs from what was saved",
+    ),
+    "damaged .distcp bytes": (
+        lambda d: _flip_middle(d / "__0_0.distcp"),
+        "__0_0.distcp differs from what was saved",
+    ),
 }
 
 

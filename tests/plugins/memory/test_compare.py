@@ -88,6 +88,9 @@ def test_refuses_deterministic_warn_only_runs_when_asserting(tmp_path: Path) -> 
 def test_bad_run_folder_is_one_line(tmp_path: Path) -> None:
     ref = write_run(tmp_path / "ref", LOSSES, NORMS)
     result = run_titan("compare", str(ref), str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "nowhere: no such file or folder" in result.stderr
+    (tmp_path / "empty").mkdir()
+    result = run_titan("compare", str(ref), str(tmp_path / "empty"))
     assert result.returncode == 2 and "no metrics.jsonl" in result.stderr
     assert run_titan("compare", str(ref)).returncode == 2  # one run is nothing to compare
 
@@ -151,3 +154,24 @@ def test_memory_compare_shows_points_side_by_side(tmp_path: Path) -> None:
     assert (optim["a"], optim["b"], optim["diff"], optim["ratio"]) == (2 * MiB, 4 * MiB, 2 * MiB, 2.0)
     bad = run_titan("memory", "compare", str(a), str(tmp_path / "none.json"))
     assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_a_metric_no_run_logs_is_an_error_not_an_empty_pass(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    off = write_run(tmp_path / "off", [x * 1.1 for x in LOSSES], NORMS)
+    typo = run_titan("compare", str(ref), str(off), "--metrics", "losss", "--rtol", "1e-6")
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert "--metrics losss: no run logs it; the runs log: grad_norm, loss, lr" in typo.stderr
+    assert "OK" not in typo.stdout
+
+
+def test_a_metric_only_the_other_run_logs_fails_a_tolerance_check(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    other = write_run(tmp_path / "other", LOSSES, NORMS)
+    rows = [json.loads(line) for line in (other / "metrics.jsonl").read_text().splitlines()]
+    (other / "metrics.jsonl").write_text("".join(json.dumps({**r, "tps": 100.0}) + "\n" for r in rows))
+    checked = run_titan("compare", str(ref), str(other), "--metrics", "tps", "--rtol", "0")
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert "the reference run ref logs no tps, so nothing would be compared" in checked.stderr
+    shown = run_titan("compare", str(ref), str(other), "--metrics", "tps")  # looking is fine
+    assert shown.returncode == 0, shown.stdout + shown.stderr

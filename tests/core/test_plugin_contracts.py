@@ -1,0 +1,348 @@
+"""What a third-party plugin gets wrong is found where it is returned, named by plugin and
+distribution, and never takes down runs that do not use it, nor the core's own commands.
+
+Each case here was found by writing plugins from the outside (docs/plugins.md): section classes
+with string annotations or without defaults, checks that raise or return ``None``, strategy
+records of the wrong types, ``apply`` returning nothing, callbacks raising in the loop, command
+names and run-option flags two plugins (or a plugin and the core) share, a core field whose
+implementing plugin is missing.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import plugin_module, tiny_llama3
+from titan_core import Callback, Command, ConfigSection, RunOption, Strategy, _registry
+from titan_core._registry import Registry
+from titan_core.config import ConfigError, section, validate
+from titan_core.errors import PluginError, UsageError
+from titan_core.trainer import Trainer
+
+
+def _with(monkeypatch: pytest.MonkeyPatch, *plugins: tuple[str, types.ModuleType]) -> Registry:
+    """The process-wide registry: titan's plugins plus ``plugins`` (name, module)."""
+    registry = Registry().load_entry_points()
+    for name, module in plugins:
+        registry.register(module, name, f"dist-{name}", "1.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+    return registry
+
+
+# -- config sections -----------------------------------------------------------------------------
+
+
+def test_a_section_in_a_module_with_string_annotations_is_still_type_checked(tmp_path: Path) -> None:
+    source = textwrap.dedent(
+        """
+        from __future__ import annotations
+        from typing import Literal
+        from titan_core.config import section
+
+        @section
+        class Fut:
+            mode: Literal["a", "b"] = "a"
+            rate: float = 1.0
+            names: list[str] = []
+        """
+    )
+    path = tmp_path / "fut_section.py"
+    path.write_text(source)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import fut_section  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    cls = fut_section.Fut
+    assert isinstance(attrs_type(cls, "mode"), str)  # what attrs holds under the future import
+    fut = cls()
+    with pytest.raises(ConfigError, match=r"mode: expected one of a, b, got 'zzz'"):
+        fut.mode = "zzz"
+    with pytest.raises(ConfigError, match=r"rate: expected float, got str 'fast'"):
+        fut.rate = "fast"
+    with pytest.raises(ConfigError, match=r"names\[1\]: expected str, got int 5"):
+        fut.names = ["a", 5]
+    fut.mode, fut.rate, fut.names = "b", 2, ["x"]
+    assert (fut.mode, fut.rate, fut.names) == ("b", 2, ["x"])
+
+
+def attrs_type(cls: type, name: str) -> Any:
+    import attrs
+
+    return attrs.fields_dict(cls)[name].type
+
+
+@section
+class Lists:
+    layers: list[int] = [0]
+    pair: tuple[int, str] = (1, "a")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("layers", "not a list", r"layers: expected a list, got str 'not a list'"),
+        ("layers", [1, "2"], r"layers\[1\]: expected int, got str '2'"),
+        ("pair", (1, 2), r"pair\[1\]: expected str, got int 2"),
+        ("pair", (1,), r"pair: expected 2 items, got 1"),
+    ],
+)
+def test_list_and_tuple_fields_are_checked_item_by_item(field: str, value: Any, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        setattr(Lists(), field, value)
+
+
+@section
+class NoDefault:
+    value: int
+
+
+@section
+class Good:
+    value: int = 1
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        (ConfigSection("nodef", NoDefault), "cannot be built with its defaults"),
+        (ConfigSection("badres", Good, results=("nope",)), "results name 'nope', not fields of it"),
+    ],
+)
+def test_a_section_record_that_would_fail_every_run_fails_only_its_plugin(record: Any, problem: str) -> None:
+    registry = Registry()
+    info = registry.register(plugin_module("bad", titan_config_sections=[record]), "bad", "dist-bad", "1.0")
+    registry.register(plugin_module("ok", titan_config_sections=[ConfigSection("ok", Good)]), "ok")
+    assert set(registry.config_sections()) == {"ok"}  # every other config still builds
+    assert info.status == "failed" and problem in (info.error or "")
+
+
+@pytest.mark.parametrize(
+    ("check", "expected"),
+    [
+        (
+            lambda config: None,
+            r"the check of config section 'chk' \(plugin chk, dist-chk 1.0\) returned None",
+        ),
+        (
+            lambda config: 1 / 0,
+            r"the check of config section 'chk' \(plugin chk, dist-chk 1.0\) failed: Zero",
+        ),
+    ],
+)
+def test_a_section_check_that_raises_or_returns_none_is_named(
+    monkeypatch: pytest.MonkeyPatch, check: Any, expected: str
+) -> None:
+    from titan_core.config import TrainerConfig
+
+    _with(
+        monkeypatch,
+        ("chk", plugin_module("chk", titan_config_sections=[ConfigSection("chk", Good, check=check)])),
+    )
+    with pytest.raises(PluginError, match=expected):
+        validate(TrainerConfig())
+
+
+# -- strategies ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (
+            lambda: Strategy("s", "abc", lambda c, d: True, lambda p, x: p),
+            r"Strategy.order: expected an int, got str",
+        ),
+        (
+            lambda: Strategy("s", 10, lambda c, d: True, lambda p, x: p, handles=("sp",)),
+            r"'sp' is not a parallel",
+        ),
+        (lambda: Strategy("s", 10, lambda c, d: True, lambda p, x: p, handles="tp"), r"expected a tuple"),
+        (lambda: Strategy("s", 10, True, lambda p, x: p), r"Strategy.applies: expected a function"),
+    ],
+)
+def test_a_strategy_record_of_the_wrong_types_is_refused_where_it_is_made(make: Any, expected: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=expected):
+        make()
+
+
+def test_the_failure_of_a_bad_record_points_at_the_plugins_line_not_the_core() -> None:
+    module = types.ModuleType("third_party_order")
+
+    def titan_strategies() -> list:
+        return [Strategy("s", "abc", lambda c, d: True, lambda p, x: p)]
+
+    from titan_core import hookimpl
+
+    module.titan_strategies = hookimpl(titan_strategies)  # type: ignore[attr-defined]
+    registry = Registry()
+    info = registry.register(module, "order")
+    registry.gather_all()
+    assert info.status == "failed"
+    assert f"(at {__file__}:" in (info.error or "")
+
+
+def _strategy_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: Strategy) -> Any:
+    registry = _with(monkeypatch, ("strat", plugin_module("strat", titan_strategies=[strategy])))
+    return Trainer(tiny_llama3(tmp_path, 2), registry)
+
+
+def test_a_strategy_whose_applies_raises_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def applies(config: Any, dims: Any) -> bool:
+        raise KeyError("tp_degree")
+
+    with pytest.raises(
+        PluginError, match=r"strategy 'asks' \(plugin strat, dist-strat 1.0\) failed in applies"
+    ):
+        _strategy_run(tmp_path, monkeypatch, Strategy("asks", 45, applies, lambda p, x: p))
+
+
+def test_a_strategy_whose_apply_returns_nothing_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def apply(parts: list, ctx: Any) -> None:
+        for part in parts:
+            part.train()  # forgot to return them
+
+    with pytest.raises(
+        PluginError, match=r"strategy 'noret' .* returned NoneType from apply; it must return"
+    ):
+        _strategy_run(tmp_path, monkeypatch, Strategy("noret", 45, lambda c, d: True, apply))
+
+
+# -- callbacks ---------------------------------------------------------------------------------------
+
+
+class _Raises:
+    def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
+        if step == 2:
+            raise RuntimeError("report folder vanished")
+
+
+def test_a_callback_raising_in_the_loop_is_one_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = Callback("reporter", lambda trainer: _Raises())
+    registry = _with(monkeypatch, ("cb", plugin_module("cb", titan_callbacks=[record])))
+    trainer = Trainer(tiny_llama3(tmp_path, 3), registry)
+    try:
+        with pytest.raises(PluginError) as caught:
+            trainer.train()
+    finally:
+        trainer.close()
+    message = str(caught.value)
+    assert message.startswith(
+        "callback 'reporter' (plugin cb, dist-cb 1.0) failed in on_step_end: "
+        "RuntimeError: report folder vanished"
+    )
+    assert trainer.step == 2
+    assert "report folder vanished" in (tmp_path / "plugin_error.log").read_text()
+
+
+def test_a_core_field_whose_plugin_is_not_loaded_is_refused_not_ignored(tmp_path: Path) -> None:
+    config = tiny_llama3(tmp_path, 2)
+    config.debug.memory_report = True
+    registry = Registry(disabled={"memory"}).load_entry_points()
+    with pytest.raises(UsageError, match=r"debug.memory_report = True: no loaded plugin implements it"):
+        Trainer(config, registry)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_third_party_callback_can_serve_a_core_field(tmp_path: Path) -> None:
+    config = tiny_llama3(tmp_path, 1)
+    config.debug.memory_report = True
+    registry = Registry(disabled={"memory"}).load_entry_points()
+    seen: list[bool] = []
+    record = Callback(
+        "my_memory",
+        lambda trainer: seen.append(trainer.config.debug.memory_report),
+        serves=("debug.memory_report",),
+    )
+    registry.register(plugin_module("mine", titan_callbacks=[record]), "mine")
+    Trainer(config, registry).close()
+    assert seen == [True]
+
+
+# -- commands and run options -----------------------------------------------------------------------
+
+
+def _cli(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *argv: str,
+    **plugins: types.ModuleType,
+) -> tuple[int, str]:
+    from titan_core.cli import main
+
+    _with(monkeypatch, *plugins.items())
+    monkeypatch.setattr(_registry, "get_registry", lambda disabled=None: _registry._default)
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _command(name: str) -> Command:
+    return Command(name, "a plugin's command", lambda parser: None, lambda args: 0)
+
+
+def test_a_plugin_command_named_like_the_cores_fails_naming_both_and_leaves_the_others(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dup = plugin_module("dup", titan_commands=[_command("run"), _command("dup-info")])
+    code, out = _cli(monkeypatch, capsys, "run", "--recipe", "llama3_debugmodel", "--print-config", dup=dup)
+    assert code == PluginError.exit_code
+    assert "command 'run' is provided twice" in out and "dist-dup 1.0" in out and "titan-core" in out
+    code, out = _cli(monkeypatch, capsys, "--help", dup=dup)
+    assert "run" in out and "dup-info" in out and "recipes" in out
+
+
+def _option(name: str, flag: str) -> RunOption:
+    return RunOption(name, flag, "a plugin's flag", lambda config, registry, args: 0)
+
+
+def test_a_run_option_flag_two_plugins_share_is_refused_naming_both(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = plugin_module("one", titan_run_options=[_option("smooth_a", "--show-smooth")])
+    two = plugin_module("two", titan_run_options=[_option("smooth_b", "--show-smooth")])
+    code, out = _cli(
+        monkeypatch, capsys, "run", "--recipe", "llama3_debugmodel", "--show-smooth", one=one, two=two
+    )
+    assert code == 2
+    assert "--show-smooth is provided twice" in out and "dist-one 1.0" in out and "dist-two 1.0" in out
+
+
+def test_a_run_option_with_a_flag_of_titan_run_is_left_out_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taker = plugin_module(
+        "taker", titan_run_options=[_option("mine", "--print-config"), _option("later", "--later")]
+    )
+    code, out = _cli(
+        monkeypatch, capsys, "run", "--recipe", "llama3_debugmodel", "--print-config", taker=taker
+    )
+    assert code == 0 and 'recipe = "llama3_debugmodel"' in out  # titan run's own flag still works
+    assert "run option 'mine' of plugin 'taker' (dist-taker 1.0) has flag --print-config" in out
+    code, out = _cli(monkeypatch, capsys, "run", "--help", taker=taker)
+    assert "--later" in out  # the options after it are still there
+
+
+def test_a_run_option_flag_must_be_a_long_option() -> None:
+    with pytest.raises(ValueError, match=r"RunOption.flag: expected a long option"):
+        _option("pp", "no-dashes")
+
+
+def test_disabling_an_unknown_plugin_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = _cli(monkeypatch, capsys, "--disable-plugin", "paralel", "plugins", "list")
+    assert code == 2 and "--disable-plugin paralel: no plugin of that name" in out

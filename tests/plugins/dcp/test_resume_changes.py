@@ -1,0 +1,154 @@
+"""A resume whose config differs from the checkpoint's: the model must be the same (refused
+otherwise, nothing overwritten), this run's optimizer settings and schedule apply from the next
+step (a warning names what changed), the data continues where the saved steps left it whatever
+the accumulation, and a changed data source is named. Also: a rerun that would start over
+beside this run's checkpoints is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.parallel_harness import tiny_config
+from titan_core import trainer as trainer_module
+from titan_core._registry import get_registry
+from titan_core.errors import UsageError
+from titan_core.trainer import Trainer, train
+
+
+class Warnings:
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.seen: list[str] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.seen.append(event)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.fixture
+def warnings(monkeypatch: pytest.MonkeyPatch) -> Warnings:
+    recorder = Warnings(trainer_module.log)
+    monkeypatch.setattr(trainer_module, "log", recorder)
+    return recorder
+
+
+def config_in(folder: Path, **overrides: Any) -> Any:
+    return tiny_config(**{"job.dump_folder": str(folder), "checkpoint.enable": True, **overrides})
+
+
+def rows(config: Any) -> dict[int, dict[str, float]]:
+    return {int(r["step"]): r for r in train(config, get_registry())}
+
+
+def test_a_resume_applies_this_runs_optimizer_settings_and_says_so(
+    tmp_path: Path, warnings: Warnings
+) -> None:
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    changed = {"training.lr": 1e-3, "training.weight_decay": 0.0, "training.beta2": 0.99}
+    fresh = rows(config_in(tmp_path / "fresh", **changed))
+    trainer = Trainer(config_in(tmp_path, **changed), get_registry())
+    try:
+        (group,) = trainer.optimizer.param_groups
+        assert (group["weight_decay"], group["betas"]) == (0.0, (0.9, 0.99))
+        assert trainer.scheduler.base_lrs == [1e-3]
+        resumed = {int(r["step"]): r for r in trainer.train()}
+    finally:
+        trainer.close()
+    assert sorted(resumed) == [4, 5, 6]
+    for step in (4, 5, 6):  # the LR of a run with lr=1e-3 from the start, not the checkpoint's 3e-3
+        assert resumed[step]["lr"] == pytest.approx(fresh[step]["lr"], rel=1e-12)
+    (message,) = [w for w in warnings.seen if "optimizer settings" in w]
+    assert "training.lr: 0.003 -> 0.001" in message and "training.weight_decay: 0.1 -> 0.0" in message
+    assert "training.beta2: 0.95 -> 0.99" in message
+
+
+def test_a_resume_into_another_model_of_the_same_shapes_is_refused(tmp_path: Path) -> None:
+    first = rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    before = {name: (tmp_path / name).read_text() for name in ("run.json", "metrics.jsonl")}
+    config = config_in(tmp_path)
+    config.model.overrides = {**config.model.overrides, "rope_theta": 10_000.0}  # no shape changes
+    with pytest.raises(UsageError, match=r"saved by another model \(model\.overrides: .*rope_theta"):
+        Trainer(config, get_registry())
+    assert {name: (tmp_path / name).read_text() for name in before} == before  # nothing overwritten
+    assert sorted(first) == [1, 2, 3]
+
+
+def test_the_data_continues_where_it_stopped_when_the_accumulation_changes(tmp_path: Path) -> None:
+    """3 steps of 2 microbatches of 2 sequences consumed 12 sequences; resumed with one
+    microbatch a step (a smaller global batch), step 4 trains on sequences 13-14, not 7-8."""
+    import itertools
+
+    import torch
+
+    rows(
+        config_in(
+            tmp_path,
+            **{"training.global_batch_size": 4, "training.local_batch_size": 2, "debug.max_steps": 3},
+        )
+    )
+    trainer = Trainer(config_in(tmp_path, **{"training.local_batch_size": 2}), get_registry())
+    seen: list[torch.Tensor] = []
+    real = trainer.forward_backward
+    trainer.forward_backward = lambda inputs, labels: (seen.append(inputs.clone()), real(inputs, labels))[1]
+    try:
+        stream = [inputs for inputs, _ in itertools.islice(iter(trainer.batches), 9)]  # from its start
+        trainer.train()
+    finally:
+        trainer.close()
+    assert len(seen) == 3  # steps 4-6, one microbatch each
+    for i, inputs in enumerate(seen):
+        assert torch.equal(inputs, stream[6 + i])
+
+
+def test_a_resume_on_other_data_is_named(tmp_path: Path, warnings: Warnings) -> None:
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    rows(config_in(tmp_path, **{"data.bundled_documents": 300}))
+    (message,) = [w for w in warnings.seen if "another data configuration" in w]
+    assert "data.bundled_documents: 200 -> 300" in message
+
+
+def test_a_checkpoint_records_what_a_resume_compares(tmp_path: Path) -> None:
+    accumulated = {"training.local_batch_size": 2, "training.global_batch_size": 4}
+    rows(config_in(tmp_path, **{**accumulated, "debug.max_steps": 2}))
+    meta = json.loads((tmp_path / "checkpoint" / "step-2" / "meta.json").read_text())["meta"]
+    assert meta["samples"] == 2 * 2 * 2  # steps x microbatches x sequences each
+    assert meta["model"]["name"] == "llama3" and meta["optimizer"]["lr"] == 3e-3
+    assert meta["data"]["data.bundled_documents"] == 200
+
+
+def test_a_rerun_without_checkpointing_beside_this_runs_checkpoints_is_refused(tmp_path: Path) -> None:
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(UsageError, match=r"holds checkpoints of this run .* set checkpoint.enable = True"):
+        Trainer(config_in(tmp_path, **{"checkpoint.enable": False}), get_registry())
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"print('a recipe, not weights')\n", r"cannot be read as a torch.save file of tensors"),
+        (None, r"holds a list, not a state dict of tensors"),
+    ],
+)
+def test_an_initial_load_path_that_is_no_state_dict_is_one_error(
+    tmp_path: Path, content: bytes | None, expected: str
+) -> None:
+    import torch
+
+    path = tmp_path / "weights.pt"
+    if content is None:
+        torch.save([torch.zeros(2)], path)
+    else:
+        path.write_bytes(content)
+    config = tiny_config(
+        **{"job.dump_folder": str(tmp_path / "out"), "checkpoint.initial_load_path": str(path)}
+    )
+    with pytest.raises(UsageError, match=expected):
+        Trainer(config, get_registry())
