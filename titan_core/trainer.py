@@ -386,7 +386,7 @@ class Trainer:
         apply from the next step (a warning names what changed). Checkpoints of earlier titan
         versions, whose ``meta.json`` lacks a record, skip that comparison.
         """
-        #: Microbatches this rank's data stream gave the restored steps (a resume skips them).
+        #: Microbatches (of this run's size) the restored steps consumed (a resume skips them).
         self.consumed = 0
         self.resumed_from = 0
         if self.checkpointer is None or self.config.checkpoint.create_seed_checkpoint:
@@ -419,13 +419,14 @@ class Trainer:
                 "resuming with another data configuration; the data will not continue where it stopped: "
                 + ", ".join(changed)
             )
-        local = self.config.training.local_batch_size
-        samples = meta.get("samples", self.step * self.accumulation * local)  # earlier titans: as now
-        self.consumed, rest = divmod(int(samples), local)
+        per_microbatch = self.config.training.local_batch_size * self.parallel_dims.dp  # all ranks'
+        samples = meta.get("samples", self.step * self.accumulation * per_microbatch)  # earlier titans
+        self.consumed, rest = divmod(int(samples), per_microbatch)
         if rest:
             log.warning(
-                f"the checkpoint's data stream stopped after {samples} sequences, not a multiple of "
-                f"training.local_batch_size={local}; the data resumes {rest} sequences later"
+                f"the checkpoint's data stopped after {samples} sequences, not a multiple of the "
+                f"{per_microbatch} a microbatch now takes (training.local_batch_size x DP degree); the "
+                f"data resumes {per_microbatch - rest} sequences later"
             )
             self.consumed += 1
         self.resumed_from = self.step
@@ -975,7 +976,8 @@ class _CheckpointSaves:
         t = self.trainer
         if t.checkpointer.should_save(step, last):
             microbatches = t.consumed + (step - t.resumed_from) * t.accumulation
-            samples = microbatches * t.config.training.local_batch_size
+            # Of the whole job (every DP rank's share): a resume on another layout skips as many.
+            samples = microbatches * t.config.training.local_batch_size * t.parallel_dims.dp
             meta = {
                 "lr_schedule": t.schedule.describe(),
                 "loss_finite": True,
@@ -1060,9 +1062,9 @@ def resolve_model(
 
 def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
     """What a checkpoint's ``meta.json`` records for a resume to compare (:meth:`Trainer._restore`):
-    the model, the optimizer settings, the data, and how many sequences of this rank's data
-    stream the saved steps consumed (so a resume with another accumulation or local batch size
-    continues where the stream stopped)."""
+    the model, the optimizer settings, the data, and how many sequences the saved steps consumed
+    over all data-parallel ranks (so a resume with another accumulation, local batch size or DP
+    degree continues where the data stopped)."""
     t, d = config.training, config.data
     return {
         # As JSON gives it back (tuples as lists), so that a resume compares like with like.

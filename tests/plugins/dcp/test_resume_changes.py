@@ -117,7 +117,7 @@ def test_a_checkpoint_records_what_a_resume_compares(tmp_path: Path) -> None:
     accumulated = {"training.local_batch_size": 2, "training.global_batch_size": 4}
     rows(config_in(tmp_path, **{**accumulated, "debug.max_steps": 2}))
     meta = json.loads((tmp_path / "checkpoint" / "step-2" / "meta.json").read_text())["meta"]
-    assert meta["samples"] == 2 * 2 * 2  # steps x microbatches x sequences each
+    assert meta["samples"] == 2 * 2 * 2  # steps x microbatches x sequences each (one DP rank)
     assert meta["model"]["name"] == "llama3" and meta["optimizer"]["lr"] == 3e-3
     assert meta["data"]["data.bundled_documents"] == 200
 
