@@ -79,6 +79,11 @@ def call_recipe(recipe: Recipe) -> TrainerConfig:
         raise ConfigError([problem], recipe.name, _where(exc)) from None
     except Exception as exc:
         raise UsageError(f"recipe {recipe.name!r} raised {describe(exc)}") from None
+    except SystemExit as exc:  # a recipe is a function returning a config, not a program
+        raise UsageError(
+            f"recipe {recipe.name!r} called sys.exit({exc.code!r}) instead of returning a config; "
+            "return titan's config from it (raise an exception to refuse a setting)"
+        ) from None
     if not isinstance(config, TrainerConfig):
         raise ConfigError([f"<recipe>: expected a TrainerConfig, got {type(config).__name__}"], recipe.name)
     config.recipe = recipe.name

@@ -241,3 +241,12 @@ def test_an_empty_dump_folder_is_refused_not_ignored(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "--dump-folder: got an empty path" in result.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_recipe_that_calls_sys_exit_is_one_clear_error(tmp_path: Path) -> None:
+    write_module(tmp_path, "import sys\n\ndef quits():\n    sys.exit(3)\n")
+    result = run_titan(
+        "run", "--module", "my_project.recipes", "--recipe", "quits", "--print-config", cwd=tmp_path
+    )
+    assert result.returncode == 2, result.stderr
+    assert "recipe 'quits' called sys.exit(3) instead of returning a config" in result.stderr

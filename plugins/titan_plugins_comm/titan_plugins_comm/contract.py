@@ -175,13 +175,23 @@ def fake_launch_check(config: TrainerConfig, processes: int) -> None:
 def hybrid_launch_check(config: TrainerConfig, processes: int) -> None:
     """``real_pp_fake_spmd``'s launch check: one process per pipeline rank, and its environment
     (:func:`hybrid_launch`) as torchrun will set it for ``processes`` processes."""
-    pp = config.parallelism.pp
+    p = config.parallelism
+    pp = p.pp
     if processes != pp:
+        torchrun = (
+            f"NGPU=<the job's ranks> torchrun --nproc_per_node={pp} -m titan_core.train ... "
+            "--comm-backend real_pp_fake_spmd"
+        )
+        # run_train.sh starts NGPU processes and NGPU is also the job's world size, so it can
+        # launch hybrid mode only for a job of exactly pp ranks.
+        fixed = [d for d in (p.dp_replicate, p.dp_shard, p.cp, p.tp) if d > 1]
+        launch = (
+            f"the layout needs more than {pp} ranks, so launch with torchrun: {torchrun}"
+            if fixed
+            else f"through run_train.sh NGPU={pp} (a job of {pp} ranks), or for a larger job: {torchrun}"
+        )
         raise UsageError(
             f"real_pp_fake_spmd needs one process per pipeline rank, but {processes} processes are "
-            f"launched (WORLD_SIZE={processes}) and parallelism.pp={pp}. Launch {pp}: through "
-            f"run_train.sh NGPU={pp} (it starts NGPU processes, so the job has {pp} ranks); to stand "
-            f"for a larger job, run torchrun --nproc_per_node={pp} yourself with NGPU set to the "
-            f"logical world size; {DOC}"
+            f"launched (WORLD_SIZE={processes}) and parallelism.pp={pp}. Launch {pp}: {launch}; {DOC}"
         )
     hybrid_launch(pp, {**os.environ, "WORLD_SIZE": str(processes), "RANK": os.environ.get("RANK") or "0"})

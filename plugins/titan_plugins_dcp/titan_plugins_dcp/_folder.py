@@ -68,6 +68,8 @@ def scan(folder: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
         path = os.path.join(folder, name)
         if (m := _STEP.match(name)) and os.path.isdir(path):
             steps.append((int(m.group(1)), path))
+        elif m:
+            ignored.append((path, "a file, not a checkpoint folder (titan writes step-<N> as a folder)"))
         elif m := _LEFTOVER.match(name):
             ignored.append((path, f"the leftover of a save of step {m.group(1)} that did not finish"))
         elif name.startswith("step"):

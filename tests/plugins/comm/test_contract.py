@@ -160,3 +160,24 @@ def test_the_fake_backends_declare_fake_pp_rank(backend: str, env: dict[str, str
         refuse_unread_env(get_registry(), backend, env)
     assert f"comm backend {backend!r}" in str(info.value) and "docs/debugging.md" in str(info.value)
     assert "only 'fake', 'real_pp_fake_spmd' do" in str(info.value)
+
+
+def test_hybrid_advice_for_a_layout_larger_than_the_pipeline_is_torchrun_only() -> None:
+    """run_train.sh's NGPU is both the processes and the job's ranks: for a PP 2 x FSDP 2 job it
+    cannot launch hybrid mode, so the error must not send the user there (and back)."""
+    from titan_plugins_comm.contract import hybrid_launch_check
+    from titan_plugins_llama3.recipes import llama3_debugmodel
+
+    config = llama3_debugmodel()
+    config.parallelism.pp, config.parallelism.dp_shard = 2, 2
+    with pytest.raises(UsageError) as info:
+        hybrid_launch_check(config, 4)
+    message = str(info.value)
+    assert (
+        "the layout needs more than 2 ranks, so launch with torchrun: "
+        "NGPU=<the job's ranks> torchrun --nproc_per_node=2" in message
+    )
+    assert "run_train.sh NGPU=2" not in message
+    config.parallelism.dp_shard = -1  # fits any world size: a 2-rank job through run_train.sh works
+    with pytest.raises(UsageError, match=r"through run_train.sh NGPU=2 \(a job of 2 ranks\)"):
+        hybrid_launch_check(config, 4)

@@ -277,13 +277,15 @@ def test_only_canonical_step_names_count(tmp_path: Path, events: Events) -> None
     shutil.copytree(root / "step-4", root / "step-006")  # would be step 6 if misread
     shutil.copytree(root / "step-4", root / "step-12.tmp")  # an interrupted save
     (root / "notes.txt").write_text("not a checkpoint")
+    (root / "step-11").write_text("a file of a step's name")
     fresh = Run(seed=2)
     assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 10  # numeric order: 10 > 9
     assert same(fresh.weights(), weights[10])
     reasons = dict(events.warnings())
     assert "not a name titan writes" in reasons[str(root / "step-006")]
     assert "did not finish" in reasons[str(root / "step-12.tmp")]
-    assert len(reasons) == 2  # other files are not the checkpointer's business
+    assert "a file, not a checkpoint folder" in reasons[str(root / "step-11")]
+    assert len(reasons) == 3  # other files are not the checkpointer's business
 
 
 def test_leading_zeros_never_win_over_the_real_latest(tmp_path: Path, events: Events) -> None:
