@@ -579,10 +579,21 @@ class Trainer:
         return f"plugin {info.name}, {info.origin}" if known else f"plugin {info.name}"
 
     def _plugin_call(self, kind: str, name: str, failed: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, plugin code of the record ``name`` of ``kind`` (:meth:`_as_plugin`)."""
+        what = {"models": "model", "strategies": "strategy", "callbacks": "callback"}.get(kind, kind)
+        return self._as_plugin(
+            lambda: f"{what} {name!r} ({self._plugin_label(kind, name)}) {failed}", fn, *args
+        )
+
+    def _guarded_callback(self, label: str, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A callback's method as the loop calls it: its exception becomes one error naming it."""
+        return lambda *args: self._as_plugin(lambda: f"{label} failed in {point}", fn, *args)
+
+    def _as_plugin(self, what: Callable[[], str], fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, plugin code: an exception other than a :class:`TitanError` (and the
         allocator's and a failed collective's, which the run reports its own way) becomes one
-        :class:`PluginError` naming the record and its plugin; the original is chained and its
-        traceback written to :data:`PLUGIN_ERROR_FILE`, whose path the message gives."""
+        :class:`PluginError` starting with ``what()``; the original is chained and its traceback
+        written to :data:`PLUGIN_ERROR_FILE`, whose path the message gives."""
         try:
             return fn(*args)
         except TitanError:
@@ -590,25 +601,7 @@ class Trainer:
         except Exception as exc:
             if is_out_of_memory(exc) or peer_failure(exc, self.config) is not None:
                 raise
-            what = {"models": "model", "strategies": "strategy", "callbacks": "callback"}.get(kind, kind)
-            raise self._plugin_error(
-                f"{what} {name!r} ({self._plugin_label(kind, name)}) {failed}", exc
-            ) from exc
-
-    def _guarded_callback(self, label: str, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """A callback's method as the loop calls it: its exception becomes one error naming it."""
-
-        def call(*args: Any) -> Any:
-            try:
-                return fn(*args)
-            except TitanError:
-                raise
-            except Exception as exc:
-                if is_out_of_memory(exc) or peer_failure(exc, self.config) is not None:
-                    raise
-                raise self._plugin_error(f"{label} failed in {point}", exc) from exc
-
-        return call
+            raise self._plugin_error(what(), exc) from exc
 
     def _plugin_error(self, message: str, exc: BaseException) -> PluginError:
         """``message: the exception's first line``, and where the traceback was kept."""

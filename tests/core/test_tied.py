@@ -122,7 +122,8 @@ class Scale(nn.Module):
         self.inner.init_weights(*args, **kwargs)
 
 
-def test_the_trainer_keeps_a_tie_under_a_plugins_wrapping_strategy(tmp_path: object) -> None:
+def _tied_trainer(tmp_path: object, name: str, apply: object) -> object:
+    """A Trainer of the tiny tied Llama 3 with a third-party strategy ``name`` doing ``apply``."""
     import types
 
     from tests.conftest import tiny_llama3
@@ -130,14 +131,18 @@ def test_the_trainer_keeps_a_tie_under_a_plugins_wrapping_strategy(tmp_path: obj
     from titan_core._registry import Registry
     from titan_core.trainer import Trainer
 
-    strategy = Strategy("wrap", 45, lambda config, dims: True, lambda parts, ctx: [Scale(p) for p in parts])
-    module = types.ModuleType("third_party_wrap")
+    strategy = Strategy(name, 45, lambda config, dims: True, apply)
+    module = types.ModuleType(f"third_party_{name}")
     module.titan_strategies = hookimpl(lambda: [strategy])  # type: ignore[attr-defined]
     registry = Registry().load_entry_points()
-    registry.register(module, "third_party_wrap")
+    registry.register(module, f"third_party_{name}")
     config = tiny_llama3(tmp_path, 2)
     config.model.overrides = {"tie_embeddings": True}
-    trainer = Trainer(config, registry)
+    return Trainer(config, registry)
+
+
+def test_the_trainer_keeps_a_tie_under_a_plugins_wrapping_strategy(tmp_path: object) -> None:
+    trainer = _tied_trainer(tmp_path, "wrap", lambda parts, ctx: [Scale(p) for p in parts])
     try:
         model = trainer.parts[0].inner
         assert model.output.weight is model.tok_embeddings.weight
@@ -181,25 +186,12 @@ def test_a_stage_holding_no_name_of_a_tie_is_fine() -> None:
 def test_the_trainer_refuses_a_strategy_that_splits_a_tie(tmp_path: object) -> None:
     """A third-party strategy that drops the output from this rank's part (as a pipeline stage
     does) gets one error naming the tie and the strategy, not a run whose copies drift apart."""
-    import types
-
-    from tests.conftest import tiny_llama3
-    from titan_core import Strategy, hookimpl
-    from titan_core._registry import Registry
-    from titan_core.trainer import Trainer
 
     def first_stage(parts: list[nn.Module], ctx: object) -> list[nn.Module]:
         for part in parts:
             part.output = None
         return parts
 
-    strategy = Strategy("stage", 45, lambda config, dims: True, first_stage)
-    module = types.ModuleType("third_party_stage")
-    module.titan_strategies = hookimpl(lambda: [strategy])  # type: ignore[attr-defined]
-    registry = Registry().load_entry_points()
-    registry.register(module, "third_party_stage")
-    config = tiny_llama3(tmp_path, 2)
-    config.model.overrides = {"tie_embeddings": True}
     split = r"after strategy 'stage'.*would be split.*tok_embeddings\.weight only"
     with pytest.raises(UsageError, match=split):
-        Trainer(config, registry)
+        _tied_trainer(tmp_path, "stage", first_stage)
