@@ -27,9 +27,15 @@ def describe(exc: BaseException) -> str:
     import os
     import traceback
 
+    import attr
+    import attrs
+
     frames = traceback.extract_tb(exc.__traceback__)
-    ours = (os.path.dirname(__file__) + os.sep, f"{os.sep}attr{os.sep}", f"{os.sep}attrs{os.sep}", "<attrs")
-    outside = [f for f in frames if not any(part in f.filename for part in ours)]
+    ours = (
+        *(os.path.dirname(m.__file__) + os.sep for m in (attr, attrs)),
+        os.path.dirname(__file__) + os.sep,
+    )
+    outside = [f for f in frames if not f.filename.startswith((*ours, "<attrs"))]
     frame = (outside or frames or [None])[-1]
     where = f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
     return f"{type(exc).__name__}: {exc}{where}"

@@ -198,12 +198,34 @@ def preflight(argv: list[str], processes: int) -> int:
         from titan_core.run_folder import RunFolder, plugin_outputs
         from titan_core.trainer import resolve_model
 
-        resolve_model(config, registry, ParallelDims.from_config(config.parallelism, processes))
-        # Reads run.json and decides as the run's first process will; writes and removes nothing.
-        RunFolder(config, overwrite=args.overwrite, is_writer=False, outputs=plugin_outputs(registry))
+        resolve_model(
+            config,
+            registry,
+            ParallelDims.from_config(config.parallelism, processes),
+            lambda fn, *a: _validate_as_plugin(config.model.name, registry, fn, *a),
+        )
+        if not args.overwrite:  # --overwrite: the run removes the earlier outputs itself
+            # Reads run.json and decides as the run's first process will; writes nothing.
+            RunFolder(config, overwrite=False, is_writer=False, outputs=plugin_outputs(registry))
     except TitanError as exc:
         return report_error(exc)
     return 0
+
+
+def _validate_as_plugin(model: str, registry: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """A model's ``validate``: an exception other than titan's is one error naming the plugin."""
+    from titan_core.errors import TitanError, describe
+
+    try:
+        return fn(*args)
+    except TitanError:
+        raise
+    except Exception as exc:
+        info = registry.provider("models", model)
+        raise PluginError(
+            f"model {model!r} (plugin {info.name}, {info.origin}) failed to validate its arguments: "
+            f"{describe(exc)}"
+        ) from exc
 
 
 def launched_processes(env: Mapping[str, str]) -> int:

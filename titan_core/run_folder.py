@@ -242,15 +242,18 @@ class RunFolder:
             return  # a seed checkpoint of this model: this run starts from it
         if prior.get("identity") == mine and not prior.get("seed_checkpoint"):
             c = self.config.checkpoint
-            checkpoints = os.path.join(self.dump, prior.get("checkpoint_folder") or c.folder)
-            loads = c.enable and not c.create_seed_checkpoint  # then it resumed, or found none
-            if not loads and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+            prior_folder = prior.get("checkpoint_folder") or c.folder
+            checkpoints = os.path.join(self.dump, prior_folder)
+            # A run that loads from that same folder resumed from it, or found nothing to load.
+            looked = c.enable and not c.create_seed_checkpoint and prior_folder == c.folder
+            if not looked and os.path.isdir(checkpoints) and os.listdir(checkpoints):
                 # Starting over would replace the logs of the run those checkpoints continue.
                 raise UsageError(
                     f"job.dump_folder {self.dump!r} holds checkpoints of this run ({checkpoints}), which "
-                    "this run does not load (checkpoint.enable = False or create_seed_checkpoint); set "
-                    "checkpoint.enable = True to resume it, give this run a new folder (--dump-folder "
-                    "DIR), or start it over with `titan run ... --overwrite`"
+                    "this run does not load (checkpoint.enable = False, create_seed_checkpoint, or another "
+                    "checkpoint.folder); set checkpoint.enable = True with that folder to resume it, give "
+                    "this run a new folder (--dump-folder DIR), or start it over with `titan run ... "
+                    "--overwrite`"
                 )
             self.restart = True
             return

@@ -259,8 +259,11 @@ class Trainer:
                 "parallelism plugin (titan's is titan-plugins-parallel: docs/architecture.md)"
             )
         served = {path for r in registry.records("callbacks").values() for path in r.serves}
+        # A comm backend's settings (the fake ones turn the memory report on) are not the user's
+        # to leave at their defaults: without the serving plugin those runs go on as before.
+        backend_sets = registry.get("comm_backends", config.comm.backend, what="comm backend").sets
         for path, value in plugin_served(config).items():
-            if path not in served:
+            if path not in served and path not in backend_sets:
                 raise UsageError(
                     f"{path} = {value!r}: no loaded plugin implements it (a callback listing it in "
                     "Callback.serves); install or enable that plugin (titan's own: docs/architecture.md) "

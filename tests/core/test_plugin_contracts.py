@@ -346,3 +346,58 @@ def test_disabling_an_unknown_plugin_is_an_error(
 ) -> None:
     code, out = _cli(monkeypatch, capsys, "--disable-plugin", "paralel", "plugins", "list")
     assert code == 2 and "--disable-plugin paralel: no plugin of that name" in out
+
+
+def test_a_fake_backend_run_without_the_memory_plugin_still_runs(tmp_path: Path) -> None:
+    """The fake backends turn debug.memory_report on themselves: without a plugin serving it the
+    run goes on (no report), as it did; only a recipe's own setting is refused."""
+    from tests.conftest import run_titan, tiny_recipe_source
+
+    (tmp_path / "fake_recipes.py").write_text(tiny_recipe_source("tiny", 1))
+    args = (
+        "run",
+        "--module",
+        "fake_recipes",
+        "--recipe",
+        "tiny",
+        "--comm-backend",
+        "fake",
+        "--dump-folder",
+        "out",
+    )
+    result = run_titan(*args, cwd=tmp_path, NGPU="2", TITAN_DISABLE_PLUGINS="memory")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert not list((tmp_path / "out").glob("memory_report_rank*.json"))
+
+
+def test_preflight_names_a_model_plugin_whose_validate_raises(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """run_train.sh's check before torchrun: a plugin's own exception is one line naming it."""
+    import attrs
+
+    from titan_core import Recipe
+    from titan_core.run import preflight
+
+    llama3 = Registry().load_entry_points().get("models", "llama3")
+
+    def validate(args: Any, dims: Any) -> None:
+        raise ValueError("heads do not divide")
+
+    def recipe() -> Any:
+        config = tiny_llama3(tmp_path, 1)
+        config.model.name = "strict"
+        return config
+
+    module = plugin_module(
+        "strict",
+        titan_models=[attrs.evolve(llama3, name="strict", validate=validate)],
+        titan_recipes=[Recipe("strict_recipe", recipe)],
+    )
+    _with(monkeypatch, ("strict", module))
+    monkeypatch.setattr(_registry, "get_registry", lambda disabled=None: _registry._default)
+    assert preflight(["--recipe", "strict_recipe"], 1) == 1
+    err = capsys.readouterr().err
+    assert (
+        "model 'strict' (plugin strict, dist-strict 1.0) failed to validate its arguments: ValueError" in err
+    )

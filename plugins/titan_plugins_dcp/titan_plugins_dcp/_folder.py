@@ -53,8 +53,9 @@ class Usable:
     meta: dict[str, Any]
     #: DCP's ``Metadata`` (``state_dict_metadata``: every key with its global shape).
     metadata: Any
-    #: CRC-32 of each data file as saved (``{}`` in checkpoints of earlier titan versions).
-    checksums: dict[str, int] = attrs.field(factory=dict)
+    #: CRC-32 of each data file's pieces as saved, ``{"chunk_bytes": N, "files": {name: [crc, ...]}}``
+    #: (``{}`` in checkpoints of earlier titan versions).
+    checksums: dict[str, Any] = attrs.field(factory=dict)
 
 
 def scan(folder: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
@@ -123,15 +124,26 @@ def data_files(metadata: Any) -> list[str]:
     return sorted({info.relative_path for info in (getattr(metadata, "storage_data", None) or {}).values()})
 
 
-def crc32(path: str) -> int:
-    """CRC-32 of a file's bytes, read in 16 MiB pieces."""
+#: Bytes per checksummed piece of a data file: the ranks share the pieces, not whole files, so
+#: one large file (a seed checkpoint is one) is read by every rank in turn, not by one alone.
+CHUNK_BYTES = 256 << 20
+
+
+def pieces(sizes: dict[str, int], chunk: int = CHUNK_BYTES) -> list[tuple[str, int]]:
+    """``(file, index)`` of every piece of the files, in one order every rank agrees on."""
+    return [(name, i) for name in sorted(sizes) for i in range(max(1, -(-sizes[name] // chunk)))]
+
+
+def crc32(path: str, index: int = 0, chunk: int = CHUNK_BYTES) -> int:
+    """CRC-32 of piece ``index`` (``chunk`` bytes) of a file, read in 16 MiB reads."""
     import zlib
 
-    value = 0
+    value, offset, end = 0, index * chunk, (index + 1) * chunk
     fd = os.open(path, os.O_RDONLY)
     try:
-        while piece := os.read(fd, 16 << 20):
+        while offset < end and (piece := os.pread(fd, min(16 << 20, end - offset), offset)):
             value = zlib.crc32(piece, value)
+            offset += len(piece)
     finally:
         os.close(fd)
     return value
@@ -168,7 +180,7 @@ def _short_file(path: str, metadata: Any) -> str | None:
     return None
 
 
-def meta_text(step: int, kind: str, meta: dict[str, Any], checksums: dict[str, int] | None = None) -> str:
+def meta_text(step: int, kind: str, meta: dict[str, Any], checksums: dict[str, Any] | None = None) -> str:
     """``meta.json``'s content; fails now (TypeError) if ``meta`` is not JSON-able."""
     record = {"format": FORMAT, "step": step, "kind": kind, "saved_at": time.time(), "meta": meta}
     if checksums:

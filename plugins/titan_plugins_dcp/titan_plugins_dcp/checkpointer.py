@@ -61,6 +61,7 @@ from titan_core.errors import TitanError, UsageError, describe
 from titan_core.log import get_logger
 from titan_plugins_dcp._fit import check_fit, saved_shapes
 from titan_plugins_dcp._folder import (
+    CHUNK_BYTES,
     DISK_FULL,
     Usable,
     commit,
@@ -69,6 +70,7 @@ from titan_plugins_dcp._folder import (
     inspect,
     meta_text,
     os_error,
+    pieces,
     read_metadata,
     remove,
     scan,
@@ -184,6 +186,9 @@ class DCPCheckpointer:
     """Built once per run: ``load`` before step 1; ``should_save``/``save`` after each step;
     ``save_seed`` for ``checkpoint.create_seed_checkpoint``."""
 
+    #: Bytes per checksummed piece of a data file (saves record it; a load reads it back).
+    chunk_bytes = CHUNK_BYTES
+
     def __init__(self, config: TrainerConfig, topology: Topology) -> None:
         c = config.checkpoint
         self.peers = Peers(topology.world_size)
@@ -294,28 +299,43 @@ class DCPCheckpointer:
             )
         return train.step
 
-    def _checksums(self, path: str) -> dict[str, int]:
-        """CRC-32 of every data file of a finished save, each rank summing its share of them."""
+    def _checksums(self, path: str) -> tuple[dict[str, Any], str | None]:
+        """CRC-32 of every data file of a finished save, piece by piece, the ranks sharing the
+        pieces; and a problem (one rank's read failed: every rank gets it) or ``None``."""
         metadata = read_metadata(path)
         names = data_files(metadata) if not isinstance(metadata, str) else []
-        own = {name: crc32(os.path.join(path, name)) for name in names[self.rank :: self.peers.world_size]}
-        merged: dict[str, int] = {}
-        for sums in self.peers.all_gather(own):
-            merged.update(sums)
-        return merged
+        problem: str | None = None
+        own: dict[tuple[str, int], int] = {}
+        try:
+            sizes = {name: os.path.getsize(os.path.join(path, name)) for name in names}
+            for name, index in pieces(sizes, self.chunk_bytes)[self.rank :: self.peers.world_size]:
+                own[(name, index)] = crc32(os.path.join(path, name), index, self.chunk_bytes)
+        except OSError as exc:
+            problem = f"checkpoint: reading back {path} for its checksums failed on rank {self.rank}: {exc}"
+        gathered = self.peers.all_gather((own, problem))
+        problem = next((p for _, p in gathered if p is not None), None)
+        files: dict[str, list[int]] = {name: [] for name in names}
+        for (name, _index), value in sorted(pair for sums, _ in gathered for pair in sums.items()):
+            files[name].append(value)
+        return {"chunk_bytes": self.chunk_bytes, "files": files}, problem
 
     def _damaged_file(self, found: Usable) -> str | None:
-        """Why a checkpoint's data differs from what was saved (a data file whose CRC-32 is not
-        the one in ``meta.json``), or ``None``; each rank reads its share of the files."""
-        if not found.checksums:  # written by an earlier titan
+        """Why a checkpoint's data differs from what was saved (a piece of a data file whose
+        CRC-32 is not the one in ``meta.json``, or that cannot be read), or ``None``; the ranks
+        share the pieces."""
+        files = found.checksums.get("files") if found.checksums else None
+        if not files:  # written by an earlier titan
             return None
-        names = sorted(found.checksums)[self.rank :: self.peers.world_size]
+        chunk = int(found.checksums.get("chunk_bytes", CHUNK_BYTES))
+        every = [(name, i) for name in sorted(files) for i in range(len(files[name]))]
         own = []
-        for name in names:
-            file = os.path.join(found.path, name)
-            if not os.path.isfile(file) or crc32(file) != found.checksums[name]:
+        for name, index in every[self.rank :: self.peers.world_size]:
+            try:
+                if crc32(os.path.join(found.path, name), index, chunk) != files[name][index]:
+                    own.append(name)
+            except OSError:
                 own.append(name)
-        bad = sorted(name for names in self.peers.all_gather(own) for name in names)
+        bad = sorted({name for names in self.peers.all_gather(own) for name in names})
         if not bad:
             return None
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -392,7 +412,8 @@ class DCPCheckpointer:
                 rank, cause = _failure(exc)
                 problem = self._save_problem(step, cause, rank)
             if problem is None:
-                text = meta_text(step, kind, meta, self._checksums(tmp))
+                checksums, problem = self._checksums(tmp)
+                text = meta_text(step, kind, meta, checksums)
             if problem is None and self.rank == 0:
                 try:
                     if commit(tmp, final, text):
@@ -465,15 +486,12 @@ def _since(start: float) -> float:
 def _data_changes(saved: dict[str, int], now: dict[str, int]) -> dict[str, str]:
     """What differs between two data geometries in a way that changes the batches after resume.
 
-    Without shuffling (``shuffle_buffer = 0``) the global batches depend only on the global batch
-    size, so a DP degree traded for a local batch size changes nothing.
+    Without shuffling (``shuffle_buffer = 0``) the sequences come in one order whatever the
+    layout, and the trainer skips the ones the saved steps consumed (over all ranks), so another
+    DP degree, local batch size or accumulation continues where the data stopped.
     """
     keys = ["seq_len", "seed", "shuffle_buffer"]
-    if saved.get("shuffle_buffer") == now["shuffle_buffer"] == 0:
-        saved = {**saved, "global_batch": saved.get("dp_degree", 0) * saved.get("local_batch_size", 0)}
-        now = {**now, "global_batch": now["dp_degree"] * now["local_batch_size"]}
-        keys.append("global_batch")
-    else:
+    if not saved.get("shuffle_buffer") == now["shuffle_buffer"] == 0:
         keys += ["dp_degree", "local_batch_size"]
     return {k: f"{saved.get(k)} -> {now[k]}" for k in keys if saved.get(k) != now[k]}
 

@@ -174,9 +174,10 @@ def _check_metrics_exist(
 ) -> None:
     """A metric no run logs (a typo) is an error, and so, when comparing against tolerances, is
     one the reference lacks: nothing would be compared, and the check would pass."""
+    named = [{m for row in d.values() for m in row} for d in data]  # null values included
     logged = [{m for row in d.values() for m, v in row.items() if v is not None} for d in data]
-    known = sorted(set().union(*logged) - {"step"})
-    unknown = [m for m in metrics if not any(m in names for names in logged)]
+    known = sorted(set().union(*named) - {"step"})
+    unknown = [m for m in metrics if not any(m in names for names in named)]
     if unknown:
         raise UsageError(
             f"--metrics {', '.join(unknown)}: no run logs {'it' if len(unknown) == 1 else 'them'}; "

@@ -419,3 +419,23 @@ def test_fake_comm_backends_refuse_checkpoints(tmp_path: Path) -> None:
     topology = Topology(4, 2, 0, torch.device("cpu"), backend="fake", simulated=frozenset({"dp_shard"}))
     with pytest.raises(UsageError, match="the 'fake' comm backend simulates its peers"):
         DCPCheckpointer(config, topology)
+
+
+def test_checksums_cover_every_piece_of_a_file(tmp_path: Path, events: Events) -> None:
+    """A data file is checksummed in pieces (the ranks share them, so one large seed file is
+    not read by one rank alone); a byte changed in a later piece is found like one in the first."""
+    ck = checkpointer(tmp_path, **{"checkpoint.interval": 2})
+    ck.chunk_bytes = 1024
+    run = Run()
+    train(run, range(1, 5), ck)
+    meta = json.loads((tmp_path / "checkpoint" / "step-4" / "meta.json").read_text())
+    (crcs,) = meta["checksums"]["files"].values()
+    data = tmp_path / "checkpoint" / "step-4" / "__0_0.distcp"
+    assert meta["checksums"]["chunk_bytes"] == 1024 and len(crcs) == -(-data.stat().st_size // 1024) > 2
+    damaged = bytearray(data.read_bytes())
+    damaged[-10] ^= 0xFF  # inside the last piece
+    data.write_bytes(bytes(damaged))
+    fresh = Run(seed=7)
+    assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 2
+    ((path, why),) = events.warnings()
+    assert path.endswith("step-4") and "__0_0.distcp differs from what was saved" in why

@@ -152,3 +152,21 @@ def test_an_initial_load_path_that_is_no_state_dict_is_one_error(
     )
     with pytest.raises(UsageError, match=expected):
         Trainer(config, get_registry())
+
+
+def test_a_rerun_looking_in_another_checkpoint_folder_is_refused(tmp_path: Path) -> None:
+    """checkpoint.folder is operational (the same run): a rerun that looks elsewhere finds no
+    checkpoint and would start over beside the run's checkpoints, replacing its logs."""
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    with pytest.raises(UsageError, match=r"holds checkpoints of this run .*another checkpoint.folder"):
+        Trainer(config_in(tmp_path, **{"checkpoint.folder": "elsewhere"}), get_registry())
+
+
+def test_no_shuffling_means_no_data_warning_for_another_layout() -> None:
+    from titan_plugins_dcp.checkpointer import _data_changes
+
+    saved = {"dp_degree": 2, "local_batch_size": 2, "seq_len": 32, "seed": 0, "shuffle_buffer": 0}
+    assert _data_changes(saved, {**saved, "dp_degree": 1}) == {}  # the trainer skips what was consumed
+    assert _data_changes(saved, {**saved, "seq_len": 64}) == {"seq_len": "32 -> 64"}
+    shuffled = {**saved, "shuffle_buffer": 256}
+    assert "dp_degree" in _data_changes(shuffled, {**shuffled, "dp_degree": 1})

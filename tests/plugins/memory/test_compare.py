@@ -175,3 +175,13 @@ def test_a_metric_only_the_other_run_logs_fails_a_tolerance_check(tmp_path: Path
     assert "the reference run ref logs no tps, so nothing would be compared" in checked.stderr
     shown = run_titan("compare", str(ref), str(other), "--metrics", "tps")  # looking is fine
     assert shown.returncode == 0, shown.stdout + shown.stderr
+
+
+def test_runs_logging_a_metric_as_null_compare_by_default(tmp_path: Path) -> None:
+    """A pipeline stage that computes no loss logs ``loss: null``: the metric is known, shown as '-'."""
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    stage = write_run(tmp_path / "stage", LOSSES, NORMS)
+    rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
+    (stage / "metrics.jsonl").write_text("".join(json.dumps({**r, "loss": None}) + "\n" for r in rows))
+    shown = run_titan("compare", str(ref), str(stage))
+    assert shown.returncode == 0, shown.stdout + shown.stderr
