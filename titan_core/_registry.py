@@ -36,7 +36,7 @@ import pluggy
 
 from titan_core import hookspecs
 from titan_core.errors import PluginError, UsageError, describe
-from titan_core.records import RECORD_TYPES, ConfigSection
+from titan_core.records import RECORD_TYPES, Callback, ConfigSection
 
 ENTRY_POINT_GROUP = "titan"
 DISABLE_ENV = "TITAN_DISABLE_PLUGINS"
@@ -393,6 +393,15 @@ def _check_record(record: Any, record_type: type, hook: str) -> None:
         raise ValueError(f"{hook}() returned a {record_type.__name__} with invalid name {record.name!r}")
     if record_type is ConfigSection:
         _check_section(record, hook)
+    if record_type is Callback and record.serves:
+        from titan_core.config import served_fields
+
+        unknown = [path for path in record.serves if path not in served_fields()]
+        if unknown:
+            raise ValueError(
+                f"{hook}() returned callback {record.name!r} serving {', '.join(map(repr, unknown))}, "
+                f"not a core field a plugin implements; those are: {', '.join(served_fields()) or '(none)'}"
+            )
 
 
 def _check_section(record: ConfigSection, hook: str) -> None:

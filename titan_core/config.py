@@ -477,6 +477,16 @@ class Debug:
     fake_tensors: Literal["auto", "on", "off"] = "auto"
 
 
+def served_fields() -> list[str]:
+    """The dotted paths of the core fields a plugin implements (metadata :data:`PLUGIN_SERVED`)."""
+    return [
+        f"{name}.{a.name}"
+        for name, cls in CORE_SECTIONS.items()
+        for a in attrs.fields(cls)
+        if a.metadata.get(PLUGIN_SERVED)
+    ]
+
+
 def plugin_served(config: "TrainerConfig") -> dict[str, Any]:
     """The core fields a plugin implements (metadata :data:`PLUGIN_SERVED`) that ``config`` sets
     to other than their defaults, by dotted path."""

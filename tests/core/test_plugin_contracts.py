@@ -401,3 +401,15 @@ def test_preflight_names_a_model_plugin_whose_validate_raises(
     assert (
         "model 'strict' (plugin strict, dist-strict 1.0) failed to validate its arguments: ValueError" in err
     )
+
+
+def test_a_callback_serving_no_such_core_field_fails_its_plugin() -> None:
+    record = Callback("typo", lambda trainer: None, serves=("debug.memory_reprot",))
+    registry = Registry()
+    info = registry.register(plugin_module("typo", titan_callbacks=[record]), "typo", "dist-typo", "1.0")
+    registry.gather_all()
+    assert info.status == "failed"
+    assert (
+        "serving 'debug.memory_reprot', not a core field a plugin implements; those are: debug.memory_report"
+        in (info.error or "")
+    )
