@@ -16,7 +16,8 @@ compiler's min-cut partitioner under ``torch._functorch.config.activation_memory
 process-wide as a plain PyTorch script would (titan sets it per build). The defaults of ``--ac``,
 ``--memory-budget`` and FSDP2-or-autocast follow the ``TITAN_BENCH_AC``,
 ``TITAN_BENCH_MEMORY_BUDGET`` and ``TITAN_BENCH_MIXED_PRECISION`` variables that
-``bench/recipes.py`` reads, so one environment runs titan and this loop the same way.
+``bench/recipes.py`` reads, so one environment runs titan and this loop the same way
+(``TITAN_BENCH_RESHARD=never`` too: no block resharded after forward).
 
 Prints one JSON line per step with titan's metric names (``tps``, ``tflops``, ``mfu_pct``,
 ``max_reserved_gib``, ...), so ``bench/perf_table.py`` reads both the same way.
@@ -225,7 +226,9 @@ def main(argv: list[str]) -> int:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     else:
         for i, key in enumerate(blocks):
-            fully_shard(model.layers[key], mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+            # TITAN_BENCH_RESHARD=never keeps every block's gathered parameters for backward.
+            reshard = i < len(blocks) - 1 and os.environ.get("TITAN_BENCH_RESHARD", "default") != "never"
+            fully_shard(model.layers[key], mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     model.to_empty(device=device)
     model.init_weights(buffer_device=device)

@@ -108,6 +108,7 @@ variant() { # the log-name suffix of the environment's recomputation and mixed p
   [ "${TITAN_BENCH_AC:-selective}" = selective ] || v="_${TITAN_BENCH_AC}"
   [ "${TITAN_BENCH_AC:-}" = memory_budget ] && v="_budget${TITAN_BENCH_MEMORY_BUDGET:-0.5}"
   [ "${TITAN_BENCH_MIXED_PRECISION:-fsdp}" = autocast ] && v="${v}_autocast"
+  [ "${TITAN_BENCH_RESHARD:-default}" = default ] || v="${v}_reshard_${TITAN_BENCH_RESHARD}"
   echo "$v"
 }
 peer_run() { # peer_run NAME ARGS...: one torchtitan run in the peer kit's environment -> $W/peer/NAME.log

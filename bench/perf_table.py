@@ -142,33 +142,38 @@ def variants(dirs: list[Path], config: str) -> list[str]:
         for d in dirs
         for p in d.glob(f"*_{config}_*.log")
         if (m := _VARIANT.fullmatch(p.name.removesuffix(".log").split(config, 1)[1]))
+        and (m[1] or m[2] or m[4])  # selective AC with autocast alone is recompute_rows' own row
     }
 
     def order(v: str) -> tuple[float, str]:
         m = _VARIANT.fullmatch(v)
-        return (-1.0 if m[2] else float(m[1]), v)  # type: ignore[index]
+        return (-2.0 if not (m[1] or m[2]) else -1.0 if m[2] else float(m[1]), v)  # type: ignore[index]
 
     return sorted(found, key=order)
 
 
-#: ``_budget0.5_autocast``, ``_full``, ``_none_autocast``: the memory budget or the AC mode
-#: (``TITAN_BENCH_AC``), then the one-GPU mixed precision when it is autocast.
-_VARIANT = re.compile(r"_(?:budget([\d.]+)|(full|none))(_autocast)?")
+#: ``_budget0.5_autocast``, ``_full``, ``_none_autocast``, ``_reshard_never``: the memory budget
+#: or the AC mode (``TITAN_BENCH_AC``), the one-GPU mixed precision when it is autocast, then
+#: FSDP's resharding after forward when it is not the default (``TITAN_BENCH_RESHARD``).
+_VARIANT = re.compile(r"(?:_budget([\d.]+)|_(full|none))?(_autocast)?(?:_reshard_(always|never))?")
 
 
 def describe(suffix: str) -> str:
-    """``_budget0.5_autocast`` -> ``memory budget 0.5, autocast``; ``_full`` -> ``full AC, FSDP2``."""
+    """``_budget0.5_autocast`` -> ``memory budget 0.5, autocast``; ``_full`` -> ``full AC, FSDP2``;
+    ``_reshard_never`` -> ``selective AC, op policy, FSDP2, reshard after forward: never``."""
     m = _VARIANT.fullmatch(suffix)
     if not m:
         return suffix
-    what = f"memory budget {m[1]}" if m[1] else {"full": "full AC", "none": "no AC"}[m[2]]
-    return what + (", autocast" if m[3] else ", FSDP2")
+    modes = {"full": "full AC", "none": "no AC", None: "selective AC, op policy"}
+    what = f"memory budget {m[1]}" if m[1] else modes[m[2]]
+    what += ", autocast" if m[3] else ", FSDP2"
+    return what + (f", reshard after forward: {m[4]}" if m[4] else "")
 
 
 def peer_suffix(suffix: str) -> str:
     """The torchtitan log-name suffix of a variant (it has no autocast mode on one GPU)."""
     m = _VARIANT.fullmatch(suffix)
-    if not m:
+    if not m or not (m[1] or m[2]):
         return ""
     return f"_budget{m[1]}" if m[1] else f"_{m[2]}"
 
@@ -198,9 +203,9 @@ def table(dirs: list[Path], skip: int = 5) -> list[dict[str, Any]]:
                 ratios = []
                 if kind == "titan" and peer:
                     variant = _VARIANT.fullmatch(suffix)
-                    same = "" if not variant else " (same budget)" if variant[1] else " (same AC)"
+                    same = "" if not suffix else " (same budget)" if variant and variant[1] else " (same AC)"
                     ratios.append(f"{run['tps'] / peer['tps']:.3f} vs torchtitan{same}")
-                if kind == "titan" and suffix and selective_peer:
+                if kind == "titan" and peer_suffix(suffix) and selective_peer:
                     ratios.append(f"{run['tps'] / selective_peer['tps']:.3f} vs torchtitan selective")
                 if kind == "hand loop" and titan:
                     ratios.append(f"titan/loop {titan['tps'] / run['tps']:.3f}")
@@ -295,11 +300,7 @@ def recompute_rows(dirs: list[Path], config: str, skip: int) -> list[dict[str, A
     out = []
     for suffix in ["", "_autocast", *variants(dirs, config)]:
         path = find(dirs, f"titan_{config}{suffix}.log")
-        what = (
-            describe(suffix)
-            if _VARIANT.fullmatch(suffix)
-            else "selective AC, op policy, " + ("autocast" if suffix else "FSDP2")
-        )
+        what = describe(suffix)
         rows = json_steps(path) if path else []
         if rows:
             out.append({"change": what, **summarize(rows, config, skip)})

@@ -14,7 +14,8 @@ tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
 (0: each batch prepared inside the step), ``TITAN_BENCH_LOG_FREQ`` sets ``metrics.log_freq``,
 ``TITAN_BENCH_AC`` sets ``activation_checkpoint.mode`` (default ``selective``) and
 ``TITAN_BENCH_MEMORY_BUDGET`` its ``memory_budget``, ``TITAN_BENCH_MIXED_PRECISION``
-``training.single_device_mixed_precision`` (``fsdp`` or ``autocast``; for ``bench/perf.sh recompute``).
+``training.single_device_mixed_precision`` (``fsdp`` or ``autocast``; for ``bench/perf.sh recompute``),
+``TITAN_BENCH_RESHARD`` ``parallelism.fsdp_reshard_after_forward`` (``default``, ``always``, ``never``).
 
 ``bench_8b_l8_compile_float8`` and ``..._float8_rowwise`` are ``bench_8b_l8_compile`` with
 torchao's float8 linear layers (``float8.enable``, the output projection kept in bf16): titan
@@ -102,6 +103,7 @@ def _bench(name: str) -> TrainerConfig:
     if ac.mode == "memory_budget":  # the other modes refuse a budget they would not read
         ac.memory_budget = float(env("TITAN_BENCH_MEMORY_BUDGET", ac.memory_budget))
     t.single_device_mixed_precision = env("TITAN_BENCH_MIXED_PRECISION", t.single_device_mixed_precision)  # type: ignore[assignment]
+    config.parallelism.fsdp_reshard_after_forward = env("TITAN_BENCH_RESHARD", "default")  # type: ignore[assignment]
     profile_step = int(env("TITAN_BENCH_PROFILE_STEP", "0"))
     if profile_step:
         config.training.steps = profile_step + 1

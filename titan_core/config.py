@@ -381,6 +381,12 @@ class Parallelism:
     pp_stages_per_rank: int | None = field(default=None, validator=positive)
     #: Keep the loss sharded over the vocabulary under TP (loss parallel).
     loss_parallel: bool = True
+    #: When FSDP frees a block's gathered parameters after its forward: ``default`` frees them
+    #: unless pipeline parallel (whose microbatches would gather the same parameters again),
+    #: ``always`` or ``never`` (keep them until the block's backward: one gather less per step,
+    #: the memory of every block's gathered parameters at the peak). The last block is kept in
+    #: every mode: backward starts with it.
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
 
 
 @section

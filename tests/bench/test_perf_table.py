@@ -93,6 +93,8 @@ def test_rendered_table_names_the_variant(logs: Path, capsys: pytest.CaptureFixt
             "_budget0.6_autocast",
         ),
         ({"TITAN_BENCH_AC": "full"}, "_full"),
+        ({"TITAN_BENCH_RESHARD": "never"}, "_reshard_never"),
+        ({"TITAN_BENCH_AC": "full", "TITAN_BENCH_RESHARD": "always"}, "_full_reshard_always"),
     ],
 )
 def test_perf_sh_names_variant_logs_as_the_table_reads_them(env: dict[str, str], suffix: str) -> None:
@@ -129,3 +131,18 @@ def test_rendered_table_names_the_activation_checkpointing_mode(
     assert main([str(tmp_path)]) == 0
     row = "| 8B shape (8 layers), compiled, 8192x4, full AC, autocast | titan | 90 |"
     assert row in capsys.readouterr().out
+
+
+def test_a_resharding_variant_pairs_with_torchtitans_selective_run_once(tmp_path: Path) -> None:
+    """``TITAN_BENCH_RESHARD=never`` keeps selective AC: torchtitan's selective run is its peer,
+    named once, and the row says what differs."""
+    slow = [1.0] * 5
+    _titan_log(tmp_path / f"titan_{CONFIG}.log", slow + [100.0] * 5)
+    _titan_log(tmp_path / f"titan_{CONFIG}_reshard_never.log", slow + [102.0] * 5, reserved=43.0)
+    _peer_log(tmp_path / "peer" / "r4_8b_l8_v2k_compile.log", slow + [80.0] * 5)
+    rows = [r for r in table([tmp_path]) if r["config"].startswith("8B") and not r.get("missing")]
+    by = {(r["variant"], r["run"]): r for r in rows}
+    assert by[("_reshard_never", "titan")]["ratio"] == "1.275 vs torchtitan (same AC)"
+    assert by[("", "titan")]["ratio"] == "1.250 vs torchtitan"
+    assert [r["variant"] for r in rows if r["run"] == "titan"] == ["", "_reshard_never"]
+    assert main([str(tmp_path)]) == 0

@@ -36,6 +36,7 @@ IDENTITY = (
     "pp_microbatches",
     "pp_stages_per_rank",
     "loss_parallel",
+    "fsdp_reshard_after_forward",
     "compile",
     "activation_checkpoint",
     "selective_ac_option",

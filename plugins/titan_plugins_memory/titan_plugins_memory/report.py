@@ -195,6 +195,7 @@ def config_identity(config: Any) -> dict[str, Any]:
         "pp_microbatches": p.pp_microbatches,
         "pp_stages_per_rank": p.pp_stages_per_rank,
         "loss_parallel": p.loss_parallel,
+        "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward,
         "compile": _field(config, "compile", "enable"),
         "activation_checkpoint": _field(config, "activation_checkpoint", "mode"),
         "selective_ac_option": _field(config, "activation_checkpoint", "selective_ac_option"),

@@ -146,7 +146,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_module
 
-    from titan_plugins_parallel.fsdp import mixed_precision
+    from titan_plugins_parallel.fsdp import mixed_precision, reshard_after_forward
 
     pd = ctx.parallel_dims
     if pd.tp > 1:
@@ -170,7 +170,8 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     dp_mesh = mesh[("dp_replicate", "efsdp")] if pd.dp_replicate > 1 else mesh["efsdp"]
     # The same mixed precision as the FSDP strategy gives the dense weights.
     mp = mixed_precision(ctx)
-    options = {"mp_policy": mp} if mp is not None else {}
+    options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
+    options["reshard_after_forward"] = reshard_after_forward(ctx)
     device = ctx.topology.device.type
     for module in experts:
         distribute_module(module, mesh["ep"], _shard_experts, _dispatch_hook, _combine_hook)

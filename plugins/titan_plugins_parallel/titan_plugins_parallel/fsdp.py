@@ -169,14 +169,23 @@ def shard_part(part: nn.Module, mesh: Any, mp_policy: Any, reshard_after_forward
     fully_shard(part, reshard_after_forward=False, **kwargs)
 
 
+def reshard_after_forward(ctx: ParallelContext) -> bool:
+    """``parallelism.fsdp_reshard_after_forward`` for the blocks' FSDP units (and the experts')."""
+    policy = ctx.config.parallelism.fsdp_reshard_after_forward
+    if policy == "default":
+        # Under pipeline parallelism each stage runs forward and backward for several
+        # microbatches; resharding after every forward would re-gather the same parameters per
+        # microbatch.
+        return ctx.parallel_dims.pp == 1
+    return policy == "always"
+
+
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     mp_policy = mixed_precision(ctx)
-    # Under pipeline parallelism each stage runs forward and backward for several microbatches;
-    # resharding after every forward would re-gather the same parameters per microbatch.
-    reshard_after_forward = ctx.parallel_dims.pp == 1
+    reshard = reshard_after_forward(ctx)
     mesh = dp_mesh(ctx)
     for part in parts:
-        shard_part(part, mesh, mp_policy, reshard_after_forward)
+        shard_part(part, mesh, mp_policy, reshard)
     if mesh.size() == 1:
         use_compute_stream_gradients(parts, ctx.topology.device)
     if mp_policy is not None:

@@ -190,3 +190,47 @@ def test_a_sharded_mesh_keeps_fsdp2s_own_reduce_scatter() -> None:
         assert not any(isinstance(c, fsdp.ComputeStreamGradients) for unit in comms for c in unit)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("policy", "pp", "expected"),
+    [("default", 1, True), ("default", 2, False), ("always", 2, True), ("never", 1, False)],
+)
+def test_reshard_after_forward_follows_the_config(policy: str, pp: int, expected: bool) -> None:
+    ctx = _ctx()
+    ctx.config.parallelism.fsdp_reshard_after_forward = policy
+    ctx.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=pp, ep=1, world_size=pp)
+    assert fsdp.reshard_after_forward(ctx) is expected
+
+
+@pytest.mark.parametrize(
+    ("policy", "gathered_after_forward"), [("always", [False, True]), ("never", [True, True])]
+)
+def test_blocks_keep_their_gathered_parameters_after_forward_only_when_asked(
+    policy: str, gathered_after_forward: list[bool]
+) -> None:
+    """Between forward and backward a resharded block holds its DTensor shards again and a kept
+    one its gathered parameters (plain tensors); the last block is kept in every mode. The
+    losses do not depend on it."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from titan_plugins_llama3.model import Llama3
+
+    args = _tiny_llama3_args()
+    torch.manual_seed(0)
+    model = Llama3(args)
+    model.init_weights()
+    ctx = _ctx()
+    ctx.config.parallelism.fsdp_reshard_after_forward = policy
+    try:
+        [model] = fsdp.apply([model], ctx)
+        tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+        logits = model(tokens)
+        gathered = [not isinstance(block.attention.wq.weight, DTensor) for block in model.layers.values()]
+        assert gathered == gathered_after_forward
+        logits.float().pow(2).mean().backward()
+        assert all(isinstance(p.grad, DTensor) for p in model.parameters())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
