@@ -208,6 +208,15 @@ def test_a_model_argument_error_stops_before_torchrun(tmp_path: Path) -> None:
     assert "tie_embeddings" in line and "pp = 1" in line
 
 
+def test_a_core_field_whose_plugin_is_disabled_stops_before_torchrun(tmp_path: Path) -> None:
+    """debug.memory_report with the memory plugin disabled: each worker refused it, after torchrun
+    started them (torchrun's failure report, exit 1); the launcher's check refuses it first."""
+    result = launch(tmp_path, {"debug.memory_report": True}, NGPU="2", TITAN_DISABLE_PLUGINS="memory")
+    line = one_error_line(result)
+    assert "debug.memory_report = True: no loaded plugin implements it" in line
+    assert "leave debug.memory_report at its default" in line
+
+
 def test_a_dump_folder_holding_another_run_stops_before_torchrun(tmp_path: Path) -> None:
     first = launch(tmp_path, {})
     assert first.returncode == 0, first.stderr[-3000:]

@@ -76,6 +76,8 @@ class _Provided:
     plugin: PluginInfo
     #: Other plugins providing the same name (a conflict: using the name fails).
     rivals: tuple[PluginInfo, ...] = ()
+    #: The records the rivals returned, in the same order (a run option's flag is its own).
+    rival_records: tuple[Any, ...] = ()
 
 
 #: A plugin's info and the records its hooks returned, by kind (before failures are known).
@@ -242,8 +244,29 @@ class Registry:
         what = what or kind.rstrip("s").replace("_", " ")
         return {p.record.name: _conflict_message(what, p) for p in self._gather(kind).values() if p.rivals}
 
+    def conflicting_records(self, kind: str, what: str | None = None) -> dict[str, tuple[list[Any], str]]:
+        """As :meth:`conflicts`, with every provider's record of each name (first provider first):
+        what a caller needs that refuses the name's uses, e.g. a run option's flags."""
+        what = what or kind.rstrip("s").replace("_", " ")
+        return {
+            p.record.name: ([p.record, *p.rival_records], _conflict_message(what, p))
+            for p in self._gather(kind).values()
+            if p.rivals
+        }
+
     def provider(self, kind: str, name: str) -> PluginInfo:
         return self._gather(kind)[name.lower()].plugin
+
+    def label(self, kind: str, name: str) -> str:
+        """How errors name the plugin behind the record ``name`` of ``kind``: ``plugin NAME,
+        DISTRIBUTION VERSION``, ``plugin NAME`` for one registered as an object (no distribution),
+        ``plugin unknown`` when no plugin provides the name."""
+        try:
+            info = self.provider(kind, name)
+        except KeyError:
+            return "plugin unknown"
+        known = info.distribution and info.distribution != "(registered)"
+        return f"plugin {info.name}, {info.origin}" if known else f"plugin {info.name}"
 
     def get(self, kind: str, name: str, *, what: str | None = None) -> Any:
         """The record ``name`` of ``kind``; unknown names list the known ones and failed plugins."""
@@ -343,7 +366,9 @@ class Registry:
                     info.provides.setdefault(kind, []).append(record.name)
                     if key in gathered:  # a conflict: recorded, fatal only for runs using the name
                         first = gathered[key]
-                        gathered[key] = attrs.evolve(first, rivals=(*first.rivals, info))
+                        gathered[key] = attrs.evolve(
+                            first, rivals=(*first.rivals, info), rival_records=(*first.rival_records, record)
+                        )
                         for p in (first.plugin, info):
                             p.conflicts.append(f"{kind}: {first.record.name}")
                         continue

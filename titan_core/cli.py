@@ -190,7 +190,12 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         return f"plugin {info.name!r} ({info.origin})"
 
     configure(parser)
-    add_run_options(parser, list(registry.records("run_options").values()), provider)
+    add_run_options(
+        parser,
+        list(registry.records("run_options").values()),
+        provider,
+        registry.conflicting_records("run_options", "run option"),
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:

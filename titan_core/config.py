@@ -327,7 +327,8 @@ class Training:
     lr: float = field(default=8e-4, validator=[finite, positive])
     #: Linear warm-up steps before the peak learning rate.
     warmup_steps: int = field(default=2, validator=non_negative)
-    #: Fraction of steps (after warm-up) spent decaying linearly towards ``min_lr_factor * lr``.
+    #: Fraction of steps (after warm-up) spent decaying linearly towards ``min_lr_factor * lr``,
+    #: rounded, and at least one step when it is above 0 (the last step is at the floor).
     decay_ratio: float = field(default=0.8, validator=in_range(0, 1))
     #: Learning rate at the end of decay, as a fraction of ``lr``; the schedule stays there
     #: after ``steps`` (a resumed run with more steps never goes below it).
@@ -625,6 +626,7 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
             "set both, or neither"
         )
     t = config.training
+    problems += optimizer_problems(t)
     if t.global_batch_size is not None and t.global_batch_size % t.local_batch_size:
         problems.append(
             f"training.global_batch_size: {t.global_batch_size} is not a multiple of "
@@ -638,6 +640,29 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
     if problems:
         raise ConfigError(problems, source)
     return config
+
+
+#: The largest float32 (``torch.finfo(torch.float32).max``): parameters and AdamW's state are
+#: float32, and torch converts the optimizer's Python scalars to their dtype.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def optimizer_problems(t: Training) -> list[str]:
+    """Settings AdamW cannot run with, each a ``training.x: ...`` line (:func:`validate`, and the
+    trainer for a caller that skipped it). A finite ``training.lr`` can still be too large:
+    AdamW's step size, ``lr / (1 - beta1 ** step)``, at most ``lr / (1 - beta1)`` on the first
+    step, is converted to float32, and beyond float32's range that conversion raises inside
+    torch's optimizer step. A smaller lr that only makes the loss diverge is the trainer's
+    non-finite-loss error (``Diverged``) instead."""
+    step_size = t.lr / (1 - t.beta1)
+    if step_size <= _FLOAT32_MAX:
+        return []
+    return [
+        f"training.lr: {t.lr:g} is too large: AdamW's step size lr / (1 - training.beta1) = "
+        f"{step_size:.3g} is beyond float32's range ({_FLOAT32_MAX:.3g}), so the first optimizer "
+        f"step would fail; lower training.lr to at most {_FLOAT32_MAX * (1 - t.beta1):.3g} (peak learning "
+        "rates are usually 1e-4 to 1e-2)"
+    ]
 
 
 def _plugin_check(label: str, check: Callable[[Any], Any], config: TrainerConfig) -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class TitanError(Exception):
     """A problem the user can fix; printed as one message (no traceback) with ``exit_code``."""
@@ -39,6 +42,29 @@ def describe(exc: BaseException) -> str:
     frame = (outside or frames or [None])[-1]
     where = f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+def call_plugin(
+    what: Callable[[], str],
+    fn: Callable[..., Any],
+    *args: Any,
+    message: Callable[[str, Exception], str] = lambda what, exc: f"{what}: {describe(exc)}",
+    passes: Callable[[Exception], bool] = lambda exc: False,
+) -> Any:
+    """``fn(*args)``, plugin code: an exception other than a :class:`TitanError` (the plugin's
+    own, already one clean error) becomes one :class:`PluginError`, ``message(what(), exc)``,
+    chained to it; ``passes(exc)``: the exceptions the caller reports its own way (the trainer's
+    out-of-memory and failed-collective errors) go through unchanged. The trainer and
+    ``run_train.sh``'s check before torchrun (:func:`titan_core.run.preflight`) share it, so a
+    plugin's failure reads the same in both. ``what`` is called only on a failure."""
+    try:
+        return fn(*args)
+    except TitanError:
+        raise
+    except Exception as exc:
+        if passes(exc):
+            raise
+        raise PluginError(message(what(), exc)) from exc
 
 
 _CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")

@@ -66,17 +66,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_options(
-    parser: argparse.ArgumentParser, run_options: list[Any], provider: Callable[[Any], str]
+    parser: argparse.ArgumentParser,
+    run_options: list[Any],
+    provider: Callable[[Any], str],
+    conflicts: Mapping[str, tuple[list[Any], str]] | None = None,
 ) -> None:
     """The plugins' flags. A flag of ``titan run``'s own is left out with a warning naming the
     plugin; a flag two plugins share fails, naming both, when it is given (neither would know
-    the other's action ran instead)."""
+    the other's action ran instead). ``conflicts``: the run-option names two plugins provide,
+    each with every provider's record and the registry's error naming both distributions
+    (:meth:`~titan_core._registry.Registry.conflicting_records`): the flags of those records
+    fail with that error when given, as a command of one name does, instead of being dropped."""
     by_flag: dict[str, list[Any]] = {}
     for option in run_options:
         by_flag.setdefault(option.flag, []).append(option)
-    for flag, options in by_flag.items():
+    refused: dict[str, list[str]] = {}  # flag -> the name conflicts it belongs to
+    for records, message in (conflicts or {}).values():
+        for record in records:
+            messages = refused.setdefault(record.flag, [])
+            if message not in messages:  # two providers of one name may share the flag
+                messages.append(message)
+    for flag in dict.fromkeys([*by_flag, *refused]):
+        options = by_flag.get(flag, [])
         try:
-            if len(options) > 1:
+            if flag in refused:
+                message = "; ".join(refused[flag])
+                if options:  # an option of another name has the flag too: it cannot run either
+                    owners = " and ".join(f"run option {o.name!r} of {provider(o)}" for o in options)
+                    message += f"; {flag} is also the flag of {owners}"
+                parser.add_argument(
+                    flag, action=_Refused, nargs=0, message=message, help="(refused: provided twice)"
+                )
+            elif len(options) > 1:
                 owners = " and ".join(f"run option {o.name!r} of {provider(o)}" for o in options)
                 message = f"{flag} is provided twice: by {owners}; uninstall or disable one of them"
                 parser.add_argument(
@@ -92,6 +113,11 @@ def add_run_options(
                 print(
                     f"titan: warning: run option {option.name!r} of {provider(option)} has flag {flag}, "
                     "which is titan run's own; it is left out: the plugin should rename the flag",
+                    file=sys.stderr,
+                )
+            for message in refused.get(flag, []):
+                print(
+                    f"titan: warning: {message}; its flag {flag} is titan run's own and is left out",
                     file=sys.stderr,
                 )
 
@@ -144,6 +170,25 @@ def check_names(config: Any, registry: Any) -> None:
     registry.get("datasets", config.data.dataset, what="dataset")
 
 
+def check_served(config: Any, registry: Any) -> None:
+    """Every core field a plugin implements (``Callback.serves``) that ``config`` sets is served
+    by a loaded plugin's callback: one with no such plugin would be ignored without a word (the
+    trainer, and ``run_train.sh`` before torchrun through :func:`preflight`). Cheap: no torch."""
+    from titan_core.config import plugin_served
+
+    served = {path for r in registry.records("callbacks").values() for path in r.serves}
+    # A comm backend's settings (the fake ones turn the memory report on) are not the user's
+    # to leave at their defaults: without the serving plugin those runs go on as before.
+    backend_sets = registry.get("comm_backends", config.comm.backend, what="comm backend").sets
+    for path, value in plugin_served(config).items():
+        if path not in served and path not in backend_sets:
+            raise UsageError(
+                f"{path} = {value!r}: no loaded plugin implements it (a callback listing it in "
+                "Callback.serves); install or enable that plugin (titan's own: docs/architecture.md) "
+                f"or leave {path} at its default"
+            )
+
+
 def apply_backend_settings(config: Any, registry: Any) -> None:
     """Set the config values the selected comm backend always runs with (``CommBackend.sets``)."""
     backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
@@ -182,11 +227,12 @@ def preflight(argv: list[str], processes: int) -> int:
 
     The recipe resolves and validates, the names it selects exist, the comm backend's and
     plugins' launch checks pass, the parallel degrees fit, the model accepts its arguments under
-    them (``ModelSpec.validate``), and the dump folder may take this run.
+    them (``ModelSpec.validate``), every plugin-implemented field it sets has its plugin loaded
+    (:func:`check_served`), and the dump folder may take this run.
     """
     from titan_core._registry import get_registry
     from titan_core.cli import build_parser, report_error
-    from titan_core.errors import TitanError
+    from titan_core.errors import TitanError, call_plugin
 
     registry = get_registry()
     args = build_parser(registry).parse_args(["run", *argv])
@@ -198,34 +244,23 @@ def preflight(argv: list[str], processes: int) -> int:
         from titan_core.run_folder import RunFolder, plugin_outputs
         from titan_core.trainer import resolve_model
 
+        model = config.model.name
+        # As the trainer names the plugin, with where it raised instead of a traceback file
+        # (this check writes nothing).
+        failed = f"model {model!r} ({registry.label('models', model)}) failed to validate its arguments"
         resolve_model(
             config,
             registry,
             ParallelDims.from_config(config.parallelism, processes),
-            lambda fn, *a: _validate_as_plugin(config.model.name, registry, fn, *a),
+            lambda fn, *a: call_plugin(lambda: failed, fn, *a),
         )
+        check_served(config, registry)
         if not args.overwrite:  # --overwrite: the run removes the earlier outputs itself
             # Reads run.json and decides as the run's first process will; writes nothing.
             RunFolder(config, overwrite=False, is_writer=False, outputs=plugin_outputs(registry))
     except TitanError as exc:
         return report_error(exc)
     return 0
-
-
-def _validate_as_plugin(model: str, registry: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """A model's ``validate``: an exception other than titan's is one error naming the plugin."""
-    from titan_core.errors import TitanError, describe
-
-    try:
-        return fn(*args)
-    except TitanError:
-        raise
-    except Exception as exc:
-        info = registry.provider("models", model)
-        raise PluginError(
-            f"model {model!r} (plugin {info.name}, {info.origin}) failed to validate its arguments: "
-            f"{describe(exc)}"
-        ) from exc
 
 
 def launched_processes(env: Mapping[str, str]) -> int:

@@ -28,7 +28,14 @@ class WarmupStableDecay:
 
     @property
     def decay_steps(self) -> int:
-        return round(max(self.steps - self.warmup_steps, 0) * self.decay_ratio)
+        """Steps of the linear decay, the last of them ``steps``: ``decay_ratio`` of the steps after
+        warm-up, rounded, and at least one when there is a decay to do (``decay_ratio > 0`` and
+        steps after warm-up): a small ratio would otherwise round to none, and the run would end
+        at the peak LR without a word instead of at ``min_lr_factor``."""
+        after_warmup = max(self.steps - self.warmup_steps, 0)
+        if self.decay_ratio <= 0 or after_warmup == 0:
+            return 0
+        return min(max(round(after_warmup * self.decay_ratio), 1), after_warmup)
 
     def __call__(self, index: int) -> float:
         """Factor of the peak LR for LambdaLR's ``index`` (0 for the first step)."""

@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from titan_core._registry import Registry
-from titan_core.config import TrainerConfig, plugin_served
+from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
 from titan_core.data.loader import PackedBatches, load_tokenizer
 from titan_core.data.prefetch import Prefetcher
-from titan_core.errors import PluginError, TitanError, UsageError, is_out_of_memory
+from titan_core.errors import PluginError, TitanError, UsageError, call_plugin, is_out_of_memory
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
 from titan_core.metrics import MetricsLogger, check_callback_metrics
@@ -44,6 +44,7 @@ from titan_core.parallelize import (
 from titan_core.run import (
     apply_backend_settings,
     check_launch,
+    check_served,
     launched_processes,
     peer_failure,
     refuse_unread_env,
@@ -220,6 +221,10 @@ class Trainer:
         apply_backend_settings(config, registry)  # done by `titan run` already; a Python caller too
         refuse_unread_env(registry, config.comm.backend, os.environ)
         check_launch(config, registry, launched_processes(os.environ))
+        # validate() refuses these; a Python caller may have built the config without it, and the
+        # optimizer would then fail deep inside torch after the model is built.
+        if problems := optimizer_problems(config.training):
+            raise ConfigError(problems)
         self.topology: Topology = backend.init(config)
         setup_logging(rank=self.topology.rank)
         capture()  # lines from here on go to <dump_folder>/train.log once it is known who writes it
@@ -258,17 +263,7 @@ class Trainer:
                 f"{self.parallel_dims.degrees()}), which no installed plugin provides; install a "
                 "parallelism plugin (titan's is titan-plugins-parallel: docs/architecture.md)"
             )
-        served = {path for r in registry.records("callbacks").values() for path in r.serves}
-        # A comm backend's settings (the fake ones turn the memory report on) are not the user's
-        # to leave at their defaults: without the serving plugin those runs go on as before.
-        backend_sets = registry.get("comm_backends", config.comm.backend, what="comm backend").sets
-        for path, value in plugin_served(config).items():
-            if path not in served and path not in backend_sets:
-                raise UsageError(
-                    f"{path} = {value!r}: no loaded plugin implements it (a callback listing it in "
-                    "Callback.serves); install or enable that plugin (titan's own: docs/architecture.md) "
-                    f"or leave {path} at its default"
-                )
+        check_served(config, registry)
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.
         if next(iter(dataset.documents(config.data)), None) is None:
@@ -564,7 +559,7 @@ class Trainer:
             obj = self._plugin_call("callbacks", r.name, "failed to build", r.build, self)
             if obj is not None:
                 built.append(obj)
-                labels.append(f"callback {r.name!r} ({self._plugin_label('callbacks', r.name)})")
+                labels.append(f"callback {r.name!r} ({self.registry.label('callbacks', r.name)})")
         if self.checkpointer is not None:
             built.append(_CheckpointSaves(self))
             labels.append(f"the checkpoint saves of checkpoint.backend {self.config.checkpoint.backend!r}")
@@ -572,20 +567,11 @@ class Trainer:
 
     # -- plugin code that fails ------------------------------------------------------------------
 
-    def _plugin_label(self, kind: str, name: str) -> str:
-        """``plugin NAME`` and, when known, the distribution that installed it."""
-        try:
-            info = self.registry.provider(kind, name)
-        except KeyError:
-            return "plugin unknown"
-        known = info.distribution and info.distribution != "(registered)"
-        return f"plugin {info.name}, {info.origin}" if known else f"plugin {info.name}"
-
     def _plugin_call(self, kind: str, name: str, failed: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, plugin code of the record ``name`` of ``kind`` (:meth:`_as_plugin`)."""
         what = {"models": "model", "strategies": "strategy", "callbacks": "callback"}.get(kind, kind)
         return self._as_plugin(
-            lambda: f"{what} {name!r} ({self._plugin_label(kind, name)}) {failed}", fn, *args
+            lambda: f"{what} {name!r} ({self.registry.label(kind, name)}) {failed}", fn, *args
         )
 
     def _guarded_callback(self, label: str, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -593,26 +579,26 @@ class Trainer:
         return lambda *args: self._as_plugin(lambda: f"{label} failed in {point}", fn, *args)
 
     def _as_plugin(self, what: Callable[[], str], fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``, plugin code: an exception other than a :class:`TitanError` (and the
-        allocator's and a failed collective's, which the run reports its own way) becomes one
-        :class:`PluginError` starting with ``what()``; the original is chained and its traceback
-        written to :data:`PLUGIN_ERROR_FILE`, whose path the message gives."""
-        try:
-            return fn(*args)
-        except TitanError:
-            raise
-        except Exception as exc:
-            if is_out_of_memory(exc) or peer_failure(exc, self.config) is not None:
-                raise
-            raise self._plugin_error(what(), exc) from exc
+        """``fn(*args)``, plugin code (:func:`~titan_core.errors.call_plugin`): an exception other
+        than a :class:`TitanError` (and the allocator's and a failed collective's, which the run
+        reports its own way) becomes one :class:`PluginError` starting with ``what()``; the
+        original is chained and its traceback written to :data:`PLUGIN_ERROR_FILE`, whose path
+        the message gives."""
+        return call_plugin(
+            what,
+            fn,
+            *args,
+            message=self._plugin_error_message,
+            passes=lambda exc: is_out_of_memory(exc) or peer_failure(exc, self.config) is not None,
+        )
 
-    def _plugin_error(self, message: str, exc: BaseException) -> PluginError:
+    def _plugin_error_message(self, message: str, exc: Exception) -> str:
         """``message: the exception's first line``, and where the traceback was kept."""
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
         message += f": {type(exc).__name__}: {first[:300]}" if first else f": {type(exc).__name__}"
         where = self._keep_traceback(exc, message)
         message += f"; the traceback is in {where}" if where else " (the traceback is chained to this error)"
-        return PluginError(message)
+        return message
 
     def _guarded_apply(self, strategy: Any) -> Callable[..., Any]:
         def apply(parts: list[nn.Module], ctx: ParallelContext) -> Any:
@@ -621,7 +607,7 @@ class Trainer:
             )
             if not isinstance(result, list) or not all(isinstance(p, nn.Module) for p in result):
                 raise PluginError(
-                    f"strategy {strategy.name!r} ({self._plugin_label('strategies', strategy.name)}) "
+                    f"strategy {strategy.name!r} ({self.registry.label('strategies', strategy.name)}) "
                     f"returned {type(result).__name__} from apply; it must return the list of model "
                     "parts to train (nn.Module each), e.g. the parts it was given"
                 )

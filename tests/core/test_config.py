@@ -62,6 +62,31 @@ def test_invalid_value_fails_where_it_is_set_with_its_path(path: str, value: obj
     assert getattr(getattr(config, section), name) == before  # the bad value was not kept
 
 
+@pytest.mark.parametrize(("lr", "beta1"), [(1e38, 0.9), (3.5e37, 0.9), (1e36, 0.999), (1e300, 0.0)])
+def test_an_lr_whose_adamw_step_overflows_float32_is_refused_naming_training_lr(
+    lr: float, beta1: float
+) -> None:
+    """Finite, so the field's own check passes; but AdamW's first step size lr / (1 - beta1)
+    is beyond float32's range, and torch's optimizer step raised an overflow RuntimeError (a
+    traceback after the model was built) instead of one error before anything."""
+    config = TrainerConfig()
+    config.training.lr, config.training.beta1 = lr, beta1
+    with pytest.raises(ConfigError) as info:
+        validate(config)
+    (problem,) = info.value.problems
+    assert problem.startswith(
+        f"training.lr: {lr:g} is too large: AdamW's step size lr / (1 - training.beta1)"
+    )
+    assert "lower training.lr to at most" in problem
+
+
+@pytest.mark.parametrize(("lr", "beta1"), [(3.4e37, 0.9), (1e38, 0.0), (3e-3, 0.9)])
+def test_a_large_lr_whose_adamw_step_fits_float32_is_valid(lr: float, beta1: float) -> None:
+    config = TrainerConfig()
+    config.training.lr, config.training.beta1 = lr, beta1
+    assert validate(config) is config
+
+
 def test_a_section_must_be_a_section() -> None:
     with pytest.raises(ConfigError, match="profiler: expected a Profiler section, got int 3"):
         TrainerConfig().profiler = 3

@@ -321,6 +321,32 @@ def test_a_run_option_flag_two_plugins_share_is_refused_naming_both(
     assert "--show-smooth is provided twice" in out and "dist-one 1.0" in out and "dist-two 1.0" in out
 
 
+@pytest.mark.parametrize("flags", [("--smooth-a", "--smooth-b"), ("--smooth", "--smooth")])
+def test_a_run_option_name_two_plugins_provide_is_refused_naming_both(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flags: tuple[str, str]
+) -> None:
+    """A record name two plugins provide, as the registry reports every such conflict: the flags
+    (each plugin's) were both left out of titan run, so giving one was argparse's 'unrecognized
+    arguments', naming neither plugin; now the flag is refused with the registry's error."""
+    one = plugin_module("one", titan_run_options=[_option("smooth", flags[0])])
+    two = plugin_module("two", titan_run_options=[_option("smooth", flags[1])])
+    expected = (
+        "run option 'smooth' is provided twice: by plugin 'one' (dist-one 1.0) and plugin 'two' "
+        "(dist-two 1.0); uninstall or disable one of them (TITAN_DISABLE_PLUGINS=two or --disable-plugin two)"
+    )
+    for flag in flags:
+        code, out = _cli(monkeypatch, capsys, "run", "--recipe", "llama3_debugmodel", flag, one=one, two=two)
+        assert code == 2 and expected in out
+        assert out.count("provided twice") == 1  # one flag of both: one message
+    code, out = _cli(monkeypatch, capsys, "run", "--help", one=one, two=two)
+    assert all(flag in out for flag in flags) and "(refused: provided twice)" in out
+    # Only the runs that ask for the name fail.
+    code, out = _cli(
+        monkeypatch, capsys, "run", "--recipe", "llama3_debugmodel", "--print-config", one=one, two=two
+    )
+    assert code == 0 and 'recipe = "llama3_debugmodel"' in out
+
+
 def test_a_run_option_with_a_flag_of_titan_run_is_left_out_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -401,6 +427,34 @@ def test_preflight_names_a_model_plugin_whose_validate_raises(
     assert (
         "model 'strict' (plugin strict, dist-strict 1.0) failed to validate its arguments: ValueError" in err
     )
+
+
+def test_preflight_refuses_a_core_field_whose_plugin_is_not_loaded_as_the_trainer_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """run_train.sh's check before torchrun: debug.memory_report with no callback serving it was
+    refused only by each worker, after torchrun started them; now by the check, with the
+    trainer's own message (one function checks for both)."""
+    from titan_core import Recipe
+    from titan_core.run import preflight
+
+    def recipe() -> Any:
+        config = tiny_llama3(tmp_path / "out", 1)
+        config.debug.memory_report = True
+        return config
+
+    registry = Registry(disabled={"memory"}).load_entry_points()
+    module = plugin_module("served", titan_recipes=[Recipe("served_recipe", recipe)])
+    registry.register(module, "served", "dist-served", "1.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+    monkeypatch.setattr(_registry, "get_registry", lambda disabled=None: _registry._default)
+    assert preflight(["--recipe", "served_recipe"], 1) == UsageError.exit_code
+    err = capsys.readouterr().err
+    assert err.startswith("titan: error: debug.memory_report = True: no loaded plugin implements it")
+    with pytest.raises(UsageError) as info:
+        Trainer(recipe(), registry)
+    assert err.splitlines()[0] == f"titan: error: {info.value}"
+    assert not (tmp_path / "out").exists()  # the trainer refuses it before writing anything too
 
 
 def test_a_callback_serving_no_such_core_field_fails_its_plugin() -> None:

@@ -17,6 +17,7 @@ import torch
 from tests.conftest import run_titan, tiny_llama3, tiny_recipe_source, titan_env
 from titan_core import Callback, hookimpl
 from titan_core._registry import Registry
+from titan_core.config import ConfigError, validate
 from titan_core.errors import UsageError
 from titan_core.trainer import Diverged, Trainer, train
 
@@ -54,6 +55,38 @@ def test_a_non_finite_grad_norm_stops_the_run_naming_its_step(tmp_path: Path) ->
     with pytest.raises(Diverged, match=r"became non-finite .* at step 3; stopped at step 6"):
         train(tiny(tmp_path), registry)  # log_freq 10: the flag is read at the last step only
     assert seen == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_lr_too_large_for_adamw_is_one_config_error_before_anything_is_built(tmp_path: Path) -> None:
+    """lr / (1 - beta1) beyond float32: the optimizer step raised torch's overflow RuntimeError at
+    step 1 (a traceback); a Python caller that skips validate() gets validate()'s error too."""
+    config = tiny(tmp_path, steps=2)
+    config.training.lr, config.training.warmup_steps = 1e38, 0
+    with pytest.raises(ConfigError, match=r"^invalid config: training\.lr: 1e\+38 is too large: AdamW's"):
+        train(config, Registry().load_entry_points())
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_an_lr_too_large_for_adamw_is_one_error_line_from_titan_run(tmp_path: Path) -> None:
+    """Was torch's traceback from the optimizer step of step 1 (no warm-up: the peak LR at once)."""
+    extra = "    c.training.lr, c.training.warmup_steps = 1e38, 0\n"
+    (tmp_path / "lr_recipes.py").write_text(tiny_recipe_source("huge", 3, extra))
+    result = run_titan("run", "--module", "lr_recipes", "--recipe", "huge", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.strip()]
+    assert line.startswith("titan: error: invalid config from recipe 'huge'") and "training.lr: 1e+38" in line
+
+
+def test_a_huge_finite_lr_that_makes_the_loss_diverge_is_the_non_finite_loss_error(tmp_path: Path) -> None:
+    """An lr AdamW can apply, whose update overflows the weights: the trainer's own check, not a
+    traceback from deeper in (a NaN loss, a NaN router, a NaN checkpoint)."""
+    config = tiny(tmp_path, steps=3)
+    config.training.lr, config.training.warmup_steps = 1e30, 0
+    validate(config)
+    with pytest.raises(
+        Diverged, match=r"became non-finite \(NaN or inf\) at step 2; stopped at step 3 .* Lower training\.lr"
+    ):
+        train(config, Registry().load_entry_points())
 
 
 def test_a_second_run_in_one_dump_folder_is_refused_naming_the_first(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -321,25 +322,48 @@ class DCPCheckpointer:
 
     def _damaged_file(self, found: Usable) -> str | None:
         """Why a checkpoint's data differs from what was saved (a piece of a data file whose
-        CRC-32 is not the one in ``meta.json``, or that cannot be read), or ``None``; the ranks
-        share the pieces."""
-        files = found.checksums.get("files") if found.checksums else None
-        if not files:  # written by an earlier titan
+        CRC-32 is not the one in ``meta.json``, or that cannot be read; a data file of another
+        number of pieces than saved, or with none saved), or ``None``; the ranks share the pieces.
+
+        The pieces are :func:`pieces` of the files DCP's index points into, at their sizes on
+        disk: what :meth:`_checksums` computed at the save, so the two cannot disagree on which
+        pieces there are (a check rebuilt from the saved list alone would pass a file that grew,
+        or one the list leaves out, without comparing it)."""
+        if not found.checksums:  # written by an earlier titan
             return None
+        files = found.checksums.get("files") or {}
         chunk = int(found.checksums.get("chunk_bytes", CHUNK_BYTES))
-        every = [(name, i) for name in sorted(files) for i in range(len(files[name]))]
-        own = []
+        own: list[tuple[str, str]] = []  # (file, why), this rank's share
+        sizes: dict[str, int] = {}
+        for name in data_files(found.metadata):
+            try:
+                sizes[name] = os.path.getsize(os.path.join(found.path, name))
+            except OSError as exc:
+                own.append((name, f"cannot be read: {exc.strerror or exc}"))
+        every = pieces(sizes, chunk)
+        counts = Counter(name for name, _ in every)
+        own += [(name, "no CRC-32 saved for it") for name in sizes if name not in files]
+        own += [
+            (name, "not of the saved size")
+            for name in files
+            if name in sizes and counts[name] != len(files[name])
+        ]
+        damaged = {name for name, _ in own}  # already: its pieces need no comparing
         for name, index in every[self.rank :: self.peers.world_size]:
+            if name in damaged:
+                continue
             try:
                 if crc32(os.path.join(found.path, name), index, chunk) != files[name][index]:
-                    own.append(name)
-            except OSError:
-                own.append(name)
-        bad = sorted({name for names in self.peers.all_gather(own) for name in names})
+                    own.append((name, "CRC-32 mismatch"))
+            except OSError as exc:
+                own.append((name, f"cannot be read: {exc.strerror or exc}"))
+        bad = sorted(set(pair for pairs in self.peers.all_gather(own) for pair in pairs))
         if not bad:
             return None
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        return f"its data file {bad[0]}{more} differs from what was saved (CRC-32 mismatch): damaged on disk"
+        first, why = bad[0]
+        others = len({name for name, _ in bad}) - 1
+        more = f" (and {others} more)" if others else ""
+        return f"its data file {first}{more} differs from what was saved ({why}): damaged on disk"
 
     def _model_shapes(self, parts: list[nn.Module]) -> dict[str, tuple[int, ...] | None]:
         """Every rank's model keys under ``model.`` with global shapes (pipeline stages together)."""

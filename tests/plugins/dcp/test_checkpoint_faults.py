@@ -439,3 +439,48 @@ def test_checksums_cover_every_piece_of_a_file(tmp_path: Path, events: Events) -
     assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 2
     ((path, why),) = events.warnings()
     assert path.endswith("step-4") and "__0_0.distcp differs from what was saved" in why
+
+
+def _saved_in_pieces(tmp_path: Path, chunk: int = 1024) -> tuple[Any, Path]:
+    """A checkpointer of ``chunk``-byte pieces whose folder holds steps 2 and 4, and step 4's data file."""
+    ck = checkpointer(tmp_path, **{"checkpoint.interval": 2})
+    ck.chunk_bytes = chunk
+    train(Run(), range(1, 5), ck)
+    return ck, tmp_path / "checkpoint" / "step-4" / "__0_0.distcp"
+
+
+def test_a_data_file_grown_past_its_saved_pieces_is_damaged(tmp_path: Path, events: Events) -> None:
+    """The check takes its pieces from the files as the save did (_folder.pieces of their sizes):
+    rebuilt from the saved CRC list alone, it compared only the saved pieces, and passed a file
+    with a piece more after them (bytes added inside the last piece change its CRC: found
+    either way)."""
+    _, probe = _saved_in_pieces(tmp_path / "probe")
+    size = probe.stat().st_size  # the same run saves the same bytes: pieces that end with the file
+    ck, data = _saved_in_pieces(tmp_path / "run", chunk=size)
+    assert data.stat().st_size == size
+    assert len(json.loads((data.parent / "meta.json").read_text())["checksums"]["files"][data.name]) == 1
+    with data.open("ab") as file:
+        file.write(b"\0" * 2048)
+    fresh = Run(seed=7)
+    assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 2
+    ((path, why),) = events.warnings()
+    assert (
+        path.endswith("step-4") and "__0_0.distcp differs from what was saved (not of the saved size)" in why
+    )
+
+
+def test_a_data_file_without_a_saved_checksum_is_damaged(tmp_path: Path, events: Events) -> None:
+    """Every data file DCP's index points into is compared, as every one was checksummed at the
+    save: one the saved record leaves out was not compared at all (a check comparing nothing)."""
+    ck, data = _saved_in_pieces(tmp_path)
+    meta_path = data.parent / "meta.json"
+    record = json.loads(meta_path.read_text())
+    assert list(record["checksums"]["files"]) == [data.name]
+    record["checksums"]["files"] = {}
+    meta_path.write_text(json.dumps(record))
+    fresh = Run(seed=7)
+    assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 2
+    ((path, why),) = events.warnings()
+    assert (
+        path.endswith("step-4") and "__0_0.distcp differs from what was saved (no CRC-32 saved for it)" in why
+    )
