@@ -5,7 +5,8 @@ traced step; ``bench/handloop.py --trace FILE`` writes one of the loop) and prin
 
 - the step's wall time (the ``ProfilerStep#N`` span) and the GPU's busy time in it (the union of
   kernels, copies and memsets), so ``idle`` is the time the GPU waited for the host;
-- GPU time by kind of kernel (matmul, flex attention, NCCL, optimizer, other Triton, copies, ...);
+- GPU time by kind of kernel (matmul, flex attention, NCCL, optimizer, other Triton, copies, ...),
+  and each kind's heaviest kernels (total time, launches, name);
 - the longest idle gaps of the GPU, each with the host operations that ran meanwhile.
 """
 
@@ -53,7 +54,7 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def summarize(path: str, top: int = 8) -> str:
+def summarize(path: str, top: int = 8, kernels: int = 10) -> str:
     events = json.load(open(path))["traceEvents"]  # noqa: SIM115 - read once
     spans = [e for e in events if e.get("ph") == "X"]
     steps = [e for e in spans if str(e.get("name", "")).startswith("ProfilerStep#")]
@@ -86,11 +87,14 @@ def summarize(path: str, top: int = 8) -> str:
     for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {kind} | {us / 1e3:.1f} | {100 * us / busy_us:.1f}% | {count[kind]} |")
     names: dict[tuple[str, str], float] = defaultdict(float)
+    calls: dict[tuple[str, str], int] = defaultdict(int)
     for e in gpu:
-        names[(_kind(e), e["name"][:80])] += e["dur"]
-    for kind in sorted(by_kind, key=lambda k: -by_kind[k])[:4]:
-        heaviest = sorted(((us, n) for (k, n), us in names.items() if k == kind), reverse=True)[:4]
-        lines.append(f"{kind}: " + "; ".join(f"{n} {us / 1e3:.1f} ms" for us, n in heaviest))
+        names[(_kind(e), e["name"][:140])] += e["dur"]
+        calls[(_kind(e), e["name"][:140])] += 1
+    for kind in sorted(by_kind, key=lambda k: -by_kind[k]):
+        heaviest = sorted(((us, n) for (k, n), us in names.items() if k == kind), reverse=True)[:kernels]
+        lines.append(f"{kind}:")
+        lines.extend(f"  {us / 1e3:7.2f} ms x{calls[(kind, n)]:<4} {n}" for us, n in heaviest)
     gaps = [(b[0] - a[1], a[1], b[0]) for a, b in itertools.pairwise(busy) if b[0] - a[1] > 200]
     for length, g0, g1 in sorted(gaps, reverse=True)[:top]:
         during = sorted({e["name"][:60] for e in host if _overlaps(e, g0, g1) and e["dur"] > 0.3 * length})

@@ -100,12 +100,25 @@ def rope_frequencies(
 
 
 def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x (batch, seq, heads, head_dim)`` by the first ``seq`` rows of ``freqs_cis``."""
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    """Rotate ``x (batch, seq, heads, head_dim)`` by the first ``seq`` rows of ``freqs_cis``.
+
+    Each pair ``(x[2i], x[2i+1])`` is multiplied by the complex ``freqs_cis[pos, i]``, written
+    out in real arithmetic (``(a + bi)(c + di) = (ac - bd) + (ad + bc)i``, the same float32
+    operations, so the result is that of a complex multiplication): inductor generates no code
+    for complex operators, so a complex multiply in a compiled block ran as separate eager
+    kernels in forward, recomputation and backward (1.3% of an 8B-shape step on an H200),
+    while this fuses with its neighbours. ``freqs_cis`` may also be given as its real view
+    ``(seq, head_dim // 2, 2)``.
+    """
     # freqs_cis may cover more positions than x (the whole buffer): x's length is only known
     # here, after sequence-parallel activations were gathered for attention.
-    rotated = xc * freqs_cis[: xc.shape[1]].view(1, xc.shape[1], 1, xc.shape[-1])
-    return torch.view_as_real(rotated).flatten(3).type_as(x)
+    rows = freqs_cis[: x.shape[1]]
+    rotation = (torch.view_as_real(rows) if rows.is_complex() else rows).view(1, x.shape[1], 1, -1, 2)
+    cos, sin = rotation[..., 0], rotation[..., 1]
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(3).type_as(x)
 
 
 class FeedForward(nn.Module):

@@ -143,6 +143,54 @@ def test_rope_is_relative_and_scaling_changes_only_low_frequencies() -> None:
     torch.testing.assert_close(scaled[1, -1].angle(), plain[1, -1].angle() / 8.0)
 
 
+def _complex_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """The rotation as a complex multiplication (Llama's reference form)."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    rotated = xc * freqs_cis[: x.shape[1]].view(1, x.shape[1], 1, -1)
+    return torch.view_as_real(rotated).flatten(3).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_equals_the_complex_rotation_with_either_table_form(dtype: torch.dtype) -> None:
+    freqs = blocks.rope_frequencies(16, 64, theta=5e5, scaling=blocks.RopeScaling(original_max_len=32))
+    x = torch.randn(2, 40, 3, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
+    expected = _complex_rope(x, freqs)
+    got = blocks.apply_rope(x, freqs)
+    assert got.dtype == dtype and got.shape == x.shape
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    torch.testing.assert_close(blocks.apply_rope(x, torch.view_as_real(freqs)), expected, atol=0, rtol=0)
+
+
+def test_compiled_rope_runs_no_complex_arithmetic_forward_or_backward() -> None:
+    """Inductor generates no code for complex operators: a complex multiply in a compiled block
+    runs as eager kernels. The traced forward and backward graphs hold no complex tensor but
+    the table's own input and its real view."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
+        graphs.append(gm)
+        return gm
+
+    freqs = blocks.rope_frequencies(16, 32, theta=10000.0)
+    x = torch.randn(2, 32, 2, 16, requires_grad=True)
+    compiled = torch.compile(blocks.apply_rope, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    compiled(x, freqs).square().sum().backward()
+    assert len(graphs) == 2  # forward and backward
+    complex_ops = [
+        f"{node.target}"
+        for gm in graphs
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and isinstance(node.meta.get("val"), torch.Tensor)
+        and node.meta["val"].is_complex()
+        and node.target not in (torch.ops.aten.slice.Tensor, torch.ops.aten.alias.default)
+    ]
+    assert complex_ops == []
+    torch.testing.assert_close(x.grad, torch.func.grad(lambda t: _complex_rope(t, freqs).square().sum())(x))
+
+
 def test_feed_forward_is_swiglu_and_init_scales_by_depth() -> None:
     torch.manual_seed(0)
     ffn = blocks.FeedForward(64, 256)
