@@ -31,6 +31,35 @@ def _early_disabled(argv: Sequence[str]) -> set[str]:
     return found
 
 
+def _refuse_disabled_core(registry: Any) -> None:
+    """The core's own plugin (``titan_core._builtin``: the run, plugins, models and recipes
+    commands, the default comm backend, the datasets) cannot be disabled: without it ``titan``
+    would lose its own commands and answer with argparse's "invalid choice"."""
+    from titan_core._registry import DISABLE_ENV
+    from titan_core.errors import UsageError
+
+    for name in sorted(registry.disabled):
+        info = registry.plugins.get(name)
+        if info is not None and info.module == "titan_core._builtin":
+            raise UsageError(
+                f"plugin {name!r} is titan's core (its own commands, comm backend and datasets) and "
+                f"cannot be disabled; remove it from --disable-plugin / {DISABLE_ENV}"
+            )
+
+
+def _check_log_format() -> None:
+    """``TITAN_LOG_FORMAT`` is ``json``, ``console`` or unset: another value would be ignored."""
+    from titan_core.errors import UsageError
+    from titan_core.log import LOG_FORMAT_ENV, LOG_FORMATS
+
+    value = os.environ.get(LOG_FORMAT_ENV, "")
+    if value.strip().lower() not in ("", *LOG_FORMATS):
+        raise UsageError(
+            f"{LOG_FORMAT_ENV}={value!r}: expected one of {', '.join(LOG_FORMATS)} (or unset: JSON "
+            "lines when stdout is not a terminal, console lines when it is)"
+        )
+
+
 def _command_name(argv: Sequence[str]) -> str | None:
     """The subcommand ``argv`` gives: its first word that is neither an option nor an option's value."""
     skip = False
@@ -131,6 +160,8 @@ def _main(argv: list[str]) -> int:
             raise UsageError(
                 f"--disable-plugin {', '.join(unknown)}: no plugin of that name; plugins: {known}"
             )
+        _refuse_disabled_core(registry)
+        _check_log_format()
         parser = build_parser(registry)
         given = _command_name(argv)
         conflicts = registry.conflicts("commands")
@@ -140,7 +171,21 @@ def _main(argv: list[str]) -> int:
             raise PluginError(conflicts[given])
     except TitanError as exc:
         return report_error(exc)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        overrides = [a.split("=", 1)[0] for a in extra if a.startswith("--") and "." in a.split("=", 1)[0]]
+        if overrides:
+            from titan_core.errors import UsageError
+
+            return report_error(
+                UsageError(
+                    f"{', '.join(overrides)}: titan takes no config field overrides on the command line; "
+                    "training settings live in the recipe (a Python function returning the config): "
+                    "`titan recipes copy NAME my_recipe.py` writes one with every field in view, to edit "
+                    "and run with `titan run --module my_recipe --recipe NAME` (docs/config.md)"
+                )
+            )
+        parser.parse_args(argv)  # argparse's own error for the other unknown arguments
     if args.version:
         from importlib.metadata import version
 

@@ -25,9 +25,14 @@ _configured = False
 _SHARED_KEYS = ("timestamp", "level", "event", "rank")
 
 
+#: The variable choosing the line format, and its values (``titan`` refuses others).
+LOG_FORMAT_ENV = "TITAN_LOG_FORMAT"
+LOG_FORMATS = ("json", "console")
+
+
 def json_logs() -> bool:
     """Whether log lines are JSON: ``TITAN_LOG_FORMAT=json``, or stdout is not a terminal."""
-    fmt = os.environ.get("TITAN_LOG_FORMAT", "").lower()
+    fmt = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
     return fmt == "json" or (fmt != "console" and not sys.stdout.isatty())
 
 

@@ -22,8 +22,21 @@ if TYPE_CHECKING:
 
 
 def import_module(module: str) -> ModuleType:
+    if module.endswith(".py") or "/" in module or "\\" in module or module.startswith("."):
+        # A file path, not a module name: importlib would look for a submodule named "py", or
+        # fail on a relative name with a TypeError about packages.
+        stem = module.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].removesuffix(".py")
+        folder = module.replace("\\", "/").rsplit("/", 1)[0] if "/" in module.replace("\\", "/") else "."
+        raise UsageError(
+            f"--module {module!r}: give a module name, not a file path: --module {stem} "
+            f"(with {folder!r} on PYTHONPATH, or run from that folder)"
+        )
     try:
         return importlib.import_module(module)
+    except SyntaxError as exc:
+        raise UsageError(
+            f"--module {module!r} failed to import: SyntaxError at {exc.filename}:{exc.lineno}: {exc.msg}"
+        ) from None
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
             raise UsageError(
@@ -54,8 +67,17 @@ def find_recipe(registry: Registry, name: str, module: str | None = None) -> Rec
         fn = getattr(mod, name, None)
         if inspect.isfunction(fn) and not name.startswith("_"):
             return Recipe(name, fn, _first_line(fn.__doc__))
-        known = ", ".join(sorted(module_recipes(mod))) or "(none)"
-        raise UsageError(f"unknown recipe {name!r} in module {module!r}; recipes defined there: {known}")
+        defined = module_recipes(mod)
+        known = ", ".join(sorted(defined)) or "(none)"
+        imported = sorted(
+            n
+            for n, fn in vars(mod).items()
+            if inspect.isfunction(fn) and not n.startswith("_") and n not in defined
+        )
+        also = f"; functions it imports, recipes too: {', '.join(imported)}" if imported else ""
+        raise UsageError(
+            f"unknown recipe {name!r} in module {module!r}; recipes defined there: {known}{also}"
+        )
     return registry.get("recipes", name, what="recipe")
 
 

@@ -133,6 +133,20 @@ def test_unknown_recipe_lists_known_ones() -> None:
             "training.stepz: no such field; training has steps,",
         ),
         (["--recipe", "llama3_debugmodel", "--comm-backend", "carrier_pigeon"], "unknown comm backend"),
+        # A file path where a module name belongs (a TypeError about packages for "./x.py").
+        (["--module", "my_project/recipes.py", "--recipe", "good"], "give a module name, not a file path"),
+        (["--module", "./recipes.py", "--recipe", "good"], "--module recipes (with '.' on PYTHONPATH"),
+        (["--module", "my_project.broken", "--recipe", "good"], "SyntaxError at "),
+        # Functions a module imports are recipes too: the list says so.
+        (
+            ["--module", "my_project.recipes", "--recipe", "nope"],
+            "functions it imports, recipes too: llama3_debugmodel",
+        ),
+        # torchtitan-style field overrides: there are none, the recipe holds the settings.
+        (
+            ["--recipe", "llama3_debugmodel", "--training.lr", "3e-4"],
+            "--training.lr: titan takes no config field",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error(tmp_path: Path, args: list[str], expected: str) -> None:
@@ -142,6 +156,7 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, args: list[str], expected:
         "def good():\n    return llama3_debugmodel()\n\n"
         "def raises():\n    c = llama3_debugmodel()\n    c.training.stepz = 3\n    return c\n",
     )
+    (tmp_path / "my_project" / "broken.py").write_text("def good(:\n    pass\n")
     result = run_titan("run", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
@@ -250,3 +265,26 @@ def test_a_recipe_that_calls_sys_exit_is_one_clear_error(tmp_path: Path) -> None
     )
     assert result.returncode == 2, result.stderr
     assert "recipe 'quits' called sys.exit(3) instead of returning a config" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (
+            ["plugins", "list"],
+            {"TITAN_LOG_FORMAT": "xml"},
+            "TITAN_LOG_FORMAT='xml': expected one of json, console",
+        ),
+        (["--disable-plugin", "core", "plugins", "list"], {}, "plugin 'core' is titan's core"),
+        (["recipes", "list"], {"TITAN_DISABLE_PLUGINS": "core"}, "cannot be disabled"),
+    ],
+)
+def test_an_environment_or_option_titan_cannot_honour_is_refused(
+    args: list[str], env: dict[str, str], expected: str
+) -> None:
+    """An unknown log format was ignored without a word; disabling the core took titan's own
+    commands away (argparse's "invalid choice: 'plugins'")."""
+    result = run_titan(*args, **env)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr and "invalid choice" not in result.stderr

@@ -141,11 +141,27 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     }
     if ac.mode == "selective" and ac.selective_ac_option == "op":
         kwargs["context_fn"] = op_policy_contexts
+    blocks = wrapped = 0
     for part in parts:
         layers = getattr(part, "layers", None)
         if not isinstance(layers, nn.ModuleDict):
             continue
         keys = list(layers.keys())
+        blocks += len(keys)
         for i in wrapped_indices(ac.mode, len(keys), ac.selective_ac_option):
             layers[keys[i]] = checkpoint_wrapper(layers[keys[i]], **kwargs)
+            wrapped += 1
+    if blocks and not wrapped:
+        # Every N-th block with N above this rank's block count: the strategy is listed as
+        # applied, so say that it recomputes nothing.
+        from titan_core.log import get_logger
+
+        get_logger("titan.parallel").warning(
+            "activation checkpointing wraps no block",
+            reason=(
+                f"activation_checkpoint.selective_ac_option = {ac.selective_ac_option!r} wraps every "
+                f"{ac.selective_ac_option}-th block, and this rank's model parts have {blocks}; nothing "
+                "is recomputed: lower it, or set activation_checkpoint.mode = 'none'"
+            ),
+        )
     return parts

@@ -207,3 +207,35 @@ def test_a_setting_the_mode_does_not_read_is_refused_naming_the_mode(
         validate(config, source="r")
     assert [p.split(":")[0] for p in info.value.problems] == refused
     assert all(f"mode = {mode!r}" in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize(("option", "warned"), [("5", True), ("4", False)])
+def test_an_every_nth_option_beyond_the_blocks_says_it_recomputes_nothing(option: str, warned: bool) -> None:
+    """Every 5th of 4 blocks wraps none: the strategy still applies, so it must say so."""
+    import torch
+    from structlog.testing import capture_logs
+
+    from titan_plugins_parallel.activation_checkpoint import apply
+
+    config = tiny_config(
+        **{"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": option}
+    )
+    spec = get_registry().get("models", "llama3", what="model")
+    model = spec.build(spec.flavor(config.model.flavor, config.model.overrides))
+
+    class Ctx:
+        pass
+
+    ctx = Ctx()
+    ctx.config = config  # type: ignore[attr-defined]
+    with capture_logs() as logs:
+        [model] = apply([model], ctx)  # type: ignore[arg-type]
+    wrapped = [k for k, block in model.layers.items() if type(block).__name__ == "CheckpointWrapper"]
+    assert wrapped == ([] if warned else ["3"])
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    if warned:
+        assert [e["event"] for e in warnings] == ["activation checkpointing wraps no block"]
+        assert "selective_ac_option = '5'" in warnings[0]["reason"] and "have 4" in warnings[0]["reason"]
+    else:
+        assert warnings == []
+    assert torch.is_tensor(model(torch.randint(0, 100, (1, 8))))
