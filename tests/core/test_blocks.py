@@ -175,7 +175,9 @@ def test_compiled_rope_runs_no_complex_arithmetic_forward_or_backward() -> None:
 
     freqs = blocks.rope_frequencies(16, 32, theta=10000.0)
     x = torch.randn(2, 32, 2, 16, requires_grad=True)
-    compiled = torch.compile(blocks.apply_rope, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    compiled = torch.compile(
+        blocks.apply_rope, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture)
+    )
     compiled(x, freqs).square().sum().backward()
     assert len(graphs) == 2  # forward and backward
     complex_ops = [

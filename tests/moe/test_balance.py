@@ -105,6 +105,59 @@ def test_aux_loss_of_microbatches_adds_up_to_the_batch_mean() -> None:
     torch.testing.assert_close(moe.router.gate.weight.grad, whole)
 
 
+def test_context_parallel_shards_give_the_whole_sequences_loss_and_gradient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each CP rank's term uses the whole sequence's expert counts and its shard's mean scores:
+    the mean of the ranks' terms (what is logged) and of their gradients (what the data-parallel
+    average over the ``cp`` ranks takes) are the one-process sequence loss and its gradient."""
+    from titan_plugins_moe import moe as moe_module
+    from titan_plugins_parallel.context_parallel import chunk_positions
+
+    cp, batch, seq, weight = 2, 3, 8, 0.3
+    model = build()
+    moe = layer(model)
+    x = torch.randn(batch, seq, ARGS.dim)
+    shards = [x[:, chunk_positions(r, cp, seq)] for r in range(cp)]  # load-balanced chunks
+
+    moe.aux_loss_weight = weight
+    (moe(x) * 0).sum().backward()  # only the injected balance loss has a gradient
+    whole = moe.router.gate.weight.grad.clone()
+    _, experts, scores = moe.router(x.reshape(-1, ARGS.dim))
+    expected = weight * sequence_balance_loss(scores, experts, batch, ARGS.top_k).mean()
+
+    # The all-reduce over the cp group: the shards' per-sequence expert counts summed.
+    total = torch.zeros(batch, ARGS.n_experts)
+    for shard in shards:
+        _, chosen, _ = moe.router(shard.reshape(-1, ARGS.dim))
+        slots = chosen.reshape(batch, -1)
+        total.scatter_add_(1, slots, torch.ones_like(slots, dtype=total.dtype))
+    group = object()
+
+    def all_reduce(load: torch.Tensor, g: object) -> torch.Tensor:
+        assert g is group and load.shape == total.shape
+        return total
+
+    monkeypatch.setattr(moe_module, "_sum_over", all_reduce)
+    moe.aux_cp_group, moe.aux_cp = group, cp
+    moe.stats = []
+    grads = []
+    for shard in shards:
+        moe.zero_grad()
+        (moe(shard) * 0).sum().backward()
+        grads.append(moe.router.gate.weight.grad.clone())
+    logged = torch.stack([aux for _, _, aux in moe.stats]).mean()
+    torch.testing.assert_close(logged, expected.detach())
+    torch.testing.assert_close(torch.stack(grads).mean(dim=0), whole)
+    # Each shard counted as a sequence of its own (the old behaviour) is another loss.
+    moe.aux_cp_group, moe.aux_cp = None, 1
+    moe.stats = []
+    for shard in shards:
+        moe(shard)
+    alone = torch.stack([aux for _, _, aux in moe.stats]).mean()
+    assert not torch.allclose(alone, expected.detach(), rtol=1e-4, atol=0)
+
+
 # -- what a step records -------------------------------------------------------------------------
 
 
@@ -212,6 +265,23 @@ def test_callback_sets_the_loss_weight_and_is_absent_when_nothing_is_asked() -> 
     assert (layer(model).aux_loss_weight, layer(model).aux_batch_size) == (0.01, 8)
     llama_like = torch.nn.Linear(2, 2)
     assert RouterCallback.build(fake_trainer(llama_like, MoEConfig(bias_update_rate=0.1), 8, 16)) is None
+
+
+def test_callback_gives_the_layers_the_context_parallel_group() -> None:
+    model = build()
+    group = object()
+    trainer = fake_trainer(model, MoEConfig(aux_loss_weight=0.01), 8, 16)
+    trainer.parallel_dims = SimpleNamespace(dp=1, cp=2)
+    trainer.mesh = {
+        "cp": SimpleNamespace(get_group=lambda: group),
+        "dp_cp": SimpleNamespace(get_group=lambda: None),
+    }
+    RouterCallback.build(trainer)
+    assert (layer(model).aux_cp_group, layer(model).aux_cp) == (group, 2)
+    # Without context parallelism every sequence is whole on its rank.
+    other = build()
+    RouterCallback.build(fake_trainer(other, MoEConfig(aux_loss_weight=0.01), 8, 16))
+    assert (layer(other).aux_cp_group, layer(other).aux_cp) == (None, 1)
 
 
 def test_the_aux_loss_is_reported() -> None:

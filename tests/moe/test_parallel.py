@@ -6,7 +6,8 @@ microbatches adds up to the batch mean).
 EP 2 (experts sharded, dense weights FSDP 2), EP 2 with expert FSDP 2 (4 ranks), TP 2 (with
 sequence and loss parallel) and PP 2 for DeepSeek-V3's shape (MLA, group-limited sigmoid routing,
 shared expert, dense first layer); EP 2 and TP 2 for Qwen3-MoE's (q/k norm, explicit head_dim),
-and PP 2 for Qwen3-MoE's with document masking.
+and PP 2 for Qwen3-MoE's with document masking; CP 2 and CP 2 x FSDP 2 (4 ranks) for Qwen3-MoE's
+with a stronger balance loss (each sequence's expert counts summed over its shards).
 """
 
 from __future__ import annotations
@@ -70,11 +71,20 @@ ARCHS["qwen3_masked"] = {
     "model.overrides": {**ARCHS["qwen3"]["model.overrides"], "document_mask": True},
 }
 
+#: Qwen3-MoE with a balance loss ten times stronger: under context parallelism its gradient (not
+#: only the logged value) shows whether each sequence's loss is the whole sequence's.
+ARCHS["qwen3_aux"] = {**ARCHS["qwen3"], "moe.aux_loss_weight": 0.1}
+
 LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
     "ep2": (2, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 2}),
     "ep2_efsdp2": (4, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 4}),
     "tp2": (2, {"parallelism.tp": 2}),
     "pp2": (2, {"parallelism.pp": 2}),
+    "cp2": (2, {"parallelism.cp": 2}),
+    "cp2_fsdp2": (
+        4,
+        {"parallelism.cp": 2, "parallelism.dp_shard": 2, "training.local_batch_size": GLOBAL_BATCH // 2},
+    ),
 }
 
 CASES = [
@@ -85,6 +95,8 @@ CASES = [
     ("qwen3", "ep2"),
     ("qwen3", "tp2"),
     ("qwen3_masked", "pp2"),
+    ("qwen3_aux", "cp2"),
+    ("qwen3_aux", "cp2_fsdp2"),
 ]
 
 _SEEDS: dict[str, Path] = {}

@@ -4,7 +4,9 @@ Built once per run (``titan_callbacks``) from the ``moe`` config section, it
 
 * hands the sequence-wise balance loss its weight and the sequences of a step (the local batch
   times the microbatches of gradient accumulation, so the terms of pipeline and accumulation
-  microbatches add up to the step's mean) on every MoE layer of this rank's parts, and the MTP
+  microbatches add up to the step's mean) on every MoE layer of this rank's parts, under context
+  parallelism the ``cp`` group too (a sequence's expert counts are summed over its shards, so
+  each sequence's loss is the whole sequence's: ``moe.sequence_balance_loss``), and the MTP
   term its share of the step (``1 / microbatches``, as the trainer scales the loss);
 * after each optimizer step, takes the layers' token counts (``MoE.stats``, one entry per forward
   of the step; forwards beyond the step's ``local_batch_size * microbatches * seq_len / cp``
@@ -70,6 +72,13 @@ def _dp_group(trainer: Any) -> Any:
     return trainer.mesh["dp_cp"].get_group()
 
 
+def _cp_group(trainer: Any) -> Any:
+    """The process group each sequence is sharded over (context parallel; None: whole here)."""
+    if trainer.mesh is None or trainer.parallel_dims.cp == 1:
+        return None
+    return trainer.mesh["cp"].get_group()
+
+
 def take_step(moe: MoE, tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-expert counts and balance loss of the last forwards of ``moe`` that routed ``tokens``
     tokens in all (earlier ones are a pipeline schedule's metadata inference); clears ``stats``."""
@@ -124,9 +133,12 @@ class RouterCallback:
         # loss_fn); the terms injected here get the same share: the balance loss is averaged over
         # the step's sequences, the MTP term scaled, and a step routes every microbatch's tokens.
         accumulation = getattr(trainer, "accumulation", 1)
+        cp_group = _cp_group(trainer) if settings.aux_loss_weight > 0 else None
         for _, moe in layers:
             moe.aux_loss_weight = settings.aux_loss_weight
             moe.aux_batch_size = t.local_batch_size * accumulation
+            if cp_group is not None:
+                moe.aux_cp_group, moe.aux_cp = cp_group, trainer.parallel_dims.cp
         mtp = mtp_models(trainer.parts)
         for model in mtp:
             model.mtp_loss_scale = 1 / accumulation

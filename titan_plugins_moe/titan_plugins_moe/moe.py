@@ -30,10 +30,14 @@ Balancing and statistics, without a host sync:
 * with ``aux_loss_weight > 0`` the layer adds DeepSeek's sequence-wise balance loss
   ``weight * mean over sequences of sum_i f_i * P_i`` to the training objective by injecting its
   gradient during backward (:class:`_AddAuxLoss`): nothing has to reach the loss function, so it
-  works on every pipeline stage; the value goes to ``stats`` for the logs.
+  works on every pipeline stage; the value goes to ``stats`` for the logs. Under context
+  parallelism (``aux_cp_group``, set by the router callback) a sequence's expert counts are summed
+  over its shards with a functional all-reduce (:func:`sequence_balance_loss`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -155,13 +159,32 @@ def _record(moe: MoE, tokens: int, counts: torch.Tensor, aux: torch.Tensor | Non
         moe.stats.append((tokens, counts.detach(), None if aux is None else aux.detach()))
 
 
+def _sum_over(load: torch.Tensor, group: Any) -> torch.Tensor:
+    """``load`` summed over the ranks of ``group``: a functional all-reduce (no host sync; traced
+    as a collective under compile). Counts carry no gradient, so no autograd variant is needed."""
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.all_reduce(load, "sum", group)
+
+
 def sequence_balance_loss(
-    scores: torch.Tensor, experts: torch.Tensor, batch: int, top_k: int
+    scores: torch.Tensor,
+    experts: torch.Tensor,
+    batch: int,
+    top_k: int,
+    cp_group: Any = None,
+    cp: int = 1,
 ) -> torch.Tensor:
     """Per sequence ``sum_i f_i * P_i`` (DeepSeek-V2/V3), ``(batch,)``; 1 when perfectly balanced.
 
     ``f_i``: the fraction of the sequence's token slots sent to expert ``i``, times
     ``experts / top_k``; ``P_i``: the mean over the sequence of the expert's normalised score.
+
+    Context parallel (``cp_group`` of ``cp`` ranks, each holding an equal shard of every
+    sequence): ``f_i`` is the whole sequence's (the shards' counts summed over the group) and
+    ``P_i`` the mean over this rank's shard, so the mean of the ranks' terms is the whole
+    sequence's ``sum_i f_i * P_i``, and its gradient, which the data-parallel gradient average over
+    the ``cp`` ranks takes, is the whole sequence's too (``f`` is a constant of the gradient).
     """
     n_experts = scores.shape[-1]
     probs = scores / scores.sum(dim=-1, keepdim=True)  # softmax scores are normalised already
@@ -169,7 +192,9 @@ def sequence_balance_loss(
     slots = experts.reshape(batch, -1)
     load = torch.zeros(batch, n_experts, device=scores.device, dtype=scores.dtype)
     load.scatter_add_(1, slots, torch.ones_like(slots, dtype=scores.dtype))
-    load = load * (n_experts / slots.shape[1])
+    if cp_group is not None:
+        load = _sum_over(load, cp_group)
+    load = load * (n_experts / (slots.shape[1] * cp))
     return (load * mean_probs).sum(dim=-1)
 
 
@@ -191,6 +216,10 @@ class MoE(nn.Module):
         #: add up to the step's mean).
         self.aux_loss_weight = 0.0
         self.aux_batch_size: int | None = None
+        #: Context parallel: the process group over which each sequence is sharded and its size
+        #: (the router callback sets them; ``None``: every sequence is whole on this rank).
+        self.aux_cp_group: Any = None
+        self.aux_cp = 1
         #: ``(tokens, tokens per expert, balance loss)`` of each forward since the router
         #: callback last took them; ``None``: not recorded (no callback).
         self.stats: list[tuple[int, torch.Tensor, torch.Tensor | None]] | None = None
@@ -213,7 +242,9 @@ class MoE(nn.Module):
             out = out + self.shared_expert(flat)
         aux = None
         if self.aux_loss_weight > 0 and torch.is_grad_enabled():
-            per_sequence = sequence_balance_loss(scores, experts, batch, self.top_k)
+            per_sequence = sequence_balance_loss(
+                scores, experts, batch, self.top_k, self.aux_cp_group, self.aux_cp
+            )
             aux = per_sequence.sum() * (self.aux_loss_weight / (self.aux_batch_size or batch))
             out = _AddAuxLoss.apply(out, aux)
         if self.stats is not None:

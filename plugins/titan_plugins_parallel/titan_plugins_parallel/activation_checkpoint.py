@@ -2,12 +2,12 @@
 
 ``activation_checkpoint.mode``: ``full`` wraps every block of ``model.layers``. ``selective``
 follows ``selective_ac_option``: ``op`` wraps every block with a selective-checkpoint policy that
-keeps the expensive outputs (attention, flex attention included; every other matmul, float8's too;
-reduce-scatters and all-to-alls, whose recomputation would communicate again) and recomputes the
-cheap elementwise rest; an integer ``N`` wraps every N-th block whole (``2``: blocks 1, 3, ...).
-``memory_budget`` wraps nothing: the compiler decides (``compile.py``). The other fields go to
-``torch.utils.checkpoint.checkpoint`` (non-reentrant):
-``preserve_rng_state``, ``determinism_check`` and ``debug``.
+keeps the expensive outputs (attention, flex attention included; every other matmul, float8's
+too; reduce-scatters, all-to-alls and all-reduces, whose recomputation would communicate again)
+and recomputes the cheap elementwise rest; an integer ``N`` wraps every N-th block whole (``2``:
+blocks 1, 3, ...). ``memory_budget`` wraps nothing: the compiler decides (``compile.py``). The
+other fields go to ``torch.utils.checkpoint.checkpoint`` (non-reentrant): ``preserve_rng_state``,
+``determinism_check`` and ``debug``.
 
 Blocks are wrapped with ``checkpoint_wrapper`` from ``torch.distributed.algorithms._checkpoint``,
 a private module path, because it is PyTorch's own wrapper for exactly this (torchtitan and FSDP
@@ -72,7 +72,9 @@ def _higher_order_ops(*names: str) -> frozenset[Any]:
     return frozenset(found)
 
 
-#: Outputs the ``op`` policy always keeps: attention (the costliest op to redo), collectives, and
+#: Outputs the ``op`` policy always keeps: attention (the costliest op to redo), collectives (a
+#: block's all-reduce too: the MoE balance loss sums its expert counts over context-parallel
+#: ranks; recomputing it would communicate again in backward), and
 #: the maxima float8 scaling takes (``max``/``amax``; tiny outputs, the input of every scale).
 #: Flex attention appears to the policy as its higher-order operator in eager blocks, and as
 #: ``inductor_compiled_code`` when it runs through its own ``torch.compile`` with
@@ -86,6 +88,7 @@ _ALWAYS_SAVED = _ops(
     "aten._scaled_dot_product_flash_attention_for_cpu",
     "_c10d_functional.reduce_scatter_tensor",
     "_c10d_functional.all_to_all_single",
+    "_c10d_functional.all_reduce",
     "aten.max",
     "aten.amax",
 ) | _higher_order_ops("flex_attention", "inductor_compiled_code")

@@ -239,3 +239,45 @@ def test_an_every_nth_option_beyond_the_blocks_says_it_recomputes_nothing(option
     else:
         assert warnings == []
     assert torch.is_tensor(model(torch.randint(0, 100, (1, 8))))
+
+
+def test_op_policy_keeps_a_blocks_collectives_so_backward_does_not_communicate_again() -> None:
+    """A block's all-reduce (the MoE balance loss sums its counts over CP ranks) runs once, in
+    forward: recomputing it would communicate again in backward (a fake 2-rank group in one
+    process counts the calls)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titan_plugins_parallel.activation_checkpoint import op_policy_contexts
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            counts = funcol.all_reduce(x.detach().sum(0), "sum", dist.group.WORLD)
+            return torch.sin(self.w(x)) * counts.mean()
+
+    class CountCollectives(TorchDispatchMode):
+        calls: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func.namespace == "_c10d_functional" and func.__name__.startswith("all_reduce"):
+                CountCollectives.calls.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        block = checkpoint_wrapper(Block(), context_fn=op_policy_contexts)
+        out = block(torch.randn(4, 8, requires_grad=True))
+        with CountCollectives():
+            out.sum().backward()
+        assert CountCollectives.calls == []
+        assert block._checkpoint_wrapped_module.w.weight.grad is not None
+    finally:
+        dist.destroy_process_group()
