@@ -15,8 +15,9 @@
 # (or --help) one plain process prints and exits, without torchrun.
 #
 # Bad input stops here, before torchrun starts any process: one error line and exit status 2
-# (the environment above, the recipe and its config, the parallel degrees against NGPU, and the
-# launch contract of the comm backend). Failures during training exit 1.
+# (the environment above, the recipe and its config, the parallel degrees against NGPU, what the
+# model and the strategies need of the layout, and the launch contract of the comm backend).
+# Failures during training exit 1.
 #
 #   NGPU=2 ./run_train.sh
 #   LOG_RANK=1 NGPU=2 MODULE=my_project.recipes CONFIG=my_recipe ./run_train.sh
@@ -96,9 +97,10 @@ done
 
 # The checks torchrun's workers would make before building anything, in one process first
 # (titan_core.run.preflight): the recipe resolves and validates, the comm backend's and plugins'
-# launch checks pass for NGPU processes, the parallel degrees fit NGPU, the model accepts its
-# arguments, the dump folder may take the run. A worker's error would otherwise end as torchrun's
-# ChildFailedError, or be hidden when LOG_RANK does not show the rank that failed.
+# launch checks pass for NGPU processes, the parallel degrees fit NGPU, the global batch fits the
+# DP degree, the model accepts its arguments and every applied strategy its layout
+# (Strategy.check), the dump folder may take the run. A worker's error would otherwise end as
+# torchrun's ChildFailedError, or be hidden when LOG_RANK does not show the rank that failed.
 launch_check() {
   python -c 'import sys; from titan_core.run import preflight; sys.exit(preflight(sys.argv[2:], int(sys.argv[1])))' \
     "${NGPU}" "${args[@]}" "$@" || exit "$?"

@@ -208,6 +208,23 @@ def test_a_model_argument_error_stops_before_torchrun(tmp_path: Path) -> None:
     assert "tie_embeddings" in line and "pp = 1" in line
 
 
+def test_a_layout_a_strategy_refuses_stops_before_torchrun(tmp_path: Path) -> None:
+    """pp_microbatches not dividing the local batch: the pipeline strategy refused it in each
+    worker (torchrun's ChildFailedError report, exit 1; once rank 0 was ended by torchrun before
+    it printed the reason). The launcher's check runs the strategy's check (Strategy.check)."""
+    layout = {
+        "training.local_batch_size": 4,
+        "parallelism.dp_shard": 1,
+        "parallelism.pp": 2,
+        "parallelism.pp_microbatches": 3,
+    }
+    result = launch(tmp_path, layout, NGPU="2")
+    line = one_error_line(result)
+    assert "parallelism.pp_microbatches=3 must divide training.local_batch_size=4" in line
+    assert "[rank" not in result.stdout + result.stderr  # torchrun started no worker
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_core_field_whose_plugin_is_disabled_stops_before_torchrun(tmp_path: Path) -> None:
     """debug.memory_report with the memory plugin disabled: each worker refused it, after torchrun
     started them (torchrun's failure report, exit 1); the launcher's check refuses it first."""

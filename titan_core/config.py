@@ -376,9 +376,11 @@ class Parallelism:
     ep: int = field(default=1, validator=positive)
     #: Pipeline schedule: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``ZBVZeroBubble``...
     pp_schedule: str = "1F1B"
-    #: Microbatches per step for pipeline parallel; ``None`` uses the number of stages.
+    #: Microbatches per step for pipeline parallel; ``None`` uses the number of stages. Only
+    #: with ``pp > 1`` (refused otherwise).
     pp_microbatches: int | None = field(default=None, validator=positive)
     #: Pipeline stages per PP rank for interleaved/looped schedules; ``None`` picks by schedule.
+    #: Only with ``pp > 1`` (refused otherwise).
     pp_stages_per_rank: int | None = field(default=None, validator=positive)
     #: Keep the loss sharded over the vocabulary under TP (loss parallel).
     loss_parallel: bool = True
@@ -429,7 +431,8 @@ class Metrics:
     log_freq: int = field(default=10, validator=positive)
     #: Write TensorBoard scalars under ``job.dump_folder/save_tb_folder``.
     enable_tensorboard: bool = False
-    #: Folder (under ``job.dump_folder``) for TensorBoard event files.
+    #: Folder (under ``job.dump_folder``) for TensorBoard event files; one outside it (an absolute
+    #: path), which runs of several dump folders may share, gets a subfolder per dump folder.
     save_tb_folder: str = "tb"
     #: Peak dense bf16 TFLOP/s of one device for MFU; ``None`` looks the device up.
     peak_tflops: float | None = field(default=None, validator=[finite, positive])
@@ -633,6 +636,14 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
             f"training.local_batch_size={t.local_batch_size}; set it to local_batch_size x DP degree "
             "x the number of microbatches to accumulate, or None"
         )
+    p = config.parallelism
+    if p.pp == 1:  # only pipeline parallel reads them: a run would go on as if they applied
+        problems += [
+            f"parallelism.{name}: {getattr(p, name)!r} does nothing with parallelism.pp = 1 (only "
+            "pipeline parallel reads it); set parallelism.pp > 1, or leave it None"
+            for name in ("pp_microbatches", "pp_stages_per_rank")
+            if getattr(p, name) is not None
+        ]
     from titan_core._registry import get_registry
 
     for label, check in get_registry().config_checks():

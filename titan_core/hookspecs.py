@@ -69,6 +69,21 @@ def titan_strategies() -> list[Strategy]:
 
     Called once when the trainer builds the model. The trainer applies, in ascending
     ``Strategy.order``, every strategy whose ``applies(config, parallel_dims)`` is true.
+
+    A strategy that cannot run some layouts, and can tell from the config, the parallel degrees,
+    the model spec and the model's arguments alone, gives ``check(config, parallel_dims, spec,
+    model_args) -> list[str]``: the problems (``"section.field: message"``, naming what to set;
+    empty when there are none). It is called, only when the strategy applies, by
+    ``run_train.sh`` before torchrun starts any process and by the trainer before the mesh and
+    the model are built, so a refused layout is one error line, not a failure in every worker.
+    An exception from it is one ``PluginError`` naming the strategy and its plugin::
+
+        def check(config, parallel_dims, spec, model_args):
+            if config.training.seq_len % 2:
+                return [f"training.seq_len: {config.training.seq_len} is odd; halves needs it even"]
+            return []
+
+        Strategy("halves", 45, applies, apply, "split sequences", check=check)
     """
 
 

@@ -163,7 +163,9 @@ class MetricsLogger:
             row["lr"] = float(f"{lr:.4g}")
         if self.throughput:
             row["tps"] = round(tps, 1)
-            row["tflops"] = round(tflops, 3)
+            # Significant digits, not decimals: a small run does 1e-4 TFLOP/s, which 3 decimals
+            # logged (and wrote to metrics.jsonl and TensorBoard) as 0.0 beside a real MFU.
+            row["tflops"] = float(f"{tflops:.4g}")
             if self.peak:
                 row["mfu_pct"] = round(100 * tflops / self.peak, 2)
         row.update({k: round(v, 3) for k, v in memory_stats(self.device).items()})
@@ -230,7 +232,9 @@ class TensorBoardWriter:
         m = trainer.config.metrics
         if not (m.enable_tensorboard and trainer.is_logging_rank):
             return None
-        return cls(os.path.join(trainer.config.job.dump_folder, m.save_tb_folder))
+        from titan_core.run_folder import tb_location
+
+        return cls(tb_location(trainer.config.job.dump_folder, m.save_tb_folder))
 
     def on_step_end(self, step: int, metrics: dict[str, float], last: bool) -> None:
         if not metrics:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
 from titan_core.records import PARALLEL_DIMS
 
 if TYPE_CHECKING:
@@ -168,3 +168,64 @@ def unhandled_dims(parallel_dims: ParallelDims, chosen: list[Strategy]) -> list[
     needed = [d for d in PARALLEL_DIMS if getattr(parallel_dims, d) > 1]
     handled = {dim for s in chosen for dim in s.handles}
     return [d for d in needed if d not in handled]
+
+
+def check_strategies(
+    registry: Any,
+    config: TrainerConfig,
+    parallel_dims: ParallelDims,
+    spec: ModelSpec,
+    model_args: Any,
+    call: Callable[..., Any] = lambda what, fn, *args: fn(*args),
+) -> list[Strategy]:
+    """The strategies this run applies, in order (:func:`select_strategies`), once every degree
+    above 1 has one that handles it (:func:`unhandled_dims`) and each one's ``Strategy.check``
+    finds no problem in the config, the degrees, the model spec and its arguments; raises one
+    :class:`UsageError` with every problem found otherwise. ``call(what, fn, *args)`` runs plugin
+    code (``applies``, ``check``): an exception becomes one :class:`PluginError` starting with
+    ``what()``, which names the strategy and its plugin
+    (:func:`~titan_core.errors.call_plugin`). Builds nothing and starts no collective: the
+    trainer and ``run_train.sh``'s check before torchrun (:func:`titan_core.run.preflight`)
+    share it, so a layout is refused the same way by both."""
+
+    def named(strategy: Strategy) -> str:
+        return f"strategy {strategy.name!r} ({registry.label('strategies', strategy.name)})"
+
+    chosen = select_strategies(
+        registry.records("strategies"),
+        config,
+        parallel_dims,
+        lambda s, fn, *args: call(lambda: f"{named(s)} failed in applies", fn, *args),
+    )
+    unhandled = unhandled_dims(parallel_dims, chosen)
+    if unhandled:
+        raise PluginError(
+            f"this run needs strategies for {', '.join(unhandled)} (parallel degrees "
+            f"{parallel_dims.degrees()}), which no installed plugin provides; install a "
+            "parallelism plugin (titan's is titan-plugins-parallel: docs/architecture.md)"
+        )
+    problems: list[str] = []
+    for strategy in chosen:
+        if strategy.check is None:
+            continue
+        found = call(
+            lambda s=strategy: f"{named(s)} failed in check",
+            strategy.check,
+            config,
+            parallel_dims,
+            spec,
+            model_args,
+        )
+        if not isinstance(found, (list, tuple)) or not all(isinstance(p, str) for p in found):
+            raise PluginError(
+                f"{named(strategy)}: its check returned {found!r}; it must return a list of problems "
+                "(strings, 'section.field: message'), empty when there are none"
+            )
+        problems += found
+    if len(problems) == 1:
+        raise UsageError(problems[0])
+    if problems:
+        raise UsageError(
+            f"the parallel layout has {len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems)
+        )
+    return chosen

@@ -212,6 +212,17 @@ class Strategy:
     #: ...: :data:`PARALLEL_DIMS`): a run whose degree is above 1 in a dimension no applied
     #: strategy handles fails before anything is built.
     handles: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _parallel_dims(v))
+    #: ``check(config, parallel_dims, spec, model_args) -> list[str]``, or ``None``: the problems
+    #: of a run this strategy applies to that its config, parallel degrees, model spec and model
+    #: arguments show (``"section.field: message"`` each, naming what to set; empty when there are
+    #: none). Called before anything is built, and only when ``applies`` is true: by
+    #: ``run_train.sh`` in one process before torchrun starts any (``titan_core.run.preflight``)
+    #: and by the trainer before the mesh and the model, so a layout the strategy cannot run is one
+    #: error line, not a failure inside every worker. It builds nothing and starts no collective;
+    #: what only the built model shows stays in ``apply``.
+    check: Callable[..., list[str]] | None = attrs.field(
+        default=None, validator=lambda _i, _a, v: v is None or _callable("Strategy.check", v)
+    )
 
 
 #: The parallel dimensions a :class:`Strategy` can handle (the ``parallelism`` degrees).

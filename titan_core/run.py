@@ -226,9 +226,12 @@ def preflight(argv: list[str], processes: int) -> int:
     screen when only a rank that ``LOG_RANK`` hides failed.
 
     The recipe resolves and validates, the names it selects exist, the comm backend's and
-    plugins' launch checks pass, the parallel degrees fit, the model accepts its arguments under
-    them (``ModelSpec.validate``), every plugin-implemented field it sets has its plugin loaded
-    (:func:`check_served`), and the dump folder may take this run.
+    plugins' launch checks pass, the parallel degrees fit, and what the trainer checks of the
+    layout before building anything (:func:`titan_core.trainer.check_layout`) passes: the global
+    batch against the DP degree, the model's arguments under the degrees (``ModelSpec.validate``),
+    a strategy for every degree and each applied strategy's own check (``Strategy.check``), every
+    plugin-implemented field it sets has its plugin loaded (:func:`check_served`); and the dump
+    folder may take this run.
     """
     from titan_core._registry import get_registry
     from titan_core.cli import build_parser, report_error
@@ -242,19 +245,12 @@ def preflight(argv: list[str], processes: int) -> int:
         check_launch(config, registry, processes)
         from titan_core.parallel_dims import ParallelDims
         from titan_core.run_folder import RunFolder, plugin_outputs
-        from titan_core.trainer import resolve_model
+        from titan_core.trainer import check_layout
 
-        model = config.model.name
-        # As the trainer names the plugin, with where it raised instead of a traceback file
-        # (this check writes nothing).
-        failed = f"model {model!r} ({registry.label('models', model)}) failed to validate its arguments"
-        resolve_model(
-            config,
-            registry,
-            ParallelDims.from_config(config.parallelism, processes),
-            lambda fn, *a: call_plugin(lambda: failed, fn, *a),
-        )
-        check_served(config, registry)
+        # The trainer's checks of the layout, from the same function; a plugin that raises is
+        # named as the trainer names it, with where it raised instead of a traceback file (this
+        # check writes nothing).
+        check_layout(config, registry, ParallelDims.from_config(config.parallelism, processes), call_plugin)
         if not args.overwrite:  # --overwrite: the run removes the earlier outputs itself
             # Reads run.json and decides as the run's first process will; writes nothing.
             RunFolder(config, overwrite=False, is_writer=False, outputs=plugin_outputs(registry))

@@ -33,6 +33,49 @@ def _folder_problem(path: str, what: str) -> str | None:
     return None
 
 
+def _writable_folder_problem(path: str, what: str) -> str | None:
+    """Why ``path`` cannot become a folder this run writes into, or ``None``; creates nothing."""
+    probe = path
+    while not os.path.lexists(probe) and os.path.dirname(probe) not in ("", probe):
+        probe = os.path.dirname(probe)
+    if os.path.lexists(probe) and not os.path.isdir(probe):
+        if probe == path:
+            return f"{what}: {path!r} exists and is not a folder; choose another path"
+        return f"{what}: cannot create {path!r}: {probe!r} is not a folder; choose another path"
+    if os.path.isdir(probe) and not os.access(probe, os.W_OK | os.X_OK):
+        return f"{what}: {probe!r} is not writable; choose a writable folder"
+    return None
+
+
+def inside(path: str, dump: str) -> bool:
+    """Whether ``path`` resolves to somewhere strictly inside the dump folder ``dump``."""
+    real, root = os.path.realpath(path), os.path.realpath(dump)
+    return real != root and real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+#: How TensorBoard names its event files (``events.out.tfevents.<time>.<host>.<pid>.<n>``).
+TB_EVENTS = "events.out.tfevents.*"
+
+
+def tb_location(dump: str, tb_folder: str) -> str:
+    """Where a run of dump folder ``dump`` writes its TensorBoard event files.
+
+    ``metrics.save_tb_folder`` inside the dump folder is the run's own: used as it is. One that
+    resolves elsewhere (an absolute path, ``../``, a link) may be shared by runs of several dump
+    folders and hold other files: each dump folder writes its own subfolder there,
+    ``<dump folder name>-<8 hex digits of its real path's SHA-1>``, which TensorBoard shows as a
+    run of its own, and a rerun or ``--overwrite`` removes only the event files of that subfolder.
+    """
+    import hashlib
+
+    path = os.path.join(dump, tb_folder)
+    if inside(path, dump):
+        return path
+    root = os.path.realpath(dump)
+    digest = hashlib.sha1(root.encode()).hexdigest()[:8]
+    return os.path.join(path, f"{os.path.basename(root) or 'run'}-{digest}")
+
+
 class RunFolderLock:
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
@@ -47,6 +90,9 @@ class RunFolderLock:
             ckpt = os.path.join(dump, config.checkpoint.folder)
             if os.path.exists(ckpt) and not os.path.isdir(ckpt):
                 problem = f"checkpoint.folder: {ckpt!r} exists and is not a folder; choose another name"
+        if problem is None and config.metrics.enable_tensorboard:
+            tb = os.path.join(dump, config.metrics.save_tb_folder)
+            problem = _writable_folder_problem(tb, "metrics.save_tb_folder")
         if problem:
             raise UsageError(problem)
         if not (is_writer or "pp" in topology.simulated):
@@ -105,9 +151,10 @@ def _declared_paths(dump: str, patterns: list[str]) -> list[str]:
 #: from step 0 is another run (resuming to more steps goes through the checkpoint). The layout
 #: (``parallelism`` and the per-rank ``training.local_batch_size``) is not: the same run may go on
 #: under another layout (DCP reshards), and the documented loss-curve comparison runs every layout
-#: from one seed checkpoint in one folder.
+#: from one seed checkpoint in one folder. Nor are the fields of these sections that cannot change
+#: the numbers (``data.prefetch``: when batches are prepared, not which): :data:`_NOT_IDENTITY`.
 _IDENTITY = ("model", "data", "training")
-_LAYOUT_FIELDS = {"training": ("local_batch_size",)}
+_NOT_IDENTITY = {"training": ("local_batch_size",), "data": ("prefetch",)}
 
 
 def identity(config: Any) -> dict[str, Any]:
@@ -115,10 +162,7 @@ def identity(config: Any) -> dict[str, Any]:
     from titan_core.config import to_dict
 
     data = to_dict(config)
-    found = {key: dict(data[key]) for key in _IDENTITY}
-    for section_name, names in _LAYOUT_FIELDS.items():
-        for name in names:
-            found[section_name].pop(name, None)
+    found = _without_operational({key: dict(data[key]) for key in _IDENTITY})
     found["debug"] = {"seed": data["debug"]["seed"]}
     # A comm backend that simulates its peers logs no real losses (or none at all): its rerun in
     # a real run's folder would replace that run's history, so the backend is part of the identity.
@@ -131,6 +175,16 @@ def identity(config: Any) -> dict[str, Any]:
                 f"of the section ({', '.join(data[name])}); correct the plugin's results"
             )
         found[name] = {f: data[name][f] for f in fields}
+    return found
+
+
+def _without_operational(found: dict[str, Any]) -> dict[str, Any]:
+    """``found`` (an identity) without :data:`_NOT_IDENTITY`'s fields (a ``run.json`` of an earlier
+    titan recorded some of them)."""
+    found = dict(found)
+    for section_name, names in _NOT_IDENTITY.items():
+        if isinstance(found.get(section_name), dict):
+            found[section_name] = {k: v for k, v in found[section_name].items() if k not in names}
     return found
 
 
@@ -212,9 +266,10 @@ class RunFolder:
             except (OSError, ValueError):
                 pass
             return {"unreadable": True}
+        # A TensorBoard folder outside the dump folder may be shared: its files are no sign of a run here.
         tb = os.path.join(self.dump, self.config.metrics.save_tb_folder)
         if any(os.path.exists(os.path.join(self.dump, n)) for n in RUN_FILES) or (
-            os.path.isdir(tb) and os.listdir(tb)
+            inside(tb, self.dump) and os.path.isdir(tb) and os.listdir(tb)
         ):
             return {"unidentified": True}
         return None
@@ -236,11 +291,12 @@ class RunFolder:
         if resumed:
             self.resumed = True
             return
-        mine = _comparable(prior.get("identity", {}), identity(self.config))
-        same_model = prior.get("identity", {}).get("model") == mine.get("model")
+        recorded = _without_operational(prior["identity"]) if "identity" in prior else None
+        mine = _comparable(recorded or {}, identity(self.config))
+        same_model = (recorded or {}).get("model") == mine.get("model")
         if prior.get("seed_checkpoint") and not self.config.checkpoint.create_seed_checkpoint and same_model:
             return  # a seed checkpoint of this model: this run starts from it
-        if prior.get("identity") == mine and not prior.get("seed_checkpoint"):
+        if recorded == mine and not prior.get("seed_checkpoint"):
             c = self.config.checkpoint
             prior_folder = prior.get("checkpoint_folder") or c.folder
             checkpoints = os.path.join(self.dump, prior_folder)
@@ -260,7 +316,7 @@ class RunFolder:
         if prior.get("unidentified") or prior.get("unreadable"):
             what = "outputs of a run titan cannot identify (no readable run.json)"
         else:
-            diff = _differences(prior.get("identity", {}), mine)
+            diff = _differences(recorded or {}, mine)
             what = f"the outputs of another run (recipe {prior.get('recipe')!r}"
             what += f"; differs in {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''})" if diff else ")"
             if prior.get("seed_checkpoint"):
@@ -280,6 +336,7 @@ class RunFolder:
             "recipe": self.config.recipe,
             "seed_checkpoint": self.config.checkpoint.create_seed_checkpoint,
             "tb_folder": self.config.metrics.save_tb_folder,
+            "tb_path": tb_location(self.dump, self.config.metrics.save_tb_folder),
             "checkpoint_folder": self.config.checkpoint.folder,
             "identity": identity(self.config),
         }
@@ -291,8 +348,13 @@ class RunFolder:
         import shutil
 
         names = [RUN_FILE, *RUN_FILES]
-        folders = [prior.get("tb_folder") or self.config.metrics.save_tb_folder]
-        if checkpoints:
+        tb_folder = prior.get("tb_folder") or self.config.metrics.save_tb_folder
+        folders = []
+        if inside(os.path.join(self.dump, tb_folder), self.dump):
+            folders.append(tb_folder)
+        else:  # perhaps shared with other runs and files: only this dump folder's event files go
+            self._remove_events(tb_location(self.dump, tb_folder))
+        if checkpoints:  # the run's own wherever it is (an absolute one: another file system)
             folders.append(prior.get("checkpoint_folder") or self.config.checkpoint.folder)
         for name in names:
             path = os.path.join(self.dump, name)
@@ -308,3 +370,16 @@ class RunFolder:
                     shutil.rmtree(path)
                 elif os.path.lexists(path):
                     os.remove(path)
+
+    @staticmethod
+    def _remove_events(folder: str) -> None:
+        """The event files of this dump folder's subfolder of a TensorBoard folder outside it
+        (:func:`tb_location`); anything else there stays, and the subfolder goes once empty."""
+        import contextlib
+        import glob
+
+        for path in glob.glob(os.path.join(glob.escape(folder), TB_EVENTS)):
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.remove(path)
+        with contextlib.suppress(OSError):  # not empty, or not there
+            os.rmdir(folder)

@@ -53,7 +53,10 @@ class WarmupStableDecay:
         return attrs.asdict(self)
 
     def check_resume(self, saved: dict[str, Any] | None, step: int) -> None:
-        """Warn when a resumed run's schedule differs from the checkpoint's (the LR jumps)."""
+        """Warn when a resumed run's schedule differs from the checkpoint's (the LR jumps).
+
+        ``step`` is the checkpoint's (the last finished one); the factors are those of the next
+        step, the first under this run's schedule (LambdaLR index ``step``)."""
         if not saved:
             return
         changed = {k: (saved.get(k), v) for k, v in self.describe().items() if saved.get(k) != v}
@@ -61,7 +64,7 @@ class WarmupStableDecay:
             text = ", ".join(f"training.{k}: {old} -> {new}" for k, (old, new) in changed.items())
             log.warning(
                 "resuming with another learning-rate schedule; the LR continues from this run's "
-                f"schedule at step {step}: {text}",
+                f"schedule at step {step + 1}: {text}",
                 lr_factor_checkpoint_schedule=WarmupStableDecay(**saved)(step) if _complete(saved) else None,
                 lr_factor_now=self(step),
             )

@@ -34,13 +34,7 @@ from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
-from titan_core.parallelize import (
-    ParallelContext,
-    apply_strategies,
-    cross_entropy_loss,
-    select_strategies,
-    unhandled_dims,
-)
+from titan_core.parallelize import ParallelContext, apply_strategies, check_strategies, cross_entropy_loss
 from titan_core.run import (
     apply_backend_settings,
     check_launch,
@@ -49,14 +43,24 @@ from titan_core.run import (
     peer_failure,
     refuse_unread_env,
 )
-from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs
+from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs, tb_location
 from titan_core.schedule import WarmupStableDecay
 from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology
 
 log = get_logger("titan.trainer")
 
-__all__ = ["LOG_FILE", "PLUGIN_ERROR_FILE", "Trainer", "cross_entropy_loss", "model_arg", "train"]
+__all__ = [
+    "LOG_FILE",
+    "PLUGIN_ERROR_FILE",
+    "Layout",
+    "Trainer",
+    "check_layout",
+    "cross_entropy_loss",
+    "microbatches_per_step",
+    "model_arg",
+    "train",
+]
 
 #: The logging rank's console-format log, under ``job.dump_folder`` (docs/getting_started.md).
 LOG_FILE = "train.log"
@@ -229,7 +233,6 @@ class Trainer:
         setup_logging(rank=self.topology.rank)
         capture()  # lines from here on go to <dump_folder>/train.log once it is known who writes it
         self.parallel_dims = ParallelDims.from_config(config.parallelism, self.topology.world_size)
-        self.accumulation = self._microbatches_per_step()
         self.device = self.topology.device
         self.seed = config.debug.seed if config.debug.seed is not None else 0
         set_determinism(config, self.seed)
@@ -238,32 +241,16 @@ class Trainer:
             self.steps = min(self.steps, config.debug.max_steps)
 
     def _resolve_plugins(self) -> tuple[list[Any], Any]:
-        """The plugins this run needs and the model's own checks, before anything heavy is built:
-        a wrong name or value fails here, in seconds. Returns the strategies and the dataset."""
+        """The plugins this run needs, the model's and the strategies' own checks
+        (:func:`check_layout`, as ``run_train.sh``'s check before torchrun), before anything heavy
+        is built: a wrong name or value fails here, in seconds. Returns the strategies and the
+        dataset."""
         config, registry = self.config, self.registry
-        self.spec, self.tokenizer, self.model_args = resolve_model(
-            config,
-            registry,
-            self.parallel_dims,
-            lambda fn, *args: self._plugin_call(
-                "models", config.model.name, "failed to validate its arguments", fn, *args
-            ),
-        )
+        layout = check_layout(config, registry, self.parallel_dims, self._as_plugin)
+        self.spec, self.tokenizer, self.model_args = layout.spec, layout.tokenizer, layout.model_args
+        self.accumulation = layout.accumulation
+        strategies = layout.strategies
         self.fake_tensors = wanted(config.debug.fake_tensors, self.topology, self.spec, self.device)
-        strategies = select_strategies(
-            registry.records("strategies"),
-            config,
-            self.parallel_dims,
-            lambda s, fn, *args: self._plugin_call("strategies", s.name, "failed in applies", fn, *args),
-        )
-        unhandled = unhandled_dims(self.parallel_dims, strategies)
-        if unhandled:
-            raise PluginError(
-                f"this run needs strategies for {', '.join(unhandled)} (parallel degrees "
-                f"{self.parallel_dims.degrees()}), which no installed plugin provides; install a "
-                "parallelism plugin (titan's is titan-plugins-parallel: docs/architecture.md)"
-            )
-        check_served(config, registry)
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.
         if next(iter(dataset.documents(config.data)), None) is None:
@@ -404,6 +391,13 @@ class Trainer:
                 "it with the model it was written for, or start a new run in another job.dump_folder "
                 "from its weights (checkpoint.initial_load_path)"
             )
+        if self.step > self.steps:  # nothing to train, and config.toml would say fewer steps than ran
+            raise UsageError(
+                f"checkpoint of step {self.step} in {self.config.job.dump_folder!r} is past this run's "
+                f"{self._steps_field()} = {self.steps}: raise {self._steps_field()} (above {self.step} to "
+                "train on), or start this run in another job.dump_folder (--dump-folder DIR) or "
+                "checkpoint.folder"
+            )
         self.schedule.check_resume(meta.get("lr_schedule"), self.step)
         changed = _changes(meta.get("optimizer") or {}, resumed["optimizer"], "training.")
         if changed:
@@ -434,6 +428,10 @@ class Trainer:
         for group, own, base in zip(self.optimizer.param_groups, fresh, fresh_base_lrs, strict=True):
             group.update(own)
             group["lr"] = base * self.schedule(self.scheduler.last_epoch)
+
+    def _steps_field(self) -> str:
+        """The setting that ends this run: ``debug.max_steps`` when it cuts ``training.steps``."""
+        return "debug.max_steps" if self.steps < self.config.training.steps else "training.steps"
 
     def _build_step(self) -> None:
         """The step function (a strategy may replace it: PP), autocast and the metrics."""
@@ -476,20 +474,6 @@ class Trainer:
             detach_file()
 
     # -- build helpers ---------------------------------------------------------------------------
-
-    def _microbatches_per_step(self) -> int:
-        """Microbatches accumulated per optimizer step (``training.global_batch_size``)."""
-        t = self.config.training
-        dp = self.parallel_dims.dp
-        per_microbatch = t.local_batch_size * dp
-        wanted = t.global_batch_size or per_microbatch
-        if wanted % per_microbatch:
-            raise UsageError(
-                f"training.global_batch_size={wanted} is not a multiple of training.local_batch_size "
-                f"x DP degree = {t.local_batch_size} x {dp} = {per_microbatch}; set it to a multiple "
-                "of that (or None for one microbatch per step)"
-            )
-        return wanted // per_microbatch
 
     def _validation_batches(self, registry: Registry) -> PackedBatches:
         """The validation data: ``validation.dataset``/``path`` (else ``data``'s), unshuffled.
@@ -816,7 +800,9 @@ class Trainer:
                 else "n/a (set metrics.peak_tflops for this device)",
                 "final_loss": f"{s['loss']:.5f}"
                 if s["loss"] is not None
-                else "n/a (not computed on this rank)",
+                else "n/a (not computed on this rank)"
+                if first <= self.steps
+                else "n/a (no step ran)",
             }
         files = [LOG_FILE, "metrics.jsonl", "config.toml", "run.json"] if self.is_logging_rank else []
         if c.metrics.enable_tensorboard:
@@ -825,7 +811,7 @@ class Trainer:
             files.append(c.checkpoint.folder + "/")
         # What this rank really wrote (a rank that does not log writes no log, metrics or TensorBoard).
         files = [f for f in files if os.path.exists(os.path.join(dump, f.rstrip("/")))]
-        tb = os.path.join(dump, c.metrics.save_tb_folder)
+        tb = tb_location(dump, c.metrics.save_tb_folder)
         if not c.metrics.enable_tensorboard:
             tensorboard = "off (metrics.enable_tensorboard = True writes it)"
         else:
@@ -833,7 +819,10 @@ class Trainer:
         log.info(
             "run summary",
             _block=True,
-            steps=f"{first}-{self.steps} of {self.steps}" if first <= self.steps else "none left",
+            steps=f"{first}-{self.steps} of {self.steps}"
+            if first <= self.steps
+            else f"none left: the checkpoint of step {self.step} is the last of "
+            f"{self._steps_field()} = {self.steps}",
             wall_time=_duration(time.perf_counter() - self.started_at),
             training_time=_duration(training_seconds),
             **figures,
@@ -1001,6 +990,69 @@ class _StopSignals:
         for signum, previous in self._previous.items():
             if previous is not None:
                 signal.signal(signum, previous)
+
+
+def microbatches_per_step(training: Any, parallel_dims: ParallelDims) -> int:
+    """Microbatches accumulated per optimizer step: ``training.global_batch_size`` over
+    ``training.local_batch_size`` x the DP degree (one without a global batch size); a global
+    batch that is no multiple of that is one :class:`UsageError` naming the fields."""
+    t = training
+    dp = parallel_dims.dp
+    per_microbatch = t.local_batch_size * dp
+    wanted = t.global_batch_size or per_microbatch
+    if wanted % per_microbatch:
+        raise UsageError(
+            f"training.global_batch_size={wanted} is not a multiple of training.local_batch_size "
+            f"x DP degree = {t.local_batch_size} x {dp} = {per_microbatch}; set it to a multiple "
+            "of that (or None for one microbatch per step)"
+        )
+    return wanted // per_microbatch
+
+
+@attrs.frozen
+class Layout:
+    """What :func:`check_layout` found: the model and the strategies this run uses."""
+
+    spec: Any
+    tokenizer: Any
+    model_args: Any
+    #: The strategies this run applies, in order.
+    strategies: list[Any]
+    #: Microbatches accumulated per optimizer step (:func:`microbatches_per_step`).
+    accumulation: int
+
+
+def check_layout(
+    config: TrainerConfig,
+    registry: Registry,
+    parallel_dims: ParallelDims,
+    call: Callable[..., Any] = lambda what, fn, *args: fn(*args),
+) -> Layout:
+    """Everything a run of ``parallel_dims`` asks of its config, its model and its strategies that
+    shows before anything is built, checked in one place: the global batch against the DP degree
+    (:func:`microbatches_per_step`), the model's arguments (:func:`resolve_model`, the model's
+    ``validate``), the strategies (:func:`~titan_core.parallelize.check_strategies`: a strategy
+    for every degree, each one's ``check``) and the core fields plugins serve
+    (:func:`~titan_core.run.check_served`). ``call(what, fn, *args)`` runs plugin code, an
+    exception becoming one :class:`PluginError` starting with ``what()``
+    (:func:`~titan_core.errors.call_plugin`). The trainer calls it before the mesh and the model,
+    ``run_train.sh`` before torchrun starts any process (:func:`titan_core.run.preflight`), so
+    the two refuse a layout with the same error."""
+    accumulation = microbatches_per_step(config.training, parallel_dims)
+    model = config.model.name
+    spec, tokenizer, model_args = resolve_model(
+        config,
+        registry,
+        parallel_dims,
+        lambda fn, *args: call(
+            lambda: f"model {model!r} ({registry.label('models', model)}) failed to validate its arguments",
+            fn,
+            *args,
+        ),
+    )
+    strategies = check_strategies(registry, config, parallel_dims, spec, model_args, call)
+    check_served(config, registry)
+    return Layout(spec, tokenizer, model_args, strategies, accumulation)
 
 
 def resolve_model(

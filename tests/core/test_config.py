@@ -107,6 +107,22 @@ def test_checks_across_fields_run_once_after_the_recipe() -> None:
     ]
 
 
+@pytest.mark.parametrize("field", ["pp_microbatches", "pp_stages_per_rank"])
+def test_a_pipeline_setting_without_pipeline_parallel_is_refused_naming_the_field(field: str) -> None:
+    """Only the pipeline strategy reads them, and only with pp > 1: with pp = 1 a run exited 0
+    as if they had been applied (microbatches_per_step 1)."""
+    config = TrainerConfig()
+    setattr(config.parallelism, field, 3)
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    assert info.value.problems == [
+        f"parallelism.{field}: 3 does nothing with parallelism.pp = 1 (only pipeline parallel reads "
+        "it); set parallelism.pp > 1, or leave it None"
+    ]
+    config.parallelism.pp = 2
+    validate(config, source="r")
+
+
 def test_recipe_returning_something_else() -> None:
     with pytest.raises(ConfigError, match="expected a TrainerConfig, got dict"):
         validate({"training": {}})
@@ -125,7 +141,7 @@ def test_unknown_attribute_cannot_be_set() -> None:
 def test_render_toml_and_json_round_trip() -> None:
     config = TrainerConfig()
     config.training.steps = 7
-    config.parallelism.pp_microbatches = 4
+    config.parallelism.pp, config.parallelism.pp_microbatches = 2, 4
     data = tomllib.loads(render(config, "toml"))
     assert data["training"]["steps"] == 7
     assert data["parallelism"]["pp_microbatches"] == 4

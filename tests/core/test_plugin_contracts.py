@@ -216,6 +216,271 @@ def test_a_strategy_whose_apply_returns_nothing_is_named(
         _strategy_run(tmp_path, monkeypatch, Strategy("noret", 45, lambda c, d: True, apply))
 
 
+# -- strategy checks before launch ------------------------------------------------------------------
+
+
+def _preflight(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    recipe: Any,
+    processes: int,
+    *plugins: tuple[str, types.ModuleType],
+    registry: Registry | None = None,
+) -> tuple[int, str]:
+    """``run_train.sh``'s check before torchrun (:func:`titan_core.run.preflight`) of ``recipe``
+    for ``processes`` processes, with titan's plugins and ``plugins``: its exit status and stderr."""
+    from titan_core import Recipe
+    from titan_core.run import preflight
+
+    registry = registry or Registry().load_entry_points()
+    for name, module in (
+        ("layouts", plugin_module("layouts", titan_recipes=[Recipe("layout_recipe", recipe)])),
+        *plugins,
+    ):
+        registry.register(module, name, f"dist-{name}", "1.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+    monkeypatch.setattr(_registry, "get_registry", lambda disabled=None: _registry._default)
+    status = preflight(["--recipe", "layout_recipe"], processes)
+    return status, capsys.readouterr().err
+
+
+#: Layouts that titan's strategies (and the trainer's batch arithmetic) refuse from the config, the
+#: degrees and the model's arguments alone: each was refused only inside the torchrun workers,
+#: after they started (torchrun's ChildFailedError report, exit 1, sometimes with no titan line).
+LAYOUT_ERRORS = [
+    pytest.param(
+        2,
+        {
+            "training.local_batch_size": 4,
+            "parallelism.dp_shard": 1,
+            "parallelism.pp": 2,
+            "parallelism.pp_microbatches": 3,
+        },
+        "parallelism.pp_microbatches=3 must divide training.local_batch_size=4; set pp_microbatches",
+        id="pp_microbatches-not-dividing-the-batch",
+    ),
+    pytest.param(
+        2,
+        {
+            "training.local_batch_size": 4,
+            "parallelism.dp_shard": 1,
+            "parallelism.pp": 2,
+            "parallelism.pp_microbatches": 1,
+        },
+        "parallelism.pp_schedule=1F1B needs at least as many microbatches as stages (2), got "
+        "parallelism.pp_microbatches=1",
+        id="1F1B-fewer-microbatches-than-stages",
+    ),
+    pytest.param(
+        2,
+        {"parallelism.dp_shard": 1, "parallelism.pp": 2, "parallelism.pp_schedule": "Foo"},
+        "parallelism.pp_schedule='Foo' is not a schedule of torch.distributed.pipelining; use GPipe",
+        id="unknown-schedule",
+    ),
+    pytest.param(
+        2,
+        {
+            "parallelism.dp_shard": 1,
+            "parallelism.pp": 2,
+            "parallelism.pp_stages_per_rank": 3,
+            "parallelism.pp_schedule": "Interleaved1F1B",
+            "training.local_batch_size": 6,
+        },
+        "pipeline parallel needs at least one block per stage: 4 blocks for pp=2 x 3 stages per "
+        "rank = 6 stages",
+        id="fewer-blocks-than-stages",
+    ),
+    pytest.param(
+        2,
+        {"training.seq_len": 66, "parallelism.dp_shard": 1, "parallelism.cp": 2},
+        "context parallel with cp=2 cuts each sequence into 2*cp = 4 equal chunks, but "
+        "training.seq_len=66 is not a multiple of 4",
+        id="cp-seq_len",
+    ),
+    pytest.param(
+        2,
+        {"training.seq_len": 63, "parallelism.dp_shard": 1, "parallelism.tp": 2},
+        "training.seq_len=63 is not divisible by parallelism.tp=2",
+        id="tp-seq_len",
+    ),
+    pytest.param(
+        2,
+        {"training.local_batch_size": 2, "training.global_batch_size": 6},
+        "training.global_batch_size=6 is not a multiple of training.local_batch_size x DP degree = 2 x 2 = 4",
+        id="global-batch-not-a-multiple-of-local-x-dp",
+    ),
+    pytest.param(
+        2,
+        {"parallelism.ep": 2},
+        "parallelism.ep=2 but model 'llama3' has no experts",
+        id="ep-without-an-moe-model",
+    ),
+    pytest.param(
+        4,
+        {
+            "model.name": "moe",
+            "model.flavor": "debugmodel",
+            "model.overrides": {},
+            "parallelism.ep": 2,
+            "parallelism.tp": 2,
+        },
+        "expert parallel (ep=2) with tensor parallel (tp=2) is not supported; set parallelism.tp = 1",
+        id="ep-with-tp",
+    ),
+]
+
+
+@pytest.mark.parametrize(("processes", "layout", "expected"), LAYOUT_ERRORS)
+def test_preflight_refuses_what_the_strategies_refuse_from_the_config_alone(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    processes: int,
+    layout: dict[str, Any],
+    expected: str,
+) -> None:
+    """run_train.sh's check before torchrun runs the strategies' checks (``Strategy.check``) and
+    the global-batch arithmetic, from the same functions the trainer calls: one line, exit 2."""
+    from tests.parallel_harness import tiny_config
+
+    status, err = _preflight(
+        monkeypatch,
+        capsys,
+        lambda: tiny_config(**{"job.dump_folder": str(tmp_path / "out"), **layout}),
+        processes,
+    )
+    assert status == UsageError.exit_code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("titan: error: "), err
+    assert expected in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+class _EvenSeqLen:
+    """A third party's ``Strategy.check`` given as an object (a callable instance)."""
+
+    def __init__(self, raises: bool = False, returns: Any = ()) -> None:
+        self.raises, self.returns = raises, returns
+        self.calls: list[tuple[int, str, Any]] = []
+
+    def __call__(self, config: Any, dims: Any, spec: Any, args: Any) -> Any:
+        from titan_core.trainer import model_arg
+
+        self.calls.append((dims.world_size, spec.name, model_arg(args, "n_layers")))
+        if self.raises:
+            raise ValueError("looked for a field that is not there")
+        if self.returns != ():
+            return self.returns
+        seq_len = config.training.seq_len
+        return (
+            [f"training.seq_len: {seq_len} is odd; the halves strategy needs an even seq_len"]
+            if seq_len % 2
+            else []
+        )
+
+
+def _halves(check: Any, applies: Any = lambda config, dims: True) -> Strategy:
+    return Strategy(
+        "halves", 45, applies, lambda parts, ctx: parts, "splits sequences in halves", check=check
+    )
+
+
+def test_a_third_party_strategy_check_refuses_in_preflight_and_in_the_trainer_alike(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    check = _EvenSeqLen()
+    plugin = ("halves", plugin_module("halves", titan_strategies=[_halves(check)]))
+
+    def recipe() -> Any:
+        config = tiny_llama3(tmp_path / "out", 1)
+        config.training.seq_len = 31
+        return config
+
+    status, err = _preflight(monkeypatch, capsys, recipe, 1, plugin)
+    assert status == UsageError.exit_code
+    assert err.splitlines() == [
+        "titan: error: training.seq_len: 31 is odd; the halves strategy needs an even seq_len"
+    ]
+    assert check.calls == [(1, "llama3", 2)]  # the degrees, the spec and the model's arguments
+    with pytest.raises(UsageError) as info:
+        Trainer(recipe(), _registry._default)
+    assert f"titan: error: {info.value}" == err.strip()
+    assert not (tmp_path / "out").exists()  # refused before anything is written or built
+    assert len(check.calls) == 2
+
+
+def test_a_strategy_check_is_asked_only_when_the_strategy_applies(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    check = _EvenSeqLen()
+    plugin = ("halves", plugin_module("halves", titan_strategies=[_halves(check, lambda c, d: False)]))
+
+    def recipe() -> Any:
+        config = tiny_llama3(tmp_path / "out", 1)
+        config.training.seq_len = 31
+        return config
+
+    assert _preflight(monkeypatch, capsys, recipe, 1, plugin) == (0, "")
+    assert check.calls == []
+
+
+@pytest.mark.parametrize(
+    ("check", "expected"),
+    [
+        (
+            _EvenSeqLen(raises=True),
+            "strategy 'halves' (plugin halves, dist-halves 1.0) failed in check: "
+            "ValueError: looked for a field that is not there",
+        ),
+        (
+            _EvenSeqLen(returns=None),
+            "strategy 'halves' (plugin halves, dist-halves 1.0): its check returned None; it must "
+            "return a list of problems",
+        ),
+    ],
+    ids=["raises", "returns-None"],
+)
+def test_a_strategy_check_that_raises_or_returns_no_list_is_one_error_naming_its_plugin(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    check: Any,
+    expected: str,
+) -> None:
+    plugin = ("halves", plugin_module("halves", titan_strategies=[_halves(check)]))
+    status, err = _preflight(monkeypatch, capsys, lambda: tiny_llama3(tmp_path / "out", 1), 1, plugin)
+    assert status == PluginError.exit_code
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"titan: error: {expected}"), err
+    with pytest.raises(PluginError) as info:
+        Trainer(tiny_llama3(tmp_path / "out", 1), _registry._default)
+    assert str(info.value).startswith(expected)
+
+
+def test_a_strategy_check_must_be_a_function() -> None:
+    with pytest.raises(TypeError, match=r"Strategy.check: expected a function, got int 3"):
+        Strategy("s", 10, lambda c, d: True, lambda p, x: p, check=3)
+
+
+def test_preflight_refuses_degrees_no_installed_strategy_handles(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """tp = 2 without the parallelism plugin: the trainer refused it in every worker; the check
+    before torchrun now does, with the trainer's message (one function for both)."""
+    from tests.parallel_harness import tiny_config
+
+    def recipe() -> Any:
+        return tiny_config(
+            **{"job.dump_folder": str(tmp_path / "out"), "parallelism.tp": 2, "parallelism.dp_shard": 1}
+        )
+
+    status, err = _preflight(
+        monkeypatch, capsys, recipe, 2, registry=Registry(disabled={"parallel"}).load_entry_points()
+    )
+    assert status == PluginError.exit_code
+    assert err.startswith("titan: error: this run needs strategies for tp (parallel degrees")
+
+
 # -- callbacks ---------------------------------------------------------------------------------------
 
 

@@ -187,3 +187,83 @@ def test_a_fake_backend_run_does_not_replace_a_real_runs_history(tmp_path: Path)
         and "comm.backend: 'default' -> 'fake'" in fake.stderr
     )
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == before
+
+
+def _tb_outside(tmp_path: Path, name: str, steps: int = 2) -> object:
+    """A run in ``tmp_path/name`` writing TensorBoard into ``tmp_path/shared_tb`` (absolute)."""
+    config = tiny_llama3(tmp_path / name, steps)
+    config.metrics.enable_tensorboard = True
+    config.metrics.save_tb_folder = str(tmp_path / "shared_tb")
+    return config
+
+
+def _events(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("events.out.tfevents.*"))
+
+
+def test_a_tensorboard_folder_outside_the_dump_folder_is_no_earlier_runs_outputs(tmp_path: Path) -> None:
+    """A shared TensorBoard folder holding someone else's files does not make a new dump folder
+    'unidentified outputs'; each dump folder writes its own subfolder there."""
+    shared = tmp_path / "shared_tb"
+    shared.mkdir()
+    (shared / "notes.txt").write_text("mine")
+    train(_tb_outside(tmp_path, "a"), get_registry())
+    train(_tb_outside(tmp_path, "b"), get_registry(), overwrite=True)  # a new folder: nothing to replace
+    assert (shared / "notes.txt").read_text() == "mine"
+    subfolders = sorted(p.name for p in shared.iterdir() if p.is_dir())
+    assert len(subfolders) == 2 and subfolders[0].startswith("a-") and subfolders[1].startswith("b-")
+    assert all(len(_events(shared / s)) == 1 for s in subfolders)
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["tb_path"] == str(shared / subfolders[0])
+
+
+def test_a_rerun_or_overwrite_removes_only_its_own_events_from_an_outside_tensorboard_folder(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared_tb"
+    train(_tb_outside(tmp_path, "a"), get_registry())
+    train(_tb_outside(tmp_path, "b"), get_registry())
+    (shared / "notes.txt").write_text("mine")
+    (a_sub,) = [p for p in shared.iterdir() if p.name.startswith("a-")]
+    (a_sub / "notes.txt").write_text("also mine")  # not an event file: never removed
+    before_b = _events(shared / next(p.name for p in shared.iterdir() if p.name.startswith("b-")))
+    train(_tb_outside(tmp_path, "a"), get_registry())  # the same run over: its old events go
+    assert len(_events(a_sub)) == 1
+    other = _tb_outside(tmp_path, "a")
+    other.training.lr = 1e-3
+    old = _events(a_sub)
+    train(other, get_registry(), overwrite=True)  # another run: the earlier run's events go
+    assert len(_events(a_sub)) == 1 and _events(a_sub) != old
+    assert (shared / "notes.txt").read_text() == "mine" and (a_sub / "notes.txt").read_text() == "also mine"
+    assert [p for p in before_b if p.exists()] == before_b  # run b's events untouched
+
+
+def test_a_tensorboard_folder_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    config = tiny_llama3(tmp_path / "run", 2)
+    config.metrics.enable_tensorboard = True
+    config.metrics.save_tb_folder = str(tmp_path / "passwd")
+    (tmp_path / "passwd").write_text("root:x:0:0")
+    with pytest.raises(UsageError, match=r"metrics.save_tb_folder: .*passwd' exists and is not a folder"):
+        train(config, get_registry())
+    assert (tmp_path / "passwd").read_text() == "root:x:0:0"
+    assert not (tmp_path / "run" / "run.json").exists()  # refused before anything is written
+
+
+def test_changing_only_the_data_prefetch_is_the_same_run(tmp_path: Path) -> None:
+    """``data.prefetch`` changes when batches are prepared, not which: the same run, started over."""
+    train(tiny_llama3(tmp_path, 2), get_registry())
+    config = tiny_llama3(tmp_path, 2)
+    config.data.prefetch = 0
+    train(config, get_registry())
+    assert steps_in(tmp_path) == [1, 2]
+    assert "prefetch" not in json.loads((tmp_path / "run.json").read_text())["identity"]["data"]
+
+
+def test_a_run_json_that_recorded_the_prefetch_still_starts_over(tmp_path: Path) -> None:
+    train(tiny_llama3(tmp_path, 2), get_registry())
+    record = json.loads((tmp_path / "run.json").read_text())
+    record["identity"]["data"]["prefetch"] = 2  # as an earlier titan wrote it
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    config = tiny_llama3(tmp_path, 2)
+    config.data.prefetch = 0
+    train(config, get_registry())
+    assert steps_in(tmp_path) == [1, 2]

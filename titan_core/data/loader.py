@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -59,12 +61,54 @@ def load_tokenizer(path: str | None) -> Tokenizer:
     return Tokenizer(backend, backend.get_vocab_size(with_added_tokens=True), first(_BOS), first(_EOS))
 
 
-def read_text_files(path: str | None) -> Iterator[str]:
-    """Documents of local files: a ``.jsonl`` line's ``text`` field, or a whole ``.txt`` file.
+#: Suffixes of the files a folder given as ``data.path`` is read for (compared case-insensitively).
+TEXT_SUFFIXES = (".jsonl", ".txt")
+#: Compressed or binary formats titan does not read, by suffix (case-insensitive).
+_BINARY_SUFFIXES = {
+    ".gz": "gzip-compressed",
+    ".gzip": "gzip-compressed",
+    ".bz2": "bzip2-compressed",
+    ".xz": "xz-compressed",
+    ".lzma": "lzma-compressed",
+    ".zst": "zstd-compressed",
+    ".zstd": "zstd-compressed",
+    ".lz4": "lz4-compressed",
+    ".zip": "a zip archive",
+    ".tar": "a tar archive",
+    ".tgz": "a gzip-compressed tar archive",
+    ".7z": "a 7-zip archive",
+    ".parquet": "Parquet data",
+    ".arrow": "Arrow data",
+    ".feather": "Arrow (Feather) data",
+}
+#: The same formats by their first bytes (a compressed file named ``.jsonl`` or ``.txt``). Only
+#: signatures no text file starts with: control or non-UTF-8 bytes, or a tail check (Parquet).
+_MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (b"\x04\x22\x4d\x18", "lz4-compressed"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-zip archive"),
+    (b"ARROW1\x00\x00", "Arrow data"),
+)
+_BZIP2 = re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)")
+#: Folders whose skipped files were already named in a warning (once per process).
+_warned_skips: set[str] = set()
 
-    Files must be UTF-8. Any problem is one :class:`UsageError` naming the file and line, raised
-    when the reader reaches it (the data is streamed, so a bad line deep in a large corpus is
-    found when training gets there).
+
+def read_text_files(path: str | None) -> Iterator[str]:
+    """Documents of local files: a ``.jsonl`` line's ``text`` field, or a whole text file.
+
+    A file given itself is read as ``.jsonl`` when its name ends in ``.jsonl`` (any case), and
+    as one plain-text document otherwise (``.txt``, ``.md``, no suffix). A folder is read for its
+    ``.jsonl`` and ``.txt`` files (any case), recursively in sorted path order, leaving out
+    hidden files and folders (``.git``, ``.ipynb_checkpoints``); the other files in it are
+    named once in a warning. ``.json`` files and compressed or binary formats (``.gz``,
+    ``.zst``, ``.parquet``, ..., by suffix or by their first bytes) are refused: read as text they
+    would train on JSON syntax or on bytes. Files must be UTF-8. Any problem is one
+    :class:`UsageError` naming the file (and line), raised when the reader reaches it (the data is
+    streamed, so a bad line deep in a large corpus is found when training gets there).
     """
     if not path:
         raise UsageError("data.path: the 'text' dataset needs a file or folder of .jsonl/.txt files")
@@ -72,19 +116,86 @@ def read_text_files(path: str | None) -> Iterator[str]:
     if not root.exists():
         raise UsageError(f"data.path: {path!r} does not exist")
     if root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.suffix in (".jsonl", ".txt") and p.is_file())
+        files, skipped = [], []
+        for p in sorted(root.rglob("*")):
+            # Hidden files and folders (.git, .ipynb_checkpoints: Jupyter's copies of the data)
+            # are not data: read, they would train on a second copy of documents or on git's.
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts):
+                (files if p.suffix.lower() in TEXT_SUFFIXES else skipped).append(p)
+        if not files:
+            found = f" (it holds {_some(skipped, root)})" if skipped else ""
+            raise UsageError(
+                f"data.path: no .jsonl or .txt files under {path!r}{found}; titan reads .txt (plain "
+                'text, each file one document) and .jsonl (one {"text": ...} object per line): '
+                "decompress or convert the data to those"
+            )
+        if skipped and str(root.resolve()) not in _warned_skips:
+            _warned_skips.add(str(root.resolve()))
+            _log().warning(
+                f"data.path {path!r}: skipping {_some(skipped, root)}; only .jsonl and .txt files "
+                "in a folder are read",
+                skipped=len(skipped),
+            )
     else:
         files = [root]
-    if not files:
-        raise UsageError(f"data.path: no .jsonl or .txt files under {path!r}")
     for file in files:
         try:
-            if file.suffix == ".jsonl":
+            _check_format(file)
+            if file.suffix.lower() == ".jsonl":
                 yield from _jsonl_texts(file)
             else:
                 yield _decode(file.read_bytes(), file, 1)
         except OSError as exc:
             raise UsageError(f"data.path: cannot read {file}: {exc.strerror or exc}") from None
+
+
+def _some(files: list[Path], root: Path, shown: int = 3) -> str:
+    """``2 other files: a.md, b.json.gz`` (the first ``shown``, relative to ``root``)."""
+    names = ", ".join(str(f.relative_to(root)) for f in files[:shown])
+    more = f", and {len(files) - shown} more" if len(files) > shown else ""
+    return f"{len(files)} other file{'s' if len(files) != 1 else ''}: {names}{more}"
+
+
+def _check_format(file: Path) -> None:
+    """Refuse what would be read as text but is not: ``.json``, compressed and binary formats."""
+    suffix = file.suffix.lower()
+    if suffix == ".json":
+        jsonl = file.with_suffix(".jsonl")
+        raise UsageError(
+            f"data.path: {file} is a .json file, which titan does not read; titan reads .txt (plain "
+            'text, each file one document) and .jsonl (one JSON object {"text": "..."} per line): '
+            f"a file of JSON lines only needs renaming to {jsonl}, and a JSON array of such objects "
+            f"converts with jq -c '.[]' {file} > {jsonl}"
+        )
+    kind = _BINARY_SUFFIXES.get(suffix)
+    if kind is None:
+        try:
+            with file.open("rb") as f:
+                head = f.read(265)
+                tail = b""
+                if head.startswith(b"PAR1"):
+                    f.seek(-4, 2)
+                    tail = f.read(4)
+        except OSError as exc:
+            raise UsageError(f"data.path: cannot read {file}: {exc.strerror or exc}") from None
+        kind = next((k for magic, k in _MAGIC if head.startswith(magic)), None)
+        if kind is None and _BZIP2.match(head):
+            kind = "bzip2-compressed"
+        if kind is None and tail == b"PAR1":
+            kind = "Parquet data"
+        if kind is None and head[257:262] == b"ustar":
+            kind = "a tar archive"
+    if kind is not None:
+        raise UsageError(
+            f"data.path: {file} is {kind}, which titan does not read as text; decompress or convert it "
+            'to .jsonl (one {"text": ...} object per line) or .txt (plain text, each file one document)'
+        )
+
+
+def _log() -> Any:
+    from titan_core.log import get_logger
+
+    return get_logger("titan.data")
 
 
 def _jsonl_texts(file: Path) -> Iterator[str]:
@@ -164,6 +275,17 @@ class PackedBatches:
     shuffle_buffer: int = 256
     #: The data in error messages, e.g. "data.dataset 'text' at data.path '/data/c4'".
     name: str = "the dataset"
+    #: The setting named in a warning when a pass over the data runs out and it restarts: what
+    #: asked for more batches than the data holds (``validation.steps``: every validation reads
+    #: the same batches from the start, so a restart repeats batches within one validation).
+    #: ``None``: the data restarts silently (training's corpus repeats, as documented). By default
+    #: ``validation.steps`` for data named ``validation...`` (the trainer's validation batches).
+    repeat_warning: str | None = attrs.field(
+        default=attrs.Factory(
+            lambda self: "validation.steps" if self.name.startswith("validation") else None, takes_self=True
+        )
+    )
+    _repeat_warned: bool = attrs.field(default=False, init=False, repr=False)
 
     def _sequences(self) -> Iterator[list[int]]:
         window = self.seq_len + 1
@@ -195,6 +317,8 @@ class PackedBatches:
                 del buffer[:start]
             if epoch == 0:
                 self._check_size(index, tokens)
+                if self.repeat_warning and not self._repeat_warned:
+                    self._warn_repeat(produced)
             epoch += 1
             if produced == 0:  # a later pass yields nothing: the documents changed under us
                 raise UsageError(f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data")
@@ -214,6 +338,22 @@ class PackedBatches:
             f"batch needs {needed * window} ({self.dp_degree} data-parallel rank(s) x "
             f"training.local_batch_size={self.batch_size} x (training.seq_len={self.seq_len} + 1)); "
             "add documents, or lower training.seq_len or training.local_batch_size"
+        )
+
+    def _warn_repeat(self, sequences: int) -> None:
+        """Once: one pass was not enough for what the consumer asked (only reached when it asks
+        for a sequence after the pass's last, so a request that fits the data never warns)."""
+        self._repeat_warned = True
+        batches = sequences // self.batch_size
+        _log().warning(
+            f"{self.repeat_warning} asks for more batches than {self.name} holds: one pass gives "
+            f"{sequences} sequences of training.seq_len={self.seq_len} + 1 tokens"
+            + (f" on data-parallel rank {self.dp_rank}" if self.dp_degree > 1 else "")
+            + f", {batches} distinct batch{'es' if batches != 1 else ''} of "
+            f"training.local_batch_size={self.batch_size}; the batches after those repeat them, so "
+            f"their documents count more than once. Lower {self.repeat_warning} to at most {batches}, "
+            "or add documents",
+            distinct_batches=batches,
         )
 
     def __iter__(self) -> Iterator[tuple[object, object]]:

@@ -5,10 +5,12 @@ Every run writes ``<job.dump_folder>/metrics.jsonl`` (one JSON object per logged
 per-step losses and gradient norms of several runs, prints them side by side with each run's
 difference to the first (the reference) and the largest differences, and with ``--rtol`` /
 ``--atol`` asserts ``|x - ref| <= atol + rtol * |ref|`` at every step (exit status 1 beyond it, or
-when a run lacks a step the reference has, or a value is not finite). A run made with
-``debug.deterministic_warn_only`` is refused when asserting: that setting is for exploration, not
-for numerical validation. ``--plot`` writes a PNG of the curves (matplotlib when installed, else
-pillow).
+when a run lacks a step the reference has, or a value is not finite). Bad input is exit status 2
+with nothing compared: a metric value that is not a number, a ``--plot`` path that cannot be
+written (checked first). A run made with ``debug.deterministic_warn_only`` is refused when
+asserting: that setting is for exploration, not for numerical validation; a run without
+``config.toml`` cannot be checked for it, and a warning says so. ``--plot`` writes a PNG of the
+curves (matplotlib when installed, else pillow).
 
 This is the last step of "Reproducing loss curves with different parallelism configs"
 (docs/debugging.md): one seed checkpoint, the layouts loading it, then one ``titan compare``.
@@ -22,6 +24,7 @@ import json
 import math
 import os
 import re
+import sys
 from typing import Any
 
 from titan_core.errors import UsageError
@@ -52,8 +55,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # -- reading runs -----------------------------------------------------------------------------------
 
 
-def read_metrics(run: str) -> dict[int, dict[str, Any]]:
-    """Step -> logged values of one run (the last row of a step wins, e.g. after a resume)."""
+def read_metrics(run: str, metrics: list[str] | tuple[str, ...] = ()) -> dict[int, dict[str, Any]]:
+    """Step -> logged values of one run (the last row of a step wins, e.g. after a resume).
+
+    The values of ``metrics`` must be numbers (``bool`` is not one) or null; anything else is one
+    error naming the file, line, step and metric (compared, it was a TypeError or, for ``true``,
+    the number 1)."""
     path = run if os.path.isfile(run) else os.path.join(run, METRICS_FILE)
     if not os.path.exists(run):
         raise UsageError(f"{run}: no such file or folder; give the job.dump_folder of a run")
@@ -63,37 +70,71 @@ def read_metrics(run: str) -> dict[int, dict[str, Any]]:
             "with one line per logged step)"
         )
     rows: dict[int, dict[str, Any]] = {}
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
+    lines: dict[int, int] = {}
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                row = json.loads(line)
-                step = int(row["step"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise UsageError(
-                    f"{path}:{number}: not a metrics row (a JSON object with a 'step')"
-                ) from None
-            rows[step] = row
+                row = json.loads(raw)
+                step = row["step"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                step = None
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise UsageError(f"{path}:{number}: not a metrics row (a JSON object with an integer 'step')")
+            rows[step], lines[step] = row, number
     if not rows:
         raise UsageError(f"{path}: no logged steps; did the run finish a step?")
+    for step, row in rows.items():
+        for m in metrics:
+            value = row.get(m)
+            if value is not None and not _is_number(value):
+                raise UsageError(
+                    f"{path}:{lines[step]}: {m} at step {step} is {_short(value)} ({_json_type(value)}), "
+                    "not a number; titan writes a number (or null) there: the file is damaged or not "
+                    "a run's metrics.jsonl"
+                )
     return rows
 
 
-def warn_only(run: str) -> bool:
-    """Whether the run's ``config.toml`` has ``debug.deterministic_warn_only = true``."""
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def warn_only(run: str) -> bool | None:
+    """Whether the run's ``config.toml`` has ``debug.deterministic_warn_only = true``; ``None``
+    when the run has no ``config.toml`` (nothing to tell it by)."""
     path = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "config.toml")
     if not os.path.exists(path):
-        return False
-    with open(path, "rb") as f:
-        raw = f.read()
+        return None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     try:
         import tomllib
-
-        return bool(tomllib.loads(raw.decode()).get("debug", {}).get("deterministic_warn_only", False))
     except ImportError:  # Python 3.10: the one line is enough
         section = re.search(rb"^\[debug\](.*?)(^\[|\Z)", raw, re.S | re.M)
         return bool(section and re.search(rb"^deterministic_warn_only\s*=\s*true", section.group(1), re.M))
+    try:
+        debug = tomllib.loads(raw.decode()).get("debug", {})
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(
+            f"{path}: cannot be read as TOML ({exc}); it is the run's config, which --rtol/--atol "
+            "checks for debug.deterministic_warn_only: restore it from the run"
+        ) from None
+    return bool(isinstance(debug, dict) and debug.get("deterministic_warn_only", False))
 
 
 def _labels(runs: list[str]) -> list[str]:
@@ -105,7 +146,7 @@ def _labels(runs: list[str]) -> list[str]:
 
 
 def _close(value: Any, ref: Any, rtol: float, atol: float) -> bool:
-    if not (isinstance(value, (int, float)) and isinstance(ref, (int, float))):
+    if not (_is_number(value) and _is_number(ref)):
         return False
     if not (math.isfinite(value) and math.isfinite(ref)):
         return False
@@ -116,7 +157,7 @@ def compare_runs(
     runs: list[str], metrics: list[str], rtol: float | None = None, atol: float | None = None
 ) -> dict[str, Any]:
     """Side-by-side values and differences as plain data (what ``--json`` prints)."""
-    data = [read_metrics(r) for r in runs]
+    data = [read_metrics(r, metrics) for r in runs]
     labels = _labels(runs)
     ref = data[0]
     _check_metrics_exist(metrics, data, labels, asserting=rtol is not None or atol is not None)
@@ -238,6 +279,25 @@ def format_runs(result: dict[str, Any]) -> str:
 # -- the command ------------------------------------------------------------------------------------
 
 
+def check_plot_path(path: str) -> None:
+    """``--plot``'s file can be written: checked before comparing, so that a bad path is exit
+    status 2 with nothing compared, never confused with a verdict (0: within the tolerance, 1:
+    beyond it)."""
+    if not path.lower().endswith(".png"):
+        raise UsageError(f"--plot {path}: expected a .png file name")
+    if os.path.isdir(path):
+        raise UsageError(f"--plot {path}: is a folder; give the .png file to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(
+            f"--plot {path}: the folder {folder} does not exist; create it or give a .png path in an "
+            "existing folder"
+        )
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        what = path if os.path.exists(path) else f"the folder {folder}"
+        raise UsageError(f"--plot {path}: {what} is not writable; give another .png path")
+
+
 def run(args: argparse.Namespace) -> int:
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     if not metrics:
@@ -247,19 +307,35 @@ def run(args: argparse.Namespace) -> int:
     for name, value in (("--rtol", args.rtol), ("--atol", args.atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{name}: expected a finite number >= 0, got {value}")
+    if args.plot:
+        check_plot_path(args.plot)
+    unchecked = []
     if args.rtol is not None or args.atol is not None:
         for r in args.runs:
-            if warn_only(r):
+            loose = warn_only(r)
+            if loose:
                 raise UsageError(
                     f"{r}: made with debug.deterministic_warn_only = true, which is for exploration "
                     "and unfit for numerical validation; rerun it with debug.deterministic_warn_only "
                     "= false, or leave out --rtol/--atol to only look at the curves"
                 )
+            if loose is None and os.path.exists(r):  # a missing run is read_metrics' error
+                unchecked.append(r)
     result = compare_runs(args.runs, metrics, args.rtol, args.atol)
+    for r in unchecked:
+        print(
+            f"titan: warning: {r}: no config.toml, so whether it was made with "
+            "debug.deterministic_warn_only = true (unfit for numerical validation) cannot be checked; "
+            "compare the run's own job.dump_folder",
+            file=sys.stderr,
+        )
     if args.plot:
         from titan_plugins_memory.plot import plot_curves
 
-        plot_curves(result, args.plot)
+        try:
+            plot_curves(result, args.plot)
+        except OSError as exc:  # checked above; the disk can still fill up
+            raise UsageError(f"--plot {args.plot}: cannot write it ({exc.strerror or exc})") from None
         result["plot"] = args.plot
     if args.json:
         print(json.dumps(result, indent=2))

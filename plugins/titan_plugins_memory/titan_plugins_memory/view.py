@@ -42,11 +42,68 @@ def load_snapshot(path: str) -> dict[str, Any]:
     if isinstance(data, list):  # very old torch: the segments alone
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or "segments" not in data:
-        raise UsageError(
-            f"{path}: not a memory snapshot (no 'segments'); give a file written by "
-            "torch.cuda.memory._dump_snapshot or by titan's profiler"
-        )
+        raise UsageError(f"{path}: not a memory snapshot (no 'segments'); {_WHAT}")
+    problem = _layout_problem(data)
+    if problem:
+        raise UsageError(f"{path}: not a memory snapshot ({problem}); {_WHAT}")
     return data
+
+
+_WHAT = "give a file written by torch.cuda.memory._dump_snapshot or by titan's profiler"
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _layout_problem(data: dict[str, Any]) -> str | None:
+    """What in ``data`` is not the layout this page reads (``None``: it is), so that a pickle of
+    another shape is one error, not a TypeError from deep in the analysis."""
+    segments = data["segments"]
+    if not isinstance(segments, list):
+        return f"'segments' is {_a(segments)}, not a list"
+    for i, seg in enumerate(segments):
+        if not isinstance(seg, dict):
+            return f"segment {i} is {_a(seg)}, not a dict"
+        for key, want in (("device", int), ("total_size", int), ("blocks", list)):
+            if key in seg and not _is(seg[key], want):
+                return f"segment {i}'s {key!r} is {_a(seg[key])}, not {_a(want())}"
+        for j, block in enumerate(seg.get("blocks", [])):
+            if not isinstance(block, dict):
+                return f"segment {i}, block {j} is {_a(block)}, not a dict"
+            if block.get("state") in _ALLOCATED:
+                for key in ("address", "size"):
+                    if not _is(block.get(key), int):
+                        return f"segment {i}, block {j} has no integer {key!r}"
+    traces = data.get("device_traces")
+    if traces is not None and not isinstance(traces, list):
+        return f"'device_traces' is {_a(traces)}, not a list"
+    for d, trace in enumerate(traces or []):
+        if trace is not None and not isinstance(trace, list):
+            return f"the trace of device {d} is {_a(trace)}, not a list"
+        for e, event in enumerate(trace or []):
+            if not isinstance(event, dict):
+                return f"device {d}, event {e} is {_a(event)}, not a dict"
+            if event.get("action") in ("alloc", "free_requested", "free_completed"):
+                for key in ("addr", "size"):
+                    if not _is(event.get(key), int):
+                        return f"device {d}, event {e} has no integer {key!r}"
+            time_us = event.get("time_us")
+            if time_us is not None and not _is(time_us, (int, float)):
+                return f"device {d}, event {e}'s 'time_us' is {_a(time_us)}, not a number"
+    titan = data.get("titan")
+    if titan is not None and not isinstance(titan, dict):
+        return f"'titan' is {_a(titan)}, not a dict"
+    return None
+
+
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _a(value: Any) -> str:
+    name = _kind(value)
+    return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
 
 
 # -- analysis ---------------------------------------------------------------------------------------
@@ -338,7 +395,15 @@ def _titan_html(titan: dict[str, Any]) -> str:
 def write_html(snapshot_path: str, output: str | None = None, top: int = 20) -> str:
     """Write the page beside the snapshot (or at ``output``); returns its path."""
     output = output or os.path.splitext(snapshot_path)[0] + ".html"
-    page = render_html(load_snapshot(snapshot_path), snapshot_path, top)
+    snapshot = load_snapshot(snapshot_path)
+    try:
+        page = render_html(snapshot, snapshot_path, top)
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        # What _layout_problem does not check (frames, the titan account): still one error.
+        raise UsageError(
+            f"{snapshot_path}: not a memory snapshot (reading it failed: {type(exc).__name__}: {exc}); "
+            f"{_WHAT}"
+        ) from None
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w") as f:
         f.write(page)

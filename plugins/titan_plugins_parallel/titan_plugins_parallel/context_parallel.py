@@ -34,11 +34,23 @@ if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
     from titan_core.parallel_dims import ParallelDims
     from titan_core.parallelize import ParallelContext
+    from titan_core.records import ModelSpec
 
 
 def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     """Whenever the context-parallel degree is above 1."""
     return parallel_dims.cp > 1
+
+
+def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, model_args: Any) -> list[str]:
+    """``Strategy.check``: every sequence must cut into ``2 * cp`` equal chunks."""
+    cp, seq_len = parallel_dims.cp, config.training.seq_len
+    if seq_len % (2 * cp):
+        return [
+            f"context parallel with cp={cp} cuts each sequence into 2*cp = {2 * cp} equal chunks, "
+            f"but training.seq_len={seq_len} is not a multiple of {2 * cp}; change seq_len or cp"
+        ]
+    return []
 
 
 def chunk_positions(cp_rank: int, cp: int, seq_len: int) -> list[int]:
@@ -94,15 +106,12 @@ class BatchSharder:
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
+    """Shard every batch and replace attention (:func:`check` passed before anything was built;
+    only a model without a replaceable ``attention_fn`` is refused here, by its modules)."""
     import torch
 
     cp = ctx.parallel_dims.cp
     seq_len = ctx.config.training.seq_len
-    if seq_len % (2 * cp):
-        raise UsageError(
-            f"context parallel with cp={cp} cuts each sequence into 2*cp = {2 * cp} equal chunks, "
-            f"but training.seq_len={seq_len} is not a multiple of {2 * cp}; change seq_len or cp"
-        )
     cp_rank = ctx.parallel_dims.coordinates(ctx.topology.rank)["cp"]
     device = ctx.topology.device
     local = torch.tensor(chunk_positions(cp_rank, cp, seq_len), device=device)

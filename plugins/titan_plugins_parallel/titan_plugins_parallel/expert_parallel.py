@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
     from titan_core.parallel_dims import ParallelDims
     from titan_core.parallelize import ParallelContext
+    from titan_core.records import ModelSpec
 
 
 @attrs.frozen
@@ -57,6 +58,27 @@ class DispatchState:
 def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     """Whenever the expert-parallel degree is above 1."""
     return parallel_dims.ep > 1
+
+
+def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, model_args: Any) -> list[str]:
+    """``Strategy.check``: EP does not compose with TP, and needs a model with experts. A model
+    whose spec has no ``num_active_params`` declares every parameter active for every token, so
+    it has no routed experts to shard; how many experts ``ep`` must divide is the model's own
+    ``validate`` (and :func:`apply` looks at the built modules too)."""
+    pd = parallel_dims
+    problems = []
+    if pd.tp > 1:
+        problems.append(
+            f"expert parallel (ep={pd.ep}) with tensor parallel (tp={pd.tp}) is not supported; "
+            "set parallelism.tp = 1 or parallelism.ep = 1"
+        )
+    if spec.num_active_params is None:
+        problems.append(
+            f"parallelism.ep={pd.ep} but model {spec.name!r} has no experts (its ModelSpec gives no "
+            "num_active_params: every parameter is active); set parallelism.ep = 1 or pick a MoE "
+            "model (e.g. model.name = 'moe')"
+        )
+    return problems
 
 
 def dispatch(
@@ -149,11 +171,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     from titan_plugins_parallel.fsdp import mixed_precision, reshard_after_forward
 
     pd = ctx.parallel_dims
-    if pd.tp > 1:
-        raise UsageError(
-            f"expert parallel (ep={pd.ep}) with tensor parallel (tp={pd.tp}) is not supported; "
-            "set parallelism.tp = 1 or parallelism.ep = 1"
-        )
+    # :func:`check` passed before anything was built; what only the built model shows:
     experts = [m for part in parts for m in part.modules() if getattr(m, "grouped_experts", False)]
     if not experts:
         raise UsageError(

@@ -12,6 +12,14 @@ multi-stage ones (``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``,
 rank ``r`` holds ``r, r + pp, ...``; ``ZBVZeroBubble``/``DualPipeV``, placed in a V: rank ``r``
 holds ``r`` and ``2*pp - 1 - r``); ``parallelism.pp_stages_per_rank`` overrides the count.
 
+What the config, the degrees and the model's arguments show is checked before anything is built
+(:func:`check`, the strategy's ``Strategy.check``: ``run_train.sh`` runs it before torchrun starts
+a process): the schedule's name, the stages per rank it runs, a block for every stage (from the
+model argument ``n_layers``, when the model has one), tied embeddings, and the microbatches the
+local batch and the schedule allow. :func:`apply` still refuses what only the built model shows
+(no ``layers``, fewer blocks than stages), and a layout the schedule's constructor rejects for a
+reason :func:`check` does not know.
+
 Loss and logging: each microbatch's loss is divided by the number of microbatches before its
 backward (so gradients are those of the whole batch's mean loss, with no rescaling pass), the
 last stage adds them up, and the step broadcasts that loss over the PP group. Every PP rank thus
@@ -39,6 +47,7 @@ if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
     from titan_core.parallel_dims import ParallelDims
     from titan_core.parallelize import ParallelContext
+    from titan_core.records import ModelSpec
 
 #: Schedules whose stages sit in a V (rank r holds stages r and 2*pp-1-r).
 _V_SCHEDULES = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
@@ -138,6 +147,76 @@ def _stage_module(model: nn.Module, keep: list[str], first: bool, last: bool) ->
     return stage
 
 
+def _too_few_blocks(blocks: int, pp: int, per_rank: int) -> str:
+    return (
+        f"pipeline parallel needs at least one block per stage: {blocks} blocks for "
+        f"pp={pp} x {per_rank} stages per rank = {pp * per_rank} stages; lower parallelism.pp "
+        "or pp_stages_per_rank, or use a deeper flavor"
+    )
+
+
+#: Schedules that run no fewer microbatches than stages (their constructors' ValueError).
+_AT_LEAST_ONE_MICROBATCH_PER_STAGE = ("Schedule1F1B", "ScheduleDualPipeV")
+#: Schedules whose microbatches must be a multiple of their rounds, ``max(1, n // pp)``.
+_MICROBATCHES_IN_ROUNDS = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")
+
+
+def schedule_problem(cls: type, n_microbatches: int, num_stages: int, pp: int) -> str | None:
+    """Why the schedule ``cls`` would reject ``n_microbatches`` over ``num_stages`` stages (its
+    constructor's ValueError, known before any stage exists), or ``None``."""
+    name = cls.__name__.removeprefix("Schedule")
+    if cls.__name__ in _AT_LEAST_ONE_MICROBATCH_PER_STAGE and n_microbatches < num_stages:
+        return (
+            f"parallelism.pp_schedule={name} needs at least as many microbatches as stages "
+            f"({num_stages}), got parallelism.pp_microbatches={n_microbatches}; raise "
+            f"pp_microbatches to at least {num_stages} (a divisor of training.local_batch_size), "
+            "or use GPipe"
+        )
+    rounds = max(1, n_microbatches // pp)
+    if cls.__name__ in _MICROBATCHES_IN_ROUNDS and n_microbatches % rounds:
+        return (
+            f"parallelism.pp_schedule={name} runs microbatches in rounds of pp={pp} and needs "
+            f"their number to be a multiple of its {rounds} rounds, got parallelism.pp_microbatches="
+            f"{n_microbatches}; set pp_microbatches to a multiple of {pp}, or to at most {pp}"
+        )
+    return None
+
+
+def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, model_args: Any) -> list[str]:
+    """``Strategy.check``: what the config, the degrees and the model's arguments show of the
+    pipeline (the schedule, its stages, a block for each, the microbatches), before anything is
+    built."""
+    from titan_core.trainer import model_arg
+
+    p = config.parallelism
+    pp = parallel_dims.pp
+    try:
+        cls = schedule_class(p.pp_schedule)
+        per_rank = stages_per_rank(cls, p.pp_stages_per_rank)
+    except UsageError as exc:  # the rest depends on the schedule
+        return [str(exc)]
+    num_stages = pp * per_rank
+    problems = []
+    blocks = model_arg(model_args, "n_layers")
+    if isinstance(blocks, int) and blocks < num_stages:
+        problems.append(_too_few_blocks(blocks, pp, per_rank))
+    if model_arg(model_args, "tie_embeddings", False):
+        problems.append(_TIED)
+    try:
+        n_micro = microbatches(config, num_stages)
+    except UsageError as exc:
+        return [*problems, str(exc)]
+    if (problem := schedule_problem(cls, n_micro, num_stages, pp)) is not None:
+        problems.append(problem)
+    return problems
+
+
+_TIED = (
+    "tied input/output embeddings cannot be split across pipeline stages; "
+    "set parallelism.pp = 1 or use a flavor with tie_embeddings=False"
+)
+
+
 def microbatches(config: Any, num_stages: int) -> int:
     p, batch = config.parallelism, config.training.local_batch_size
     n = p.pp_microbatches or num_stages
@@ -151,7 +230,8 @@ def microbatches(config: Any, num_stages: int) -> int:
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
-    """Split the one meta model into this rank's stages; the schedule replaces forward/backward."""
+    """Split the one meta model into this rank's stages; the schedule replaces forward/backward
+    (:func:`check` passed before anything was built)."""
     (model,) = parts
     p = ctx.config.parallelism
     pp = ctx.parallel_dims.pp
@@ -165,17 +245,8 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             "pipeline stages; set parallelism.pp = 1"
         )
     names = list(layers.keys())
-    if len(names) < num_stages:
-        raise UsageError(
-            f"pipeline parallel needs at least one block per stage: {len(names)} blocks for "
-            f"pp={pp} x {per_rank} stages per rank = {num_stages} stages; lower parallelism.pp "
-            "or pp_stages_per_rank, or use a deeper flavor"
-        )
-    if getattr(ctx.model_args, "tie_embeddings", False):
-        raise UsageError(
-            "tied input/output embeddings cannot be split across pipeline stages; "
-            "set parallelism.pp = 1 or use a flavor with tie_embeddings=False"
-        )
+    if len(names) < num_stages:  # a model whose arguments have no n_layers: check could not tell
+        raise UsageError(_too_few_blocks(len(names), pp, per_rank))
     n_micro = microbatches(ctx.config, num_stages)
     runs = split_layers(names, num_stages)
     ids = stage_ids_of(_pp_rank(ctx), pp, per_rank, cls.__name__ in _V_SCHEDULES)
@@ -245,7 +316,7 @@ class Pipeline:
             options["scale_grads"] = False
         try:
             self.schedule = cls(self.stages[0] if is_single_stage(cls) else self.stages, **options)
-        except ValueError as exc:
+        except ValueError as exc:  # a rule of the schedule's that check() does not know
             raise UsageError(
                 f"parallelism.pp_schedule={cls.__name__.removeprefix('Schedule')} rejects this "
                 f"layout ({exc}); change parallelism.pp_microbatches (now {n_microbatches})"

@@ -2,7 +2,8 @@
 
 The model plugin owns the plan (``ModelSpec.tp_plan(model, tp_mesh, loss_parallel)``): which
 linear layers are split by columns or rows and where activations are sharded along the
-sequence. This strategy only checks the run can use it and calls it on each model part.
+sequence. This strategy only checks the run can use it (:func:`check`, before anything is built)
+and calls it on each model part.
 
 Loss parallel keeps the logits sharded over the vocabulary and computes the cross-entropy on the
 shards (``torch.distributed.tensor.parallel.loss_parallel``, which this strategy adds to the
@@ -12,9 +13,7 @@ parallelism: pipeline schedules compute the loss inside their step, outside that
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from titan_core.errors import UsageError
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
@@ -22,31 +21,35 @@ if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
     from titan_core.parallel_dims import ParallelDims
     from titan_core.parallelize import ParallelContext
+    from titan_core.records import ModelSpec
 
 
 def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     return parallel_dims.tp > 1
 
 
-def check(ctx: ParallelContext) -> None:
-    """One clear error when the model or the sequence length cannot be split ``tp`` ways."""
-    tp = ctx.parallel_dims.tp
-    if ctx.spec.tp_plan is None:
-        raise UsageError(
-            f"parallelism.tp={tp}, but model {ctx.spec.name!r} supplies no tensor-parallel plan "
+def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, model_args: Any) -> list[str]:
+    """``Strategy.check``: the model has no TP plan, or the sequence cannot be split ``tp`` ways
+    (how the model's own dimensions split is the model's ``validate``)."""
+    tp = parallel_dims.tp
+    problems = []
+    if spec.tp_plan is None:
+        problems.append(
+            f"parallelism.tp={tp}, but model {spec.name!r} supplies no tensor-parallel plan "
             "(ModelSpec.tp_plan); set parallelism.tp = 1 or use a model plugin with a TP plan"
         )
-    seq_len = ctx.config.training.seq_len
+    seq_len = config.training.seq_len
     if seq_len % tp:
-        raise UsageError(
+        problems.append(
             f"training.seq_len={seq_len} is not divisible by parallelism.tp={tp}: sequence "
             "parallelism shards each sequence over the TP ranks; pick a seq_len that is a "
             "multiple of tp"
         )
+    return problems
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
-    check(ctx)
+    """The model's plan on each part (:func:`check` passed before anything was built)."""
     loss_parallel = ctx.config.parallelism.loss_parallel and ctx.parallel_dims.pp == 1
     tp_mesh = ctx.mesh["tp"]
     for part in parts:

@@ -203,3 +203,196 @@ def test_corpus_of_exactly_one_batch_trains() -> None:
     )
     inputs, _ = next(iter(loader))
     assert inputs.shape == (2, window - 1)
+
+
+# -- formats titan does not read: refused, not read as text --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("lines.json", b'{"text": "one"}\n{"text": "two"}\n'),  # JSON lines named .json
+        ("arr.json", b'[{"text": "one"}, {"text": "two"}]'),  # a JSON array
+        ("UP.JSON", b'{"text": "one"}\n'),
+    ],
+    ids=["json-lines", "json-array", "upper-case"],
+)
+def test_a_json_file_is_refused_saying_what_titan_reads(tmp_path: Path, name: str, content: bytes) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(UsageError) as info:
+        list(read_text_files(str(tmp_path / name)))
+    message = str(info.value)
+    assert message.startswith(f"data.path: {tmp_path / name} is a .json file, which titan does not read")
+    assert ".jsonl (one JSON object" in message and ".txt (plain text" in message
+    jsonl = (tmp_path / name).with_suffix(".jsonl")
+    assert f"renaming to {jsonl}" in message and f"jq -c '.[]' {tmp_path / name} > {jsonl}" in message
+
+
+def test_jsonl_suffixes_are_case_insensitive(tmp_path: Path) -> None:
+    (tmp_path / "UP.JSONL").write_text('{"text": "one"}\n{"text": "two"}\n')
+    assert list(read_text_files(str(tmp_path / "UP.JSONL"))) == ["one", "two"]  # not the raw JSON
+    (tmp_path / "b.TXT").write_text("three")
+    assert list(read_text_files(str(tmp_path))) == ["one", "two", "three"]  # a folder reads both
+
+
+def test_files_without_a_known_suffix_are_read_as_text(tmp_path: Path) -> None:
+    """What docs/data.md promises: a file given itself that is not .jsonl is one document."""
+    (tmp_path / "README").write_text("a document")
+    (tmp_path / "notes.md").write_text("# notes")
+    assert list(read_text_files(str(tmp_path / "README"))) == ["a document"]
+    assert list(read_text_files(str(tmp_path / "notes.md"))) == ["# notes"]
+
+
+def _compressed() -> list[tuple[str, bytes]]:
+    import bz2
+    import gzip
+    import io
+    import lzma
+    import zipfile
+
+    data = b'{"text": "one"}\n'
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("a.jsonl", data)
+    return [
+        ("c.jsonl.gz", gzip.compress(data)),
+        ("c.jsonl.bz2", bz2.compress(data)),
+        ("c.jsonl.xz", lzma.compress(data)),
+        ("c.jsonl.zst", b"\x28\xb5\x2f\xfd" + bytes(12)),
+        ("c.zip", archive.getvalue()),
+        ("c.parquet", b"PAR1" + bytes(8) + b"PAR1"),
+        ("c.arrow", b"ARROW1\x00\x00" + bytes(8)),
+        ("c.JSONL.GZ", gzip.compress(data)),
+        # named as text, compressed inside: found by the first bytes
+        ("gz_inside.jsonl", gzip.compress(data)),
+        ("bz2_inside.txt", bz2.compress(data)),
+        ("xz_inside", lzma.compress(data)),
+        ("zip_inside.txt", archive.getvalue()),
+        ("parquet_inside.txt", b"PAR1" + bytes(8) + b"PAR1"),
+        ("tar_inside.txt", _tar(data)),
+    ]
+
+
+def _tar(data: bytes) -> bytes:
+    import io
+    import tarfile
+
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("a.jsonl")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return archive.getvalue()
+
+
+@pytest.mark.parametrize(("name", "content"), _compressed(), ids=[n for n, _ in _compressed()])
+def test_compressed_and_binary_files_are_refused_with_what_to_do(
+    tmp_path: Path, name: str, content: bytes
+) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(UsageError) as info:
+        list(read_text_files(str(tmp_path / name)))
+    message = str(info.value)
+    assert message.startswith(f"data.path: {tmp_path / name} is ")
+    assert "decompress or convert it to .jsonl" in message and "or .txt" in message
+    assert "UTF-8" not in message and "iconv" not in message  # not the advice for a text encoding
+
+
+def test_text_that_starts_like_a_signature_is_still_text(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("PAR1 is the first part. BZh9 is not bzip2 either.")
+    assert list(read_text_files(str(tmp_path / "a.txt"))) == [
+        "PAR1 is the first part. BZh9 is not bzip2 either."
+    ]
+
+
+def test_a_folder_names_the_files_it_skips_once(tmp_path: Path) -> None:
+    import gzip
+
+    from structlog.testing import capture_logs
+
+    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n')
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "two"}\n'))
+    (tmp_path / "c.json").write_text('{"text": "three"}\n')
+    (tmp_path / "d.md").write_text("# readme")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "e.parquet").write_bytes(b"PAR1")
+    with capture_logs() as logs:
+        assert list(read_text_files(str(tmp_path))) == ["one"]
+        assert list(read_text_files(str(tmp_path))) == ["one"]  # the next pass: no second warning
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1, warnings
+    event = warnings[0]["event"]
+    assert (
+        f"data.path {str(tmp_path)!r}: skipping 4 other files: b.jsonl.gz, c.json, d.md, and 1 more" in event
+    )
+    assert "only .jsonl and .txt files in a folder are read" in event
+
+
+def test_a_folder_of_only_unread_files_names_them(tmp_path: Path) -> None:
+    import gzip
+
+    (tmp_path / "c4-00000.json.gz").write_bytes(gzip.compress(b'{"text": "one"}\n'))
+    with pytest.raises(UsageError) as info:
+        list(read_text_files(str(tmp_path)))
+    message = str(info.value)
+    assert (
+        f"no .jsonl or .txt files under {str(tmp_path)!r} (it holds 1 other file: c4-00000.json.gz)"
+        in message
+    )
+    assert "decompress or convert" in message
+
+
+# -- validation.steps beyond the validation data --------------------------------------------------
+
+
+def _val_loader(texts: list[str], seq_len: int, **kwargs: object) -> PackedBatches:
+    return PackedBatches(
+        lambda: texts, load_tokenizer(None), seq_len=seq_len, batch_size=1, shuffle_buffer=0, **kwargs
+    )
+
+
+def test_validation_steps_beyond_the_data_warns_once_naming_the_distinct_batches() -> None:
+    import itertools
+
+    from structlog.testing import capture_logs
+
+    texts = ["a short document about rain.", "and one about bread."]
+    window = _tokens(texts) // 2  # two sequences in one pass
+    loader = _val_loader(texts, window - 1, name="validation.dataset 'text'")
+    with capture_logs() as logs:
+        first = [x.tolist() for x, _ in itertools.islice(iter(loader), 5)]
+        again = [x.tolist() for x, _ in itertools.islice(iter(loader), 5)]  # the next validation
+    assert first == again and first[2] == first[0]  # what the warning is about: repeats
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1, warnings
+    event = warnings[0]["event"]
+    assert event.startswith("validation.steps asks for more batches than validation.dataset 'text' holds")
+    assert "2 distinct batches of training.local_batch_size=1" in event
+    assert "Lower validation.steps to at most 2" in event
+
+
+def test_validation_steps_that_fit_the_data_and_training_repeats_do_not_warn() -> None:
+    import itertools
+
+    from structlog.testing import capture_logs
+
+    texts = ["a short document about rain.", "and one about bread."]
+    window = _tokens(texts) // 2
+    fits = _val_loader(texts, window - 1, name="validation.dataset 'text'")
+    training = _val_loader(texts, window - 1, name="data.dataset 'text'")
+    with capture_logs() as logs:
+        assert len(list(itertools.islice(iter(fits), 2))) == 2  # exactly the data: no restart
+        assert len(list(itertools.islice(iter(training), 7))) == 7  # the corpus repeats, as documented
+    assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+def test_hidden_files_and_folders_of_a_data_folder_are_not_data(tmp_path: Path) -> None:
+    """Jupyter keeps a copy of each edited file in .ipynb_checkpoints: read, every such document
+    would train twice; git's files are not documents either."""
+    (tmp_path / "a.txt").write_text("one")
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "a-checkpoint.txt").write_text("one")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "description.txt").write_text("Unnamed repository")
+    (tmp_path / ".hidden.jsonl").write_text('{"text": "secret"}\n')
+    assert list(read_text_files(str(tmp_path))) == ["one"]

@@ -170,3 +170,70 @@ def test_no_shuffling_means_no_data_warning_for_another_layout() -> None:
     assert _data_changes(saved, {**saved, "seq_len": 64}) == {"seq_len": "32 -> 64"}
     shuffled = {**saved, "shuffle_buffer": 256}
     assert "dp_degree" in _data_changes(shuffled, {**shuffled, "dp_degree": 1})
+
+
+class Events:
+    """Records the warnings and infos of a module's logger, with their fields."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.seen: list[tuple[str, str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.seen.append(("warning", event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.seen.append(("info", event, fields))
+        self.real.info(event, **fields)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_both_resume_warnings_name_the_step_the_new_settings_start_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resumed from step-3 with another lr and steps: step 4 is the first under the new settings;
+    the schedule's warning names it with its factor, as the optimizer's does."""
+    from titan_core import schedule as schedule_module
+
+    events = Events(schedule_module.log)
+    monkeypatch.setattr(schedule_module, "log", events)
+    monkeypatch.setattr(trainer_module, "log", events)
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    resumed = rows(config_in(tmp_path, **{"training.steps": 8, "training.lr": 1e-3}))
+    warned = {event: fields for kind, event, fields in events.seen if kind == "warning"}
+    (schedule,) = [e for e in warned if "learning-rate schedule" in e]
+    (optimizer,) = [e for e in warned if "optimizer settings" in e]
+    assert "schedule at step 4:" in schedule and "apply from step 4:" in optimizer
+    assert warned[schedule]["lr_factor_now"] * 1e-3 == pytest.approx(resumed[4]["lr"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("shorter", "named"),
+    [({"training.steps": 2}, "training.steps = 2"), ({"debug.max_steps": 2}, "debug.max_steps = 2")],
+)
+def test_a_resume_with_fewer_steps_than_the_checkpoint_holds_is_refused(
+    tmp_path: Path, shorter: dict[str, Any], named: str
+) -> None:
+    rows(config_in(tmp_path, **{"training.steps": 4}))
+    files = ("run.json", "config.toml", "metrics.jsonl", "train.log")
+    before = {name: (tmp_path / name).read_text() for name in files}
+    with pytest.raises(UsageError) as info:
+        Trainer(config_in(tmp_path, **{"training.steps": 4, **shorter}), get_registry())
+    message = str(info.value)
+    assert "checkpoint of step 4" in message and named in message
+    assert f"raise {named.split(' =')[0]} (above 4" in message and "--dump-folder" in message
+    assert {name: (tmp_path / name).read_text() for name in files} == before  # nothing rewritten
+
+
+def test_a_resume_of_a_finished_run_says_why_no_step_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows(config_in(tmp_path, **{"training.steps": 2}))
+    events = Events(trainer_module.log)
+    monkeypatch.setattr(trainer_module, "log", events)
+    assert rows(config_in(tmp_path, **{"training.steps": 2})) == {}
+    (summary,) = [fields for kind, event, fields in events.seen if event == "run summary"]
+    assert summary["steps"] == "none left: the checkpoint of step 2 is the last of training.steps = 2"
+    assert summary["final_loss"] == "n/a (no step ran)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from tests.conftest import run_titan
@@ -185,3 +186,79 @@ def test_runs_logging_a_metric_as_null_compare_by_default(tmp_path: Path) -> Non
     (stage / "metrics.jsonl").write_text("".join(json.dumps({**r, "loss": None}) + "\n" for r in rows))
     shown = run_titan("compare", str(ref), str(stage))
     assert shown.returncode == 0, shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [("[1]", "a list"), ('"NaN"', "a string"), ("true", "a boolean"), ('{"a": 1}', "an object")],
+)
+def test_a_metric_value_that_is_not_a_number_is_one_error(tmp_path: Path, value: str, kind: str) -> None:
+    """It was a TypeError traceback ([1], "NaN"), and ``true`` was compared as 1."""
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    garbage = tmp_path / "garb"
+    garbage.mkdir()
+    (garbage / "metrics.jsonl").write_text(f'{{"step": 1, "loss": 10.0}}\n\n{{"step": 2, "loss": {value}}}\n')
+    for args in (["--rtol", "1e-3"], [], ["--json"]):
+        result = run_titan("compare", str(ref), str(garbage), *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr  # no traceback
+        assert lines[0].startswith(f"titan: error: {garbage / 'metrics.jsonl'}:3: loss at step 2 is ")
+        assert f"({kind}), not a number" in lines[0]
+        assert "OK" not in result.stdout
+
+
+def test_a_step_that_is_not_an_integer_is_one_error(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"step": true, "loss": 10.0}\n')
+    result = run_titan("compare", str(ref), str(bad), "--rtol", "1e-3")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{bad / 'metrics.jsonl'}:1: not a metrics row" in result.stderr
+
+
+def test_a_plot_path_that_cannot_be_written_is_refused_before_comparing(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    off = write_run(tmp_path / "off", [x * 1.1 for x in LOSSES], NORMS)
+    missing = tmp_path / "no" / "dir" / "x.png"
+    for runs in ([ref, ref], [ref, off]):  # whatever the verdict would be: exit 2, not 0 or 1
+        result = run_titan("compare", *map(str, runs), "--rtol", "1e-3", "--plot", str(missing))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"titan: error: --plot {missing}: the folder {missing.parent} does not exist; create it or "
+            "give a .png path in an existing folder"
+        ]
+        assert "runs:" not in result.stdout and "OK" not in result.stdout  # nothing compared
+    folder = tmp_path / "a.png"
+    folder.mkdir()
+    result = run_titan("compare", str(ref), str(off), "--plot", str(folder))
+    assert result.returncode == 2 and f"--plot {folder}: is a folder" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_titan("compare", str(ref), str(off), "--plot", str(tmp_path / "x.jpg"))
+    assert result.returncode == 2 and "expected a .png file name" in result.stderr
+
+
+def test_asserting_on_a_run_without_config_toml_says_its_determinism_is_unchecked(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    nocfg = write_run(tmp_path / "nocfg", LOSSES, NORMS, warn_only=True)
+    (nocfg / "config.toml").unlink()  # e.g. metrics.jsonl copied alone
+    result = run_titan("compare", str(ref), str(nocfg), "--rtol", "1e-4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK: every step within" in result.stdout
+    assert result.stderr.strip().splitlines() == [
+        f"titan: warning: {nocfg}: no config.toml, so whether it was made with "
+        "debug.deterministic_warn_only = true (unfit for numerical validation) cannot be checked; "
+        "compare the run's own job.dump_folder"
+    ]
+    assert run_titan("compare", str(ref), str(nocfg)).stderr == ""  # only looking: nothing to check
+
+
+def test_a_config_toml_that_is_not_toml_is_one_error(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    broken = write_run(tmp_path / "broken", LOSSES, NORMS)
+    (broken / "config.toml").write_bytes(b"[debug\n\xff")
+    result = run_titan("compare", str(ref), str(broken), "--rtol", "1e-4")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"titan: error: {broken / 'config.toml'}: cannot be read")

@@ -185,3 +185,47 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "list.pickle").write_bytes(pickle.dumps({"nothing": 1}))
     result = run_titan("memory", "view", str(tmp_path / "list.pickle"))
     assert result.returncode == 2 and "not a memory snapshot" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        ({"segments": 5}, "'segments' is an int, not a list"),
+        ([1, 2], "segment 0 is an int, not a dict"),
+        ({"segments": [{"blocks": 3}]}, "segment 0's 'blocks' is an int, not a list"),
+        (
+            {"segments": [{"blocks": [{"state": "active_allocated", "address": 1}]}]},
+            "segment 0, block 0 has no integer 'size'",
+        ),
+        ({"segments": [{"device": "cuda"}]}, "segment 0's 'device' is a str, not an int"),
+        ({"segments": [], "device_traces": {"a": 1}}, "'device_traces' is a dict, not a list"),
+        (
+            {"segments": [], "device_traces": [[{"action": "alloc"}]]},
+            "device 0, event 0 has no integer 'addr'",
+        ),
+        ({"segments": [], "device_traces": [[7]]}, "device 0, event 0 is an int, not a dict"),
+        ({"segments": [], "titan": "x"}, "'titan' is a str, not a dict"),
+    ],
+)
+def test_a_pickle_that_is_not_a_snapshot_is_one_line(tmp_path: Path, data: object, what: str) -> None:
+    """A pickle of another shape (a dict with 'segments' = 5, a list) was a TypeError traceback."""
+    path = tmp_path / "other.pickle"
+    path.write_bytes(pickle.dumps(data))
+    result = run_titan("memory", "view", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # no traceback
+    assert lines[0].startswith(f"titan: error: {path}: not a memory snapshot ({what}")
+    assert "torch.cuda.memory._dump_snapshot" in lines[0]
+    assert not (tmp_path / "other.html").exists()
+
+
+def test_a_snapshot_with_frames_that_are_not_dicts_is_one_line(tmp_path: Path) -> None:
+    """What the layout check leaves to the page (frames) is one error too, not a traceback."""
+    data = cuda_snapshot()
+    data["segments"][0]["blocks"][0]["frames"] = ["not a frame"]
+    path = tmp_path / "odd.pickle"
+    path.write_bytes(pickle.dumps(data))
+    result = run_titan("memory", "view", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "not a memory snapshot" in result.stderr

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from tests.parallel_harness import GLOBAL_BATCH
 from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
 from titan_core.config import TrainerConfig
-from titan_core.errors import UsageError
 from titan_plugins_parallel import context_parallel as cp_module
 
 
@@ -52,11 +51,13 @@ def test_batch_sharder_takes_this_ranks_positions() -> None:
 
 
 def test_seq_len_must_split_into_two_chunks_per_rank() -> None:
+    """The strategy's ``Strategy.check``, run before anything is built."""
     config = TrainerConfig()
     config.training.seq_len = 30
-    ctx = SimpleNamespace(config=config, parallel_dims=SimpleNamespace(cp=4))
-    with pytest.raises(UsageError, match=r"training.seq_len=30 is not a multiple of 8"):
-        cp_module.apply([], ctx)
+    (problem,) = cp_module.check(config, SimpleNamespace(cp=4), None, None)
+    assert "training.seq_len=30 is not a multiple of 8" in problem
+    config.training.seq_len = 32
+    assert cp_module.check(config, SimpleNamespace(cp=4), None, None) == []
 
 
 @pytest.fixture

@@ -89,8 +89,15 @@ def _ctx(model_name: str, ep: int, tp: int = 1) -> SimpleNamespace:
 
 
 def test_model_without_experts_is_refused() -> None:
+    """Before anything is built (``Strategy.check``): a spec without ``num_active_params`` has
+    every parameter active, so no experts; after the build, a model without grouped experts."""
     import torch
 
+    dense = SimpleNamespace(name="llama3", num_active_params=None)
+    (problem,) = expert_parallel.check(None, SimpleNamespace(ep=2, tp=1), dense, None)
+    assert problem.startswith("parallelism.ep=2 but model 'llama3' has no experts")
+    moe = SimpleNamespace(name="moe", num_active_params=lambda args: 1)
+    assert expert_parallel.check(None, SimpleNamespace(ep=2, tp=1), moe, None) == []
     with pytest.raises(UsageError, match=r"ep=2 but model 'llama3' has no grouped-experts"):
         expert_parallel.apply([torch.nn.Linear(2, 2)], _ctx("llama3", 2))
 
@@ -108,8 +115,11 @@ def test_ep_must_divide_the_experts() -> None:
 
 
 def test_ep_with_tp_is_refused() -> None:
-    with pytest.raises(UsageError, match=r"ep=2\) with tensor parallel \(tp=2\) is not supported"):
-        expert_parallel.apply([], _ctx("moe", 2, tp=2))
+    moe = SimpleNamespace(name="moe", num_active_params=lambda args: 1)
+    assert expert_parallel.check(None, SimpleNamespace(ep=2, tp=2), moe, None) == [
+        "expert parallel (ep=2) with tensor parallel (tp=2) is not supported; "
+        "set parallelism.tp = 1 or parallelism.ep = 1"
+    ]
 
 
 @pytest.fixture(scope="module")

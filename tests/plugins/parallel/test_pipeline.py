@@ -125,6 +125,136 @@ def test_too_few_blocks_for_the_stages() -> None:
         pipeline.apply([_meta_model(ctx)], ctx)
 
 
+def _check(layout: dict[str, Any], pp: int = 2, **model: Any) -> list[str]:
+    """The strategy's ``Strategy.check`` (before anything is built) of the tiny config + ``layout``."""
+    from titan_plugins_llama3.flavors import Llama3Args
+
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    for path, value in layout.items():
+        section, name = path.split(".")
+        setattr(getattr(config, section), name, value)
+    args = Llama3Args(
+        **{"dim": 32, "n_layers": 4, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16, **model}
+    )
+    return pipeline.check(config, SimpleNamespace(pp=pp), SimpleNamespace(name="llama3"), args)
+
+
+@pytest.mark.parametrize(
+    ("layout", "model", "expected"),
+    [
+        ({}, {}, []),
+        (
+            {"parallelism.pp_schedule": "Zigzag"},
+            {},
+            ["parallelism.pp_schedule='Zigzag' is not a schedule of torch.distributed.pipelining; use GPipe"],
+        ),
+        (
+            {"parallelism.pp_schedule": "1F1B", "parallelism.pp_stages_per_rank": 2},
+            {},
+            ["parallelism.pp_stages_per_rank=2, but Schedule1F1B runs one stage per rank"],
+        ),
+        (
+            {"parallelism.pp_schedule": "Interleaved1F1B"},
+            {"n_layers": 3},
+            ["pipeline parallel needs at least one block per stage: 3 blocks for pp=2 x 2 stages per rank"],
+        ),
+        (
+            {},
+            {"tie_embeddings": True},
+            ["tied input/output embeddings cannot be split across pipeline stages"],
+        ),
+        (
+            {"parallelism.pp_microbatches": 3},
+            {},
+            ["parallelism.pp_microbatches=3 must divide training.local_batch_size=4"],
+        ),
+        (
+            {"parallelism.pp_microbatches": 1},
+            {},
+            ["parallelism.pp_schedule=1F1B needs at least as many microbatches as stages (2), got "],
+        ),
+        (
+            {"parallelism.pp_schedule": "DualPipeV", "parallelism.pp_microbatches": 2},
+            {},
+            ["parallelism.pp_schedule=DualPipeV needs at least as many microbatches as stages (4)"],
+        ),
+        (
+            {
+                "parallelism.pp_schedule": "Interleaved1F1B",
+                "parallelism.pp_microbatches": 5,
+                "training.local_batch_size": 10,
+            },
+            {},
+            ["parallelism.pp_schedule=Interleaved1F1B runs microbatches in rounds of pp=2 and needs"],
+        ),
+        (
+            {"parallelism.pp_schedule": "Interleaved1F1B", "parallelism.pp_microbatches": 3},
+            {"n_layers": 2, "tie_embeddings": True},
+            [
+                "pipeline parallel needs at least one block",
+                "tied input/output",
+                "parallelism.pp_microbatches=3 must divide",
+            ],
+        ),
+    ],
+    ids=[
+        "fits",
+        "unknown-schedule",
+        "stages-the-schedule-cannot-run",
+        "fewer-blocks-than-stages",
+        "tied-embeddings",
+        "microbatches-not-dividing-the-batch",
+        "1F1B-fewer-microbatches-than-stages",
+        "DualPipeV-fewer-microbatches-than-stages",
+        "interleaved-microbatches-not-in-rounds",
+        "every-problem-at-once",
+    ],
+)
+def test_check_refuses_from_the_config_the_degrees_and_the_model_arguments(
+    layout: dict[str, Any], model: dict[str, Any], expected: list[str]
+) -> None:
+    problems = _check(layout, **model)
+    assert len(problems) == len(expected), problems
+    for problem, start in zip(problems, expected, strict=True):
+        assert problem.startswith(start), problem
+
+
+def _stub_stage(index: int, num_stages: int, pp: int, rank: int) -> SimpleNamespace:
+    """What a schedule's constructor reads of a stage (torch 2.11-2.14), without a process group."""
+    return SimpleNamespace(
+        stage_index=index,
+        num_stages=num_stages,
+        group_size=pp,
+        group_rank=rank,
+        is_first=index == 0,
+        is_last=index == num_stages - 1,
+        submod=None,
+    )
+
+
+@pytest.mark.parametrize("schedule", [*SCHEDULES, "LoopedBFS", "DualPipeV"])
+def test_the_checks_microbatch_rules_are_the_schedule_constructors(schedule: str) -> None:
+    """``check`` knows before any stage exists what each schedule's constructor rejects (a
+    ValueError once every rank had built its stages): the same verdict for every layout tried."""
+    cls = pipeline.schedule_class(schedule)
+    per_rank = pipeline.stages_per_rank(cls, None)
+    v_style = cls.__name__ in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    for pp in (2, 3, 4):
+        num_stages = pp * per_rank
+        for n in range(1, 13):
+            try:
+                for rank in range(1 if pipeline.is_single_stage(cls) else pp):
+                    ids = pipeline.stage_ids_of(rank, pp, per_rank, v_style)
+                    stages = [_stub_stage(i, num_stages, pp, rank) for i in ids]
+                    cls(stages[0] if pipeline.is_single_stage(cls) else stages, n, loss_fn=lambda out, y: out)
+                accepted = True
+            except ValueError:
+                accepted = False
+            problem = pipeline.schedule_problem(cls, n, num_stages, pp)
+            assert (problem is None) == accepted, (schedule, pp, n, problem)
+
+
 # -- runs (torchrun, gloo) -------------------------------------------------------------------
 
 

@@ -31,15 +31,23 @@ class Spec:
     tp_plan: Any = None
 
 
+def problems(spec: Any, tp: int = 2, seq_len: int = 32) -> list[str]:
+    """The strategy's ``Strategy.check`` (run before anything is built)."""
+    ctx = context(spec, tp, seq_len)
+    return tensor_parallel.check(ctx.config, ctx.parallel_dims, spec, None)
+
+
 def test_model_without_tp_plan_is_one_clear_error() -> None:
-    expected = r"parallelism.tp=2, but model 'toy' supplies no tensor-parallel plan"
-    with pytest.raises(UsageError, match=expected):
-        tensor_parallel.check(context(Spec()))
+    assert problems(Spec()) == [
+        "parallelism.tp=2, but model 'toy' supplies no tensor-parallel plan (ModelSpec.tp_plan); "
+        "set parallelism.tp = 1 or use a model plugin with a TP plan"
+    ]
 
 
 def test_seq_len_must_split_over_tp_ranks() -> None:
-    with pytest.raises(UsageError, match=r"training.seq_len=33 is not divisible by parallelism.tp=2"):
-        tensor_parallel.check(context(Spec(tp_plan=lambda *a: None), seq_len=33))
+    (problem,) = problems(Spec(tp_plan=lambda *a: None), seq_len=33)
+    assert problem.startswith("training.seq_len=33 is not divisible by parallelism.tp=2")
+    assert problems(Spec(tp_plan=lambda *a: None), seq_len=32) == []
 
 
 def test_llama3_plan_names_every_dimension_tp_does_not_divide() -> None:

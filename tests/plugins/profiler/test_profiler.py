@@ -237,3 +237,72 @@ def test_a_fake_mode_snapshot_holds_the_ranks_tensors(tmp_path: Path) -> None:
     assert total >= account["params_bytes"] + account["grads_bytes"] + account["optimizer_state_bytes"]
     assert len({s["address"] for s in data["segments"]}) == len(data["segments"])
     assert "data pointer of FakeTensor" not in result.stderr + result.stdout
+
+
+def _profiled(folder: Path, **overrides: Any) -> Any:
+    return tiny_config(
+        **{
+            "job.dump_folder": str(folder),
+            "training.steps": 3,
+            "profiler.enable_profiling": True,
+            "profiler.profile_freq": 1,
+            "profiler.enable_memory_snapshot": True,
+            **overrides,
+        }
+    )
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_the_profiler_declares_its_folders_as_outputs() -> None:
+    from titan_core._registry import get_registry
+
+    assert set(get_registry().records("callbacks")["torch_profiler"].outputs) == {
+        "profile_traces",
+        "memory_snapshot",
+    }
+
+
+def test_overwrite_removes_the_earlier_runs_traces_and_snapshots(tmp_path: Path) -> None:
+    from titan_core._registry import get_registry
+    from titan_core.trainer import train
+
+    train(_profiled(tmp_path), get_registry())
+    assert _names(tmp_path / "profile_traces") == ["iteration_1", "iteration_2", "iteration_3"]
+    off = {"training.lr": 1e-3, "profiler.enable_profiling": False, "profiler.enable_memory_snapshot": False}
+    train(_profiled(tmp_path, **off), get_registry(), overwrite=True)
+    assert not (tmp_path / "profile_traces").exists() and not (tmp_path / "memory_snapshot").exists()
+    again = _profiled(tmp_path, **{"training.lr": 2e-3, "profiler.profile_freq": 2})
+    train(again, get_registry(), overwrite=True)
+    assert _names(tmp_path / "profile_traces") == ["iteration_2"]
+    assert _names(tmp_path / "memory_snapshot") == ["step_000000000002"]
+
+
+def test_a_rerun_of_the_same_run_keeps_no_trace_of_the_earlier_attempt(tmp_path: Path) -> None:
+    from titan_core._registry import get_registry
+    from titan_core.trainer import train
+
+    train(_profiled(tmp_path), get_registry())
+    stale = tmp_path / "profile_traces" / "iteration_1" / "rank3_trace.json"  # a rank this run lacks
+    stale.write_text("{}")
+    (tmp_path / "profile_traces" / "iteration_1" / "notes.txt").write_text("mine")  # not a trace
+    train(_profiled(tmp_path, **{"profiler.profile_freq": 2}), get_registry())  # the same run, over
+    assert _names(tmp_path / "profile_traces") == ["iteration_1", "iteration_2"]
+    assert _names(tmp_path / "profile_traces" / "iteration_1") == ["notes.txt"]
+    assert _names(tmp_path / "memory_snapshot") == ["step_000000000002"]
+
+
+def test_a_resume_keeps_the_traces_of_the_steps_it_continues(tmp_path: Path) -> None:
+    from titan_core._registry import get_registry
+    from titan_core.trainer import train
+
+    checkpointed = {"training.steps": 4, "checkpoint.enable": True, "checkpoint.interval": 2}
+    train(_profiled(tmp_path, **checkpointed, **{"debug.max_steps": 2}), get_registry())
+    crashed = tmp_path / "profile_traces" / "iteration_3"  # after step-2, before a crash
+    crashed.mkdir()
+    (crashed / "rank0_trace.json").write_text("{}")
+    train(_profiled(tmp_path, **checkpointed, **{"profiler.profile_freq": 4}), get_registry())
+    assert _names(tmp_path / "profile_traces") == ["iteration_1", "iteration_2", "iteration_4"]
+    assert _names(tmp_path / "memory_snapshot") == [f"step_{s:012d}" for s in (1, 2, 4)]
