@@ -208,6 +208,14 @@ def test_corpus_of_exactly_one_batch_trains() -> None:
 # -- formats titan does not read: refused, not read as text --------------------------------------
 
 
+def _refusal(path: Path, content: bytes) -> str:
+    """The error reading ``path`` (written with ``content``) as data ends in."""
+    path.write_bytes(content)
+    with pytest.raises(UsageError) as info:
+        list(read_text_files(str(path)))
+    return str(info.value)
+
+
 @pytest.mark.parametrize(
     ("name", "content"),
     [
@@ -218,10 +226,7 @@ def test_corpus_of_exactly_one_batch_trains() -> None:
     ids=["json-lines", "json-array", "upper-case"],
 )
 def test_a_json_file_is_refused_saying_what_titan_reads(tmp_path: Path, name: str, content: bytes) -> None:
-    (tmp_path / name).write_bytes(content)
-    with pytest.raises(UsageError) as info:
-        list(read_text_files(str(tmp_path / name)))
-    message = str(info.value)
+    message = _refusal(tmp_path / name, content)
     assert message.startswith(f"data.path: {tmp_path / name} is a .json file, which titan does not read")
     assert ".jsonl (one JSON object" in message and ".txt (plain text" in message
     jsonl = (tmp_path / name).with_suffix(".jsonl")
@@ -289,10 +294,7 @@ def _tar(data: bytes) -> bytes:
 def test_compressed_and_binary_files_are_refused_with_what_to_do(
     tmp_path: Path, name: str, content: bytes
 ) -> None:
-    (tmp_path / name).write_bytes(content)
-    with pytest.raises(UsageError) as info:
-        list(read_text_files(str(tmp_path / name)))
-    message = str(info.value)
+    message = _refusal(tmp_path / name, content)
     assert message.startswith(f"data.path: {tmp_path / name} is ")
     assert "decompress or convert it to .jsonl" in message and "or .txt" in message
     assert "UTF-8" not in message and "iconv" not in message  # not the advice for a text encoding
