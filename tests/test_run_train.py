@@ -225,6 +225,28 @@ def test_a_layout_a_strategy_refuses_stops_before_torchrun(tmp_path: Path) -> No
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--training.steps", "5"], {}, "--training.steps: titan takes no config field overrides"),
+        ([], {"TITAN_LOG_FORMAT": "xml"}, "TITAN_LOG_FORMAT='xml': expected one of json, console"),
+    ],
+)
+def test_what_titan_refuses_on_its_command_line_stops_before_torchrun(
+    tmp_path: Path, args: list[str], env: dict[str, str], expected: str
+) -> None:
+    """A torchtitan-style override got argparse's bare "unrecognized arguments"; an unknown log
+    format was refused by every worker after torchrun started them (ChildFailedError, exit 1)."""
+    module = write_recipe_module(tmp_path, {"training.steps": 2})
+    full_env = child_env(tmp_path, **{"MODULE": module, "CONFIG": "layout", "NGPU": "2", **env})
+    full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full_env.get("PATH", "")])
+    result = subprocess.run(
+        [str(SCRIPT), *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300
+    )
+    assert expected in one_error_line(result)
+    assert "[rank" not in result.stdout + result.stderr  # torchrun started no worker
+
+
 def test_a_core_field_whose_plugin_is_disabled_stops_before_torchrun(tmp_path: Path) -> None:
     """debug.memory_report with the memory plugin disabled: each worker refused it, after torchrun
     started them (torchrun's failure report, exit 1); the launcher's check refuses it first."""

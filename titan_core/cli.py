@@ -60,6 +60,33 @@ def _check_log_format() -> None:
         )
 
 
+def check_environment(registry: Any) -> None:
+    """What every ``titan`` process refuses before its command runs (``titan`` and
+    ``run_train.sh``'s check before torchrun alike): a disabled core, an unknown log format."""
+    _refuse_disabled_core(registry)
+    _check_log_format()
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, with torchtitan-style field overrides (``--training.lr 3e-4``)
+    one :class:`UsageError` saying where settings live; other unknown arguments get argparse's
+    own error (exit 2)."""
+    from titan_core.errors import UsageError
+
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    overrides = [a.split("=", 1)[0] for a in extra if a.startswith("--") and "." in a.split("=", 1)[0]]
+    if overrides:
+        raise UsageError(
+            f"{', '.join(overrides)}: titan takes no config field overrides on the command line; "
+            "training settings live in the recipe (a Python function returning the config): "
+            "`titan recipes copy NAME my_recipe.py` writes one with every field in view, to edit "
+            "and run with `titan run --module my_recipe --recipe NAME` (docs/config.md)"
+        )
+    return parser.parse_args(argv)  # exits with argparse's error for the unknown arguments
+
+
 def _command_name(argv: Sequence[str]) -> str | None:
     """The subcommand ``argv`` gives: its first word that is neither an option nor an option's value."""
     skip = False
@@ -160,8 +187,7 @@ def _main(argv: list[str]) -> int:
             raise UsageError(
                 f"--disable-plugin {', '.join(unknown)}: no plugin of that name; plugins: {known}"
             )
-        _refuse_disabled_core(registry)
-        _check_log_format()
+        check_environment(registry)
         parser = build_parser(registry)
         given = _command_name(argv)
         conflicts = registry.conflicts("commands")
@@ -171,21 +197,10 @@ def _main(argv: list[str]) -> int:
             raise PluginError(conflicts[given])
     except TitanError as exc:
         return report_error(exc)
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        overrides = [a.split("=", 1)[0] for a in extra if a.startswith("--") and "." in a.split("=", 1)[0]]
-        if overrides:
-            from titan_core.errors import UsageError
-
-            return report_error(
-                UsageError(
-                    f"{', '.join(overrides)}: titan takes no config field overrides on the command line; "
-                    "training settings live in the recipe (a Python function returning the config): "
-                    "`titan recipes copy NAME my_recipe.py` writes one with every field in view, to edit "
-                    "and run with `titan run --module my_recipe --recipe NAME` (docs/config.md)"
-                )
-            )
-        parser.parse_args(argv)  # argparse's own error for the other unknown arguments
+    try:
+        args = parse_args(parser, argv)
+    except TitanError as exc:
+        return report_error(exc)
     if args.version:
         from importlib.metadata import version
 

@@ -429,7 +429,8 @@ class Comm:
 class Metrics:
     #: Log a line (and TensorBoard scalars) every ``log_freq`` steps.
     log_freq: int = field(default=10, validator=positive)
-    #: Write TensorBoard scalars under ``job.dump_folder/save_tb_folder``.
+    #: Write TensorBoard scalars into ``save_tb_folder`` (a subfolder per dump folder there when
+    #: it is outside ``job.dump_folder``).
     enable_tensorboard: bool = False
     #: Folder (under ``job.dump_folder``) for TensorBoard event files; one outside it (an absolute
     #: path), which runs of several dump folders may share, gets a subfolder per dump folder.

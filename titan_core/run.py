@@ -234,12 +234,13 @@ def preflight(argv: list[str], processes: int) -> int:
     folder may take this run.
     """
     from titan_core._registry import get_registry
-    from titan_core.cli import build_parser, report_error
+    from titan_core.cli import build_parser, check_environment, parse_args, report_error
     from titan_core.errors import TitanError, call_plugin
 
     registry = get_registry()
-    args = build_parser(registry).parse_args(["run", *argv])
     try:
+        check_environment(registry)
+        args = parse_args(build_parser(registry), ["run", *argv])
         config = resolve_config(args, registry)
         check_names(config, registry)
         check_launch(config, registry, processes)

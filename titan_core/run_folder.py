@@ -347,6 +347,17 @@ class RunFolder:
     def _remove(self, prior: dict[str, Any], *, checkpoints: bool) -> None:
         import shutil
 
+        checkpoint_folder = prior.get("checkpoint_folder") or self.config.checkpoint.folder
+        ck_path = os.path.join(self.dump, checkpoint_folder)
+        if checkpoints and os.path.isdir(ck_path) and not inside(ck_path, self.dump):
+            # Outside the dump folder (absolute, "..", a link out) it may hold another run's
+            # checkpoints, or be an ancestor of this folder: refused before anything is removed.
+            raise UsageError(
+                f"--overwrite: checkpoint.folder {checkpoint_folder!r} ({os.path.realpath(ck_path)}) is "
+                f"outside job.dump_folder {self.dump!r}, and titan deletes nothing outside the dump "
+                "folder (another run may share it, or it holds this one); remove the checkpoints "
+                "there yourself, or set checkpoint.folder to a new folder"
+            )
         names = [RUN_FILE, *RUN_FILES]
         tb_folder = prior.get("tb_folder") or self.config.metrics.save_tb_folder
         folders = []
@@ -354,8 +365,8 @@ class RunFolder:
             folders.append(tb_folder)
         else:  # perhaps shared with other runs and files: only this dump folder's event files go
             self._remove_events(tb_location(self.dump, tb_folder))
-        if checkpoints:  # the run's own wherever it is (an absolute one: another file system)
-            folders.append(prior.get("checkpoint_folder") or self.config.checkpoint.folder)
+        if checkpoints:  # the run's own, inside the dump folder (checked above)
+            folders.append(checkpoint_folder)
         for name in names:
             path = os.path.join(self.dump, name)
             if os.path.isfile(path):

@@ -310,12 +310,6 @@ LAYOUT_ERRORS = [
         id="global-batch-not-a-multiple-of-local-x-dp",
     ),
     pytest.param(
-        2,
-        {"parallelism.ep": 2},
-        "parallelism.ep=2 but model 'llama3' has no experts",
-        id="ep-without-an-moe-model",
-    ),
-    pytest.param(
         4,
         {
             "model.name": "moe",

@@ -267,3 +267,28 @@ def test_a_run_json_that_recorded_the_prefetch_still_starts_over(tmp_path: Path)
     config.data.prefetch = 0
     train(config, get_registry())
     assert steps_in(tmp_path) == [1, 2]
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent"])
+def test_overwrite_deletes_no_checkpoint_folder_outside_the_dump_folder(tmp_path: Path, where: str) -> None:
+    """An absolute checkpoint.folder may be shared with other runs' checkpoints, and ".." is the
+    dump folder's parent: --overwrite removed either whole (rmtree)."""
+    shared = tmp_path / "ckpts"
+    folder = str(shared) if where == "absolute" else ".."
+    config = tiny_llama3(tmp_path / "run", 2)
+    config.checkpoint.enable = True
+    config.checkpoint.interval = 2
+    config.checkpoint.folder = folder
+    train(config, get_registry())
+    root = shared if where == "absolute" else tmp_path
+    (root / "other_runs_file.txt").write_text("keep me")
+    before = sorted(p.name for p in root.iterdir())
+    other = tiny_llama3(tmp_path / "run", 2)
+    other.checkpoint.enable = True
+    other.checkpoint.interval = 2
+    other.checkpoint.folder = folder
+    other.training.lr = 1e-3  # another run: --overwrite would replace the first one's outputs
+    with pytest.raises(UsageError, match=r"--overwrite: checkpoint.folder .* is outside job.dump_folder"):
+        train(other, get_registry(), overwrite=True)
+    assert sorted(p.name for p in root.iterdir()) == before
+    assert (tmp_path / "run" / "run.json").is_file()  # refused before anything was removed

@@ -183,7 +183,9 @@ def _check_format(file: Path) -> None:
             kind = "bzip2-compressed"
         if kind is None and tail == b"PAR1":
             kind = "Parquet data"
-        if kind is None and head[257:262] == b"ustar":
+        # The tar magic with its NUL (POSIX "ustar\0", GNU "ustar  \0"): "ustar" alone is text
+        # ("mustard" at that offset).
+        if kind is None and (head[257:263] == b"ustar\x00" or head[257:265] == b"ustar  \x00"):
             kind = "a tar archive"
     if kind is not None:
         raise UsageError(

@@ -110,6 +110,10 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     only a model without a replaceable ``attention_fn`` is refused here, by its modules)."""
     import torch
 
+    # The trainer ran check first; a direct caller may not have, and a seq_len the chunks do not
+    # divide would train on fewer positions than the batch holds, without a word.
+    if problems := check(ctx.config, ctx.parallel_dims, ctx.spec, ctx.model_args):
+        raise UsageError("; ".join(problems))
     cp = ctx.parallel_dims.cp
     seq_len = ctx.config.training.seq_len
     cp_rank = ctx.parallel_dims.coordinates(ctx.topology.rank)["cp"]

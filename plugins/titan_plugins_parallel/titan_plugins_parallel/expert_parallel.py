@@ -61,24 +61,18 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
 
 
 def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, model_args: Any) -> list[str]:
-    """``Strategy.check``: EP does not compose with TP, and needs a model with experts. A model
-    whose spec has no ``num_active_params`` declares every parameter active for every token, so
-    it has no routed experts to shard; how many experts ``ep`` must divide is the model's own
-    ``validate`` (and :func:`apply` looks at the built modules too)."""
+    """``Strategy.check``: EP does not compose with TP. Whether the model has experts, and how
+    many ``ep`` must divide, only the built model shows (:func:`apply` looks for grouped-experts
+    modules; the model's own ``validate`` may refuse earlier): no field of a ``ModelSpec`` says
+    it, and guessing from one (``num_active_params`` is for ``titan models list``) would refuse
+    a third-party MoE model that leaves it out."""
     pd = parallel_dims
-    problems = []
     if pd.tp > 1:
-        problems.append(
+        return [
             f"expert parallel (ep={pd.ep}) with tensor parallel (tp={pd.tp}) is not supported; "
             "set parallelism.tp = 1 or parallelism.ep = 1"
-        )
-    if spec.num_active_params is None:
-        problems.append(
-            f"parallelism.ep={pd.ep} but model {spec.name!r} has no experts (its ModelSpec gives no "
-            "num_active_params: every parameter is active); set parallelism.ep = 1 or pick a MoE "
-            "model (e.g. model.name = 'moe')"
-        )
-    return problems
+        ]
+    return []
 
 
 def dispatch(

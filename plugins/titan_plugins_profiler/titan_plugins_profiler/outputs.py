@@ -5,7 +5,8 @@ plugin's record declares them in ``Callback.outputs``). A run that is not anothe
 run started over, or resumed) keeps what it continues: every run, profiled or not, removes at its
 start the files of this rank, and rank 0 those of ranks the run lacks, for the steps it is about
 to train (after the checkpoint it resumed from; all of them when it starts at step 1), so that no
-trace of an earlier attempt sits beside this run's as if it were its. Other ranks' files are left
+trace of an earlier attempt sits beside this run's as if it were its; out-of-memory ``_exit``
+snapshots stay (only ``--overwrite`` removes them). Other ranks' files are left
 to their ranks: under the fake backends the ranks of one run are processes run one after another.
 Folders outside ``job.dump_folder`` (an absolute path) may be shared by runs of other dump folders:
 nothing is removed there.
@@ -20,8 +21,10 @@ from typing import Any
 
 #: ``<save_traces_folder>/iteration_<step>/rank<rank>_trace.json``
 _TRACE_STEP = re.compile(r"^iteration_(\d+)$")
-#: ``<save_memory_snapshot_folder>/step_<step:012d>[_exit]/rank<rank>_memory_snapshot.{pickle,html}``
-_SNAPSHOT_STEP = re.compile(r"^step_(\d+)(?:_exit)?$")
+#: ``<save_memory_snapshot_folder>/step_<step:012d>/rank<rank>_memory_snapshot.{pickle,html}``; the
+#: ``step_<step>_exit`` snapshot of an out-of-memory failure is kept: it is the evidence the next
+#: attempt (a resume with a smaller batch) is made to fix.
+_SNAPSHOT_STEP = re.compile(r"^step_(\d+)$")
 _RANK_FILE = re.compile(r"^rank(\d+)_")
 #: The memory report's CUDA snapshot (titan-plugins-memory), written in the snapshot folder at the
 #: end of a run: one present at a start is an earlier attempt's.

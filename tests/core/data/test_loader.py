@@ -307,6 +307,17 @@ def test_text_that_starts_like_a_signature_is_still_text(tmp_path: Path) -> None
     ]
 
 
+def test_text_with_ustar_where_tar_keeps_its_magic_is_still_text(tmp_path: Path) -> None:
+    """Tar's magic sits at byte 257: "mustard" there is a word, not an archive."""
+    text = "x" * 256 + "mustard seeds and custard"
+    (tmp_path / "a.txt").write_text(text)
+    assert list(read_text_files(str(tmp_path / "a.txt"))) == [text]
+    line = '{"text": "' + "y" * 246 + 'mustard"}\n'
+    assert line.index("ustar") == 257
+    (tmp_path / "b.jsonl").write_text(line)
+    assert list(read_text_files(str(tmp_path / "b.jsonl"))) == ["y" * 246 + "mustard"]
+
+
 def test_a_folder_names_the_files_it_skips_once(tmp_path: Path) -> None:
     import gzip
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from tests.parallel_harness import GLOBAL_BATCH
 from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
 from titan_core.config import TrainerConfig
+from titan_core.errors import UsageError
 from titan_plugins_parallel import context_parallel as cp_module
 
 
@@ -58,6 +59,11 @@ def test_seq_len_must_split_into_two_chunks_per_rank() -> None:
     assert "training.seq_len=30 is not a multiple of 8" in problem
     config.training.seq_len = 32
     assert cp_module.check(config, SimpleNamespace(cp=4), None, None) == []
+    # apply refuses it too, for a caller that skipped the check (chunks would drop positions).
+    config.training.seq_len = 30
+    ctx = SimpleNamespace(config=config, parallel_dims=SimpleNamespace(cp=4), spec=None, model_args=None)
+    with pytest.raises(UsageError, match=r"training\.seq_len=30 is not a multiple of 8"):
+        cp_module.apply([], ctx)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -89,15 +89,13 @@ def _ctx(model_name: str, ep: int, tp: int = 1) -> SimpleNamespace:
 
 
 def test_model_without_experts_is_refused() -> None:
-    """Before anything is built (``Strategy.check``): a spec without ``num_active_params`` has
-    every parameter active, so no experts; after the build, a model without grouped experts."""
+    """Once built: a model without grouped experts. Not before (``Strategy.check``): no spec
+    field says whether a model has experts, and a MoE spec without ``num_active_params`` (a
+    ``titan models list`` count) must not be refused."""
     import torch
 
     dense = SimpleNamespace(name="llama3", num_active_params=None)
-    (problem,) = expert_parallel.check(None, SimpleNamespace(ep=2, tp=1), dense, None)
-    assert problem.startswith("parallelism.ep=2 but model 'llama3' has no experts")
-    moe = SimpleNamespace(name="moe", num_active_params=lambda args: 1)
-    assert expert_parallel.check(None, SimpleNamespace(ep=2, tp=1), moe, None) == []
+    assert expert_parallel.check(None, SimpleNamespace(ep=2, tp=1), dense, None) == []
     with pytest.raises(UsageError, match=r"ep=2 but model 'llama3' has no grouped-experts"):
         expert_parallel.apply([torch.nn.Linear(2, 2)], _ctx("llama3", 2))
 

@@ -303,6 +303,11 @@ def test_a_resume_keeps_the_traces_of_the_steps_it_continues(tmp_path: Path) -> 
     crashed = tmp_path / "profile_traces" / "iteration_3"  # after step-2, before a crash
     crashed.mkdir()
     (crashed / "rank0_trace.json").write_text("{}")
+    oom = tmp_path / "memory_snapshot" / "step_000000000003_exit"  # the crash: out of memory
+    oom.mkdir()
+    (oom / "rank0_memory_snapshot.pickle").write_bytes(b"evidence")
     train(_profiled(tmp_path, **checkpointed, **{"profiler.profile_freq": 4}), get_registry())
     assert _names(tmp_path / "profile_traces") == ["iteration_1", "iteration_2", "iteration_4"]
-    assert _names(tmp_path / "memory_snapshot") == [f"step_{s:012d}" for s in (1, 2, 4)]
+    # The out-of-memory snapshot is what the resumed attempt was made to fix: kept.
+    kept = [f"step_{s:012d}" for s in (1, 2)] + ["step_000000000003_exit", "step_000000000004"]
+    assert _names(tmp_path / "memory_snapshot") == kept
