@@ -241,8 +241,7 @@ class Registry:
 
     def conflicts(self, kind: str, what: str | None = None) -> dict[str, str]:
         """Names of ``kind`` that two plugins provide, each with the error naming both."""
-        what = what or kind.rstrip("s").replace("_", " ")
-        return {p.record.name: _conflict_message(what, p) for p in self._gather(kind).values() if p.rivals}
+        return {name: message for name, (_, message) in self.conflicting_records(kind, what).items()}
 
     def conflicting_records(self, kind: str, what: str | None = None) -> dict[str, tuple[list[Any], str]]:
         """As :meth:`conflicts`, with every provider's record of each name (first provider first):
@@ -258,15 +257,17 @@ class Registry:
         return self._gather(kind)[name.lower()].plugin
 
     def label(self, kind: str, name: str) -> str:
-        """How errors name the plugin behind the record ``name`` of ``kind``: ``plugin NAME,
-        DISTRIBUTION VERSION``, ``plugin NAME`` for one registered as an object (no distribution),
-        ``plugin unknown`` when no plugin provides the name."""
+        """How errors name the record ``name`` of ``kind`` and the plugin behind it: ``strategy
+        'fsdp' (plugin parallel, titan-plugins-parallel 0.1.0)``; ``(plugin NAME)`` for a plugin
+        registered as an object (no distribution), ``(plugin unknown)`` when none provides it."""
         try:
             info = self.provider(kind, name)
         except KeyError:
-            return "plugin unknown"
-        known = info.distribution and info.distribution != "(registered)"
-        return f"plugin {info.name}, {info.origin}" if known else f"plugin {info.name}"
+            plugin = "plugin unknown"
+        else:
+            known = info.distribution and info.distribution != "(registered)"
+            plugin = f"plugin {info.name}, {info.origin}" if known else f"plugin {info.name}"
+        return f"{_LABEL_WORDS.get(kind, kind)} {name!r} ({plugin})"
 
     def get(self, kind: str, name: str, *, what: str | None = None) -> Any:
         """The record ``name`` of ``kind``; unknown names list the known ones and failed plugins."""
@@ -379,6 +380,10 @@ class Registry:
 INSTALL_HINT = (
     "titan's own plugins and what each provides: docs/architecture.md, 'Plugins in this repository'"
 )
+
+
+#: The record a kind's error names (``label``): the kinds plugin code of the trainer runs.
+_LABEL_WORDS = {"models": "model", "strategies": "strategy", "callbacks": "callback"}
 
 
 def _conflict_message(what: str, provided: _Provided) -> str:

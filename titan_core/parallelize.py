@@ -188,14 +188,13 @@ def check_strategies(
     trainer and ``run_train.sh``'s check before torchrun (:func:`titan_core.run.preflight`)
     share it, so a layout is refused the same way by both."""
 
-    def named(strategy: Strategy) -> str:
-        return f"strategy {strategy.name!r} ({registry.label('strategies', strategy.name)})"
-
     chosen = select_strategies(
         registry.records("strategies"),
         config,
         parallel_dims,
-        lambda s, fn, *args: call(lambda: f"{named(s)} failed in applies", fn, *args),
+        lambda s, fn, *args: call(
+            lambda: f"{registry.label('strategies', s.name)} failed in applies", fn, *args
+        ),
     )
     unhandled = unhandled_dims(parallel_dims, chosen)
     if unhandled:
@@ -209,7 +208,7 @@ def check_strategies(
         if strategy.check is None:
             continue
         found = call(
-            lambda s=strategy: f"{named(s)} failed in check",
+            lambda s=strategy: f"{registry.label('strategies', s.name)} failed in check",
             strategy.check,
             config,
             parallel_dims,
@@ -218,8 +217,8 @@ def check_strategies(
         )
         if not isinstance(found, (list, tuple)) or not all(isinstance(p, str) for p in found):
             raise PluginError(
-                f"{named(strategy)}: its check returned {found!r}; it must return a list of problems "
-                "(strings, 'section.field: message'), empty when there are none"
+                f"{registry.label('strategies', strategy.name)}: its check returned {found!r}; it must "
+                "return a list of problems (strings, 'section.field: message'), empty when there are none"
             )
         problems += found
     if len(problems) == 1:

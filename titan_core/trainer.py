@@ -543,7 +543,7 @@ class Trainer:
             obj = self._plugin_call("callbacks", r.name, "failed to build", r.build, self)
             if obj is not None:
                 built.append(obj)
-                labels.append(f"callback {r.name!r} ({self.registry.label('callbacks', r.name)})")
+                labels.append(self.registry.label("callbacks", r.name))
         if self.checkpointer is not None:
             built.append(_CheckpointSaves(self))
             labels.append(f"the checkpoint saves of checkpoint.backend {self.config.checkpoint.backend!r}")
@@ -553,10 +553,7 @@ class Trainer:
 
     def _plugin_call(self, kind: str, name: str, failed: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, plugin code of the record ``name`` of ``kind`` (:meth:`_as_plugin`)."""
-        what = {"models": "model", "strategies": "strategy", "callbacks": "callback"}.get(kind, kind)
-        return self._as_plugin(
-            lambda: f"{what} {name!r} ({self.registry.label(kind, name)}) {failed}", fn, *args
-        )
+        return self._as_plugin(lambda: f"{self.registry.label(kind, name)} {failed}", fn, *args)
 
     def _guarded_callback(self, label: str, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callback's method as the loop calls it: its exception becomes one error naming it."""
@@ -591,9 +588,9 @@ class Trainer:
             )
             if not isinstance(result, list) or not all(isinstance(p, nn.Module) for p in result):
                 raise PluginError(
-                    f"strategy {strategy.name!r} ({self.registry.label('strategies', strategy.name)}) "
-                    f"returned {type(result).__name__} from apply; it must return the list of model "
-                    "parts to train (nn.Module each), e.g. the parts it was given"
+                    f"{self.registry.label('strategies', strategy.name)} returned "
+                    f"{type(result).__name__} from apply; it must return the list of model parts to "
+                    "train (nn.Module each), e.g. the parts it was given"
                 )
             return result
 
@@ -1045,7 +1042,7 @@ def check_layout(
         registry,
         parallel_dims,
         lambda fn, *args: call(
-            lambda: f"model {model!r} ({registry.label('models', model)}) failed to validate its arguments",
+            lambda: f"{registry.label('models', model)} failed to validate its arguments",
             fn,
             *args,
         ),
