@@ -29,7 +29,7 @@ from typing import Any, Literal
 import attrs
 from attrs import field
 
-from titan_core.errors import PluginError, TitanError, UsageError
+from titan_core.errors import UsageError, call_plugin, problems_returned
 
 # ---------------------------------------------------------------------------------------------
 # Errors and validators
@@ -488,25 +488,29 @@ class Debug:
     fake_tensors: Literal["auto", "on", "off"] = "auto"
 
 
-def served_fields() -> list[str]:
-    """The dotted paths of the core fields a plugin implements (metadata :data:`PLUGIN_SERVED`)."""
+def _served() -> list[tuple[str, attrs.Attribute]]:
+    """``(section name, attribute)`` of each core field a plugin implements (:data:`PLUGIN_SERVED`)."""
     return [
-        f"{name}.{a.name}"
+        (name, a)
         for name, cls in CORE_SECTIONS.items()
         for a in attrs.fields(cls)
         if a.metadata.get(PLUGIN_SERVED)
     ]
 
 
+def served_fields() -> list[str]:
+    """The dotted paths of the core fields a plugin implements (metadata :data:`PLUGIN_SERVED`)."""
+    return [f"{name}.{a.name}" for name, a in _served()]
+
+
 def plugin_served(config: "TrainerConfig") -> dict[str, Any]:
     """The core fields a plugin implements (metadata :data:`PLUGIN_SERVED`) that ``config`` sets
     to other than their defaults, by dotted path."""
     found = {}
-    for name, cls in CORE_SECTIONS.items():
-        section = getattr(config, name)
-        for a in attrs.fields(cls):
-            if a.metadata.get(PLUGIN_SERVED) and getattr(section, a.name) != a.default:
-                found[f"{name}.{a.name}"] = getattr(section, a.name)
+    for name, a in _served():
+        value = getattr(getattr(config, name), a.name)
+        if value != a.default:
+            found[f"{name}.{a.name}"] = value
     return found
 
 
@@ -680,18 +684,13 @@ def optimizer_problems(t: Training) -> list[str]:
 def _plugin_check(label: str, check: Callable[[Any], Any], config: TrainerConfig) -> list[str]:
     """A plugin section's ``check``: its problems, or one :class:`PluginError` naming it when it
     raises or returns something other than a list of strings."""
-    try:
-        found = check(config)
-    except TitanError:
-        raise
-    except Exception as exc:
-        raise PluginError(f"the check of {label} failed: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(found, (list, tuple)) or not all(isinstance(p, str) for p in found):
-        raise PluginError(
-            f"the check of {label} returned {found!r}; it must return a list of problems "
-            "(strings, 'section.field: message'), empty when there are none"
-        )
-    return list(found)
+    found = call_plugin(
+        lambda: f"the check of {label} failed",
+        check,
+        config,
+        message=lambda what, exc: f"{what}: {type(exc).__name__}: {exc}",
+    )
+    return problems_returned(found, f"the check of {label} returned")
 
 
 # ---------------------------------------------------------------------------------------------

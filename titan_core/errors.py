@@ -67,6 +67,18 @@ def call_plugin(
         raise PluginError(message(what(), exc)) from exc
 
 
+def problems_returned(found: Any, returned: str) -> list[str]:
+    """A plugin check's result (a config section's, a strategy's) as the list of problem lines it
+    must be; anything else is one :class:`PluginError`, ``returned`` (e.g. ``"the check of X
+    returned"``) followed by the value and what a check must return."""
+    if not isinstance(found, (list, tuple)) or not all(isinstance(p, str) for p in found):
+        raise PluginError(
+            f"{returned} {found!r}; it must return a list of problems (strings, 'section.field: "
+            "message'), empty when there are none"
+        )
+    return list(found)
+
+
 _CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from titan_core.errors import PluginError, UsageError
+from titan_core.errors import PluginError, UsageError, problems_returned
 from titan_core.records import PARALLEL_DIMS
 
 if TYPE_CHECKING:
@@ -215,12 +215,9 @@ def check_strategies(
             spec,
             model_args,
         )
-        if not isinstance(found, (list, tuple)) or not all(isinstance(p, str) for p in found):
-            raise PluginError(
-                f"{registry.label('strategies', strategy.name)}: its check returned {found!r}; it must "
-                "return a list of problems (strings, 'section.field: message'), empty when there are none"
-            )
-        problems += found
+        problems += problems_returned(
+            found, f"{registry.label('strategies', strategy.name)}: its check returned"
+        )
     if len(problems) == 1:
         raise UsageError(problems[0])
     if problems:
