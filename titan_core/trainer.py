@@ -524,6 +524,7 @@ class Trainer:
             seed=self.seed,
             shuffle_buffer=0,
             name=label,
+            repeat_warning="validation.steps",
         )
 
     def _param_groups(self) -> list[dict[str, Any]]:

@@ -280,13 +280,8 @@ class PackedBatches:
     #: The setting named in a warning when a pass over the data runs out and it restarts: what
     #: asked for more batches than the data holds (``validation.steps``: every validation reads
     #: the same batches from the start, so a restart repeats batches within one validation).
-    #: ``None``: the data restarts silently (training's corpus repeats, as documented). By default
-    #: ``validation.steps`` for data named ``validation...`` (the trainer's validation batches).
-    repeat_warning: str | None = attrs.field(
-        default=attrs.Factory(
-            lambda self: "validation.steps" if self.name.startswith("validation") else None, takes_self=True
-        )
-    )
+    #: ``None``: the data restarts silently (training's corpus repeats, as documented).
+    repeat_warning: str | None = None
     _repeat_warned: bool = attrs.field(default=False, init=False, repr=False)
 
     def _sequences(self) -> Iterator[list[int]]:

@@ -371,7 +371,9 @@ def test_validation_steps_beyond_the_data_warns_once_naming_the_distinct_batches
 
     texts = ["a short document about rain.", "and one about bread."]
     window = _tokens(texts) // 2  # two sequences in one pass
-    loader = _val_loader(texts, window - 1, name="validation.dataset 'text'")
+    loader = _val_loader(
+        texts, window - 1, name="validation.dataset 'text'", repeat_warning="validation.steps"
+    )
     with capture_logs() as logs:
         first = [x.tolist() for x, _ in itertools.islice(iter(loader), 5)]
         again = [x.tolist() for x, _ in itertools.islice(iter(loader), 5)]  # the next validation
@@ -391,7 +393,7 @@ def test_validation_steps_that_fit_the_data_and_training_repeats_do_not_warn() -
 
     texts = ["a short document about rain.", "and one about bread."]
     window = _tokens(texts) // 2
-    fits = _val_loader(texts, window - 1, name="validation.dataset 'text'")
+    fits = _val_loader(texts, window - 1, name="validation.dataset 'text'", repeat_warning="validation.steps")
     training = _val_loader(texts, window - 1, name="data.dataset 'text'")
     with capture_logs() as logs:
         assert len(list(itertools.islice(iter(fits), 2))) == 2  # exactly the data: no restart
