@@ -80,6 +80,7 @@ def titan_datasets() -> list[Dataset]:
             _bundled,
             "generated English-like corpus shipped with titan (offline)",
             held_out=_bundled_held_out,
+            reads_path=False,
         ),
         Dataset("text", _text, "local .jsonl ({'text': ...} per line) or .txt files at data.path"),
     ]

@@ -309,15 +309,16 @@ class Registry:
             sections[provided.record.name] = provided.record.cls
         return sections
 
-    def config_checks(self) -> list[tuple[str, Any]]:
-        """The cross-field checks of plugin config sections, each with how errors name it
-        (``config section 'x' (plugin p, dist 1.0)``)."""
+    def config_checks(self) -> list[tuple[ConfigSection, str]]:
+        """The plugin config sections that have a cross-field check, each with how errors name
+        it (``config section 'x' (plugin p, dist 1.0)``)."""
         checks = []
         for provided in self._gather("config_sections").values():
             record, plugin = provided.record, provided.plugin
             if record.check is not None and not provided.rivals:
-                label = f"config section {record.name!r} (plugin {plugin.name}, {plugin.origin})"
-                checks.append((label, record.check))
+                checks.append(
+                    (record, f"config section {record.name!r} (plugin {plugin.name}, {plugin.origin})")
+                )
         return checks
 
     def _gather(self, kind: str) -> dict[str, _Provided]:
@@ -388,6 +389,13 @@ _LABEL_WORDS = {"models": "model", "strategies": "strategy", "callbacks": "callb
 
 def _conflict_message(what: str, provided: _Provided) -> str:
     owners = [provided.plugin, *provided.rivals]
+    if all(p is provided.plugin for p in owners):  # one plugin, two spellings of one name
+        spellings = ", ".join(repr(r.name) for r in (provided.record, *provided.rival_records))
+        return (
+            f"{what} {provided.record.name!r} is provided twice by plugin {provided.plugin.name!r} "
+            f"({provided.plugin.origin}), as {spellings}: names are compared without case; the "
+            "plugin must rename one"
+        )
     listed = " and ".join(f"plugin {p.name!r} ({p.origin})" for p in owners)
     return (
         f"{what} {provided.record.name!r} is provided twice: by {listed}; uninstall or disable one "
@@ -449,7 +457,10 @@ def _check_section(record: ConfigSection, hook: str) -> None:
             "made with titan_core.config.section"
         )
     # Every config holds every section, so a class that cannot be built with its defaults would
-    # fail every run: found here, naming the plugin, instead.
+    # fail every run: found here, naming the plugin, instead (and the field by the section's name).
+    from titan_core.config import register_section_name
+
+    register_section_name(record.name, record.cls)
     try:
         record.cls()
     except Exception as exc:

@@ -9,7 +9,9 @@ list`` and ``titan recipes list`` never import torch.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import keyword
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -349,7 +351,17 @@ def recipes_command(args: argparse.Namespace) -> int:
 
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # as `titan run --module` does
-        recipes = {r.name: (r, args.module) for r in module_recipes(import_module(args.module)).values()}
+        from titan_core._registry import get_registry
+
+        module = import_module(args.module)
+        recipes = {r.name: (r, args.module) for r in module_recipes(module).values()}
+        # `titan run --module` runs any public function there, imported ones too: list those that
+        # are a plugin's recipes (`from titan_plugins_llama3.recipes import llama3_debugmodel`).
+        registry = get_registry()
+        for record in registry.records("recipes").values():
+            if getattr(module, record.name, None) is record.fn and record.name not in recipes:
+                plugin = registry.provider("recipes", record.name).name
+                recipes[record.name] = (record, f"{args.module} (imported from plugin {plugin})")
     else:
         from titan_core._registry import get_registry
 
@@ -400,11 +412,23 @@ def _recipes_copy(args: argparse.Namespace) -> int:
     function = args.function or args.name
     if path.suffix != ".py" or not path.stem.isidentifier():
         raise UsageError(f"FILE {args.file!r}: give a Python module file name, e.g. my_recipes.py")
+    if keyword.iskeyword(path.stem):
+        raise UsageError(
+            f"FILE {args.file!r}: {path.stem!r} is a Python keyword, not importable; choose another name"
+        )
     if path.stem in sys.stdlib_module_names:
         raise UsageError(
             f"FILE {args.file!r}: {path.stem!r} would hide a standard-library module; choose another name"
         )
-    if not function.isidentifier():
+    installed = importlib.util.find_spec(path.stem)  # top-level name: finds, imports nothing
+    if installed is not None and (
+        installed.origin is None or Path(installed.origin).resolve() != path.resolve()
+    ):
+        raise UsageError(
+            f"FILE {args.file!r}: {path.stem!r} would hide the installed module of that name "
+            f"({installed.origin or 'a package'}), for this folder's runs too; choose another name"
+        )
+    if not function.isidentifier() or keyword.iskeyword(function):
         raise UsageError(f"--function {function!r}: not a Python function name; pass --function NAME")
     if path.exists() and not args.force:
         raise UsageError(f"FILE {args.file!r} exists; choose another file or pass --force to replace it")

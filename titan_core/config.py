@@ -16,10 +16,12 @@ This module does not use ``from __future__ import annotations``: the core sectio
 read the real annotation objects (a plugin's section may use it: :func:`section`).
 """
 
+import copy
 import functools
 import inspect
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -29,7 +31,7 @@ from typing import Any, Literal
 import attrs
 from attrs import field
 
-from titan_core.errors import UsageError, call_plugin, problems_returned
+from titan_core.errors import PluginError, UsageError, call_plugin, problems_returned
 
 # ---------------------------------------------------------------------------------------------
 # Errors and validators
@@ -67,6 +69,15 @@ def finite(_inst: Any, _attr: Any, value: Any) -> None:
     """Validator: not NaN or infinite."""
     if value is not None and not math.isfinite(value):
         raise ValueError(f"expected a finite number, got {value!r}")
+
+
+def _subfolder(_inst: Any, _attr: Any, value: str) -> None:
+    """Validator: a folder of its own under the dump folder, not the dump folder itself."""
+    if os.path.normpath(value or ".") == ".":
+        raise ValueError(
+            f"{value!r} names job.dump_folder itself, where the run's logs are; name a folder of its own "
+            "in it (the default: 'checkpoint')"
+        )
 
 
 def in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable:
@@ -224,7 +235,12 @@ def _add_checks(cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribut
     for a in fields:
         own = a.validator
         validators = () if own is None else (own,)
-        checked.append(a.evolve(validator=_Checked(a.type, validators)))
+        changes: dict[str, Any] = {"validator": _Checked(a.type, validators)}
+        if isinstance(a.default, (list, dict, set)):
+            # ``layers: list[int] = [0]`` would be one list shared by every config: a recipe's
+            # ``append`` would change the default of every later one. A copy per instance instead.
+            changes["default"] = attrs.Factory(functools.partial(copy.deepcopy, a.default))
+        checked.append(a.evolve(**changes))
     return checked
 
 
@@ -294,7 +310,7 @@ class Data:
     #: ``text`` (local ``.txt``/``.jsonl`` files given by ``data.path``).
     dataset: str = "bundled"
     #: File or folder for datasets that read local files (``.jsonl`` with a ``text`` field,
-    #: or ``.txt``); ``None`` for the bundled corpus.
+    #: or ``.txt``); ``None`` for the bundled corpus (which refuses a path: it reads no files).
     path: str | None = None
     #: Hugging Face ``tokenizer.json``; ``None`` uses the tokenizer shipped with titan.
     tokenizer_path: str | None = None
@@ -404,7 +420,8 @@ class Validation:
     #: a dataset without them (``text``) is read as it is, with a warning: give held-out data
     #: with ``validation.path`` (or ``validation.dataset``).
     dataset: str | None = None
-    #: File or folder for datasets that read local files; ``None`` uses ``data.path``.
+    #: File or folder for datasets that read local files (with ``validation.dataset`` or
+    #: ``data.dataset`` ``text``); ``None`` uses ``data.path``.
     path: str | None = None
     #: Steps between validations (the last step always validates).
     freq: int = field(default=100, validator=positive)
@@ -446,7 +463,7 @@ class Checkpoint:
     #: Checkpointer plugin.
     backend: str = "dcp"
     #: Folder (under ``job.dump_folder``) for checkpoints.
-    folder: str = "checkpoint"
+    folder: str = field(default="checkpoint", validator=_subfolder)
     #: Steps between checkpoints (the last step is always saved).
     interval: int = field(default=500, validator=positive)
     #: Load checkpoints but never save one (for debugging with a seed checkpoint).
@@ -627,6 +644,12 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
     if not isinstance(config, TrainerConfig):
         raise ConfigError([f"<recipe>: expected a TrainerConfig, got {type(config).__name__}"], source)
     problems: list[str] = []
+    for values in config.sections().values():
+        # Fields were checked when set; a list changed in place (``append``) was not.
+        try:
+            attrs.validate(values)
+        except ConfigError as exc:
+            problems += exc.problems
     d = config.debug
     if d.deterministic_warn_only and not d.deterministic:
         problems.append(
@@ -651,8 +674,8 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
         ]
     from titan_core._registry import get_registry
 
-    for label, check in get_registry().config_checks():
-        problems += _plugin_check(label, check, config)
+    for record, label in get_registry().config_checks():
+        problems += _plugin_check(record, label, config)
     if problems:
         raise ConfigError(problems, source)
     return config
@@ -681,16 +704,33 @@ def optimizer_problems(t: Training) -> list[str]:
     ]
 
 
-def _plugin_check(label: str, check: Callable[[Any], Any], config: TrainerConfig) -> list[str]:
+def _plugin_check(record: Any, label: str, config: TrainerConfig) -> list[str]:
     """A plugin section's ``check``: its problems, or one :class:`PluginError` naming it when it
-    raises or returns something other than a list of strings."""
-    found = call_plugin(
-        lambda: f"the check of {label} failed",
-        check,
-        config,
-        message=lambda what, exc: f"{what}: {type(exc).__name__}: {exc}",
-    )
-    return problems_returned(found, f"the check of {label} returned")
+    raises or returns something other than a list of strings.
+
+    Every config holds every section, so a broken check would stop every run of the installation,
+    also those that never touch the plugin: while the section is at its defaults the breakage is
+    a warning naming the plugin and the run goes on; a run that sets the section's fields needs
+    them checked, and stops.
+    """
+    try:
+        found = call_plugin(
+            lambda: f"the check of {label} failed",
+            record.check,
+            config,
+            message=lambda what, exc: f"{what}: {type(exc).__name__}: {exc}",
+        )
+        return problems_returned(found, f"the check of {label} returned")
+    except PluginError as exc:
+        if getattr(config, record.name) != record.cls():
+            raise
+        from titan_core.log import get_logger
+
+        get_logger("titan.config").warning(
+            f"{exc}; the section is at its defaults, so this run goes on (fix or uninstall the plugin "
+            "before setting its fields)"
+        )
+        return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -784,6 +824,8 @@ def _toml_value(value: Any) -> str:
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return json.dumps(str(value))
 
 

@@ -68,13 +68,19 @@ _NOT_ARCHITECTURE = frozenset(
 _FULL = StateDictOptions(full_state_dict=True, strict=False)
 
 
-def load_initial_weights(parts: list[nn.Module], path: str, spec: ModelSpec, model_args: Any) -> None:
-    """Load ``path`` (a Hugging Face folder, a DCP folder or a ``.pt`` file) into ``parts``."""
+def load_initial_weights(
+    parts: list[nn.Module], path: str, spec: ModelSpec, model_args: Any, *, collectives: bool = True
+) -> None:
+    """Load ``path`` (a Hugging Face folder, a DCP folder or a ``.pt`` file) into ``parts``.
+
+    ``collectives=False`` when the default process group simulates peers: DCP then plans each
+    process's reads alone (its planning collectives over a simulated group return nothing).
+    """
     if _is_hf_folder(path):
         _load_hf_folder(parts, path, spec, model_args)
         return
     _check_fits(path, _meta_state(spec, model_args))
-    load_full_state_dict(parts, path)
+    load_full_state_dict(parts, path, collectives=collectives)
 
 
 def _read_state_dict(path: str, device: str) -> dict[str, torch.Tensor]:
@@ -143,10 +149,10 @@ def _is_hf_folder(path: str) -> bool:
     return folder.is_dir() and (folder / "config.json").is_file() and not (folder / ".metadata").exists()
 
 
-def load_full_state_dict(parts: list[nn.Module], path: str) -> None:
+def load_full_state_dict(parts: list[nn.Module], path: str, *, collectives: bool = True) -> None:
     """Load a ``.pt`` full state dict, or a DCP folder (:func:`load_dcp_model`), into ``parts``."""
     if Path(path).is_dir():
-        load_dcp_model(parts, path)
+        load_dcp_model(parts, path, collectives=collectives)
         return
     if not Path(path).is_file():
         raise UsageError(
@@ -165,8 +171,9 @@ def load_full_state_dict(parts: list[nn.Module], path: str) -> None:
         set_model_state_dict(part, own, options=_FULL)
 
 
-def load_dcp_model(parts: list[nn.Module], path: str) -> None:
-    """Load the ``model`` entry of a DCP checkpoint folder into this rank's parts (resharding)."""
+def load_dcp_model(parts: list[nn.Module], path: str, *, collectives: bool = True) -> None:
+    """Load the ``model`` entry of a DCP checkpoint folder into this rank's parts (resharding;
+    ``collectives=False``: every process plans its own reads, see :func:`load_initial_weights`)."""
     import torch.distributed.checkpoint as dcp
 
     if not (Path(path) / ".metadata").is_file():
@@ -180,7 +187,7 @@ def load_dcp_model(parts: list[nn.Module], path: str) -> None:
     try:
         with warnings.catch_warnings():  # one process: DCP warns it assumes one process, as meant
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({"model": merged}, checkpoint_id=path)
+            dcp.load({"model": merged}, checkpoint_id=path, no_dist=not collectives)
     except dcp.CheckpointException as exc:
         raise UsageError(
             f"{_FIELD}: cannot load the model from {path!r}; was it saved from "

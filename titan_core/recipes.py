@@ -87,9 +87,17 @@ def call_recipe(recipe: Recipe) -> TrainerConfig:
     Fields are checked where the recipe sets them (a bad value raises ``ConfigError`` there);
     the checks across fields run once, by the caller (:func:`titan_core.config.validate`).
     """
-    from titan_core.config import ConfigError, TrainerConfig
+    from titan_core.config import CORE_SECTIONS, ConfigError, TrainerConfig
 
     fn: Callable[[], object] = recipe.fn
+    needed = _required_arguments(fn)
+    if needed:
+        code = getattr(fn, "__code__", None)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        raise UsageError(
+            f"recipe {recipe.name!r} takes arguments ({', '.join(needed)}){where}, and titan calls a "
+            "recipe with none: give them defaults, or write a recipe that calls it with them"
+        )
     try:
         config = fn()
     except ConfigError as exc:
@@ -108,8 +116,31 @@ def call_recipe(recipe: Recipe) -> TrainerConfig:
         ) from None
     if not isinstance(config, TrainerConfig):
         raise ConfigError([f"<recipe>: expected a TrainerConfig, got {type(config).__name__}"], recipe.name)
+    deleted = [name for name in CORE_SECTIONS if name not in vars(config)]
+    if deleted:  # ``del config.training``: every later reader would fail with an AttributeError
+        raise ConfigError(
+            [
+                f"{name}: the recipe deleted this config section; change its fields instead"
+                for name in deleted
+            ],
+            recipe.name,
+        )
     config.recipe = recipe.name
     return config
+
+
+def _required_arguments(fn: Callable[..., object]) -> list[str]:
+    """The parameters of ``fn`` without a default (a recipe is called with no arguments)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call say
+        return []
+    kinds = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind in kinds]
 
 
 def _where(exc: BaseException) -> str:

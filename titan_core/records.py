@@ -275,6 +275,11 @@ class CommBackend:
     #: (``WORLD_SIZE``) before ``init``. Keep it torch-free: the launcher's check is one cheap
     #: process.
     launch_check: Callable[[TrainerConfig, int], None] | None = None
+    #: Whether this backend's runs simulate peers (its topologies' ``simulated`` dimensions):
+    #: their losses are not results, so another layout in the same dump folder is not another
+    #: run even where it changes the sequences of a step (the fake backends size layouts one
+    #: after another in one folder).
+    simulates_peers: bool = False
 
 
 def _variable_names(value: Any) -> None:
@@ -298,6 +303,11 @@ class Dataset:
     #: loss is not measured on training text. ``None``: validation then reads ``documents`` (and
     #: the trainer warns that the loss is on training text).
     held_out: Callable[[Data], Iterable[str]] | None = None
+    #: Whether ``documents`` reads ``data.path`` (files the user names). ``False`` for a source
+    #: that reads none (generated text, a fixed remote corpus): a run that sets ``data.path`` or
+    #: ``validation.path`` for it is refused, instead of training or validating on something
+    #: other than the files it names.
+    reads_path: bool = True
 
 
 @attrs.frozen

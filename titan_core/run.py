@@ -227,7 +227,7 @@ def preflight(argv: list[str], processes: int) -> int:
 
     The recipe resolves and validates, the names it selects exist, the comm backend's and
     plugins' launch checks pass, the parallel degrees fit, and what the trainer checks of the
-    layout before building anything (:func:`titan_core.trainer.check_layout`) passes: the global
+    layout before building anything (:func:`titan_core.layout.check_layout`) passes: the global
     batch against the DP degree, the model's arguments under the degrees (``ModelSpec.validate``),
     a strategy for every degree and each applied strategy's own check (``Strategy.check``), every
     plugin-implemented field it sets has its plugin loaded (:func:`check_served`); and the dump
@@ -244,17 +244,24 @@ def preflight(argv: list[str], processes: int) -> int:
         config = resolve_config(args, registry)
         check_names(config, registry)
         check_launch(config, registry, processes)
+        from titan_core.layout import check_layout
         from titan_core.parallel_dims import ParallelDims
-        from titan_core.run_folder import RunFolder, plugin_outputs
-        from titan_core.trainer import check_layout
+        from titan_core.run_folder import RunFolder, plugin_outputs, run_dp
 
         # The trainer's checks of the layout, from the same function; a plugin that raises is
         # named as the trainer names it, with where it raised instead of a traceback file (this
         # check writes nothing).
-        check_layout(config, registry, ParallelDims.from_config(config.parallelism, processes), call_plugin)
+        parallel_dims = ParallelDims.from_config(config.parallelism, processes)
+        check_layout(config, registry, parallel_dims, call_plugin)
         if not args.overwrite:  # --overwrite: the run removes the earlier outputs itself
             # Reads run.json and decides as the run's first process will; writes nothing.
-            RunFolder(config, overwrite=False, is_writer=False, outputs=plugin_outputs(registry))
+            RunFolder(
+                config,
+                dp=run_dp(config, registry, parallel_dims),
+                overwrite=False,
+                is_writer=False,
+                outputs=plugin_outputs(registry),
+            )
     except TitanError as exc:
         return report_error(exc)
     return 0
@@ -265,6 +272,16 @@ def launched_processes(env: Mapping[str, str]) -> int:
     raw = env.get("WORLD_SIZE", "").strip() or "1"
     if not raw.isdigit() or int(raw) < 1:
         raise UsageError(f"environment variable WORLD_SIZE={raw!r} is not a positive integer")
+    return int(raw)
+
+
+def process_rank(env: Mapping[str, str]) -> int:
+    """This process's rank among those the launcher started (torchrun's ``RANK``; 0 without one).
+    Not the logical rank when a backend simulates peers: the first process (0) is the one that
+    exists in every launch, so it alone prepares the dump folder."""
+    raw = env.get("RANK", "").strip() or "0"
+    if not raw.isdigit():
+        raise UsageError(f"environment variable RANK={raw!r} is not a non-negative integer")
     return int(raw)
 
 

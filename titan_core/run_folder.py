@@ -82,7 +82,7 @@ class RunFolderLock:
         self.fd: int | None = fd
 
     @classmethod
-    def take(cls, config: Any, topology: Any, *, is_writer: bool) -> RunFolderLock | None:
+    def take(cls, config: Any, *, is_writer: bool) -> RunFolderLock | None:
         """Check the output folders and lock the dump folder (on the run's first process only)."""
         dump = config.job.dump_folder
         problem = _folder_problem(dump, "job.dump_folder")
@@ -95,7 +95,7 @@ class RunFolderLock:
             problem = _writable_folder_problem(tb, "metrics.save_tb_folder")
         if problem:
             raise UsageError(problem)
-        if not (is_writer or "pp" in topology.simulated):
+        if not is_writer:
             return None
         path = os.path.join(dump, LOCK_NAME)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -157,12 +157,18 @@ _IDENTITY = ("model", "data", "training")
 _NOT_IDENTITY = {"training": ("local_batch_size",), "data": ("prefetch",)}
 
 
-def identity(config: Any) -> dict[str, Any]:
-    """What defines a run's results: see :data:`_IDENTITY`."""
+def identity(config: Any, dp: int | None) -> dict[str, Any]:
+    """What defines a run's results under a data-parallel degree ``dp`` (``None``: a run whose
+    peers are simulated, which has no results of its own to keep apart): see :data:`_IDENTITY`."""
     from titan_core.config import to_dict
 
     data = to_dict(config)
     found = _without_operational({key: dict(data[key]) for key in _IDENTITY})
+    # The local batch is left out (the layout's), but without a global batch size it sets the
+    # sequences of a step (local x DP), and with them the results.
+    t = config.training
+    if dp is not None:
+        found["batch"] = {"sequences_per_step": t.global_batch_size or t.local_batch_size * dp}
     found["debug"] = {"seed": data["debug"]["seed"]}
     # A comm backend that simulates its peers logs no real losses (or none at all): its rerun in
     # a real run's folder would replace that run's history, so the backend is part of the identity.
@@ -200,6 +206,13 @@ def _comparable(prior: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in mine.items() if k in prior or k in _IDENTITY or k == "debug"}
 
 
+def run_dp(config: Any, registry: Any, parallel_dims: Any) -> int | None:
+    """The ``dp`` a :class:`RunFolder` of this run compares (``None`` under a backend that
+    simulates peers): one function, so the trainer and run_train.sh's check decide alike."""
+    backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+    return None if backend.simulates_peers else parallel_dims.dp
+
+
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     found = []
     for key in sorted(set(old) | set(new)):
@@ -230,9 +243,18 @@ class RunFolder:
     """
 
     def __init__(
-        self, config: Any, *, overwrite: bool, is_writer: bool, outputs: list[str] | None = None
+        self,
+        config: Any,
+        *,
+        dp: int | None,
+        overwrite: bool,
+        is_writer: bool,
+        outputs: list[str] | None = None,
     ) -> None:
+        """``dp``: the run's data-parallel degree (with the local batch, the sequences of a step);
+        ``None`` for a backend that simulates peers (:func:`identity`)."""
         self.config = config
+        self.dp = dp
         #: Glob patterns of what plugins write at the top of the folder (:func:`plugin_outputs`).
         self.outputs = outputs or []
         self.dump = config.job.dump_folder
@@ -244,11 +266,11 @@ class RunFolder:
         if self.prior is not None and overwrite:
             if is_writer:
                 self._remove(self.prior, checkpoints=True)
-            from titan_core.log import get_logger
+                from titan_core.log import get_logger
 
-            get_logger("titan.run_folder").warning(
-                "--overwrite: removed the previous run's outputs", dump_folder=self.dump
-            )
+                get_logger("titan.run_folder").warning(
+                    "--overwrite: removed the previous run's outputs", dump_folder=self.dump
+                )
             self.prior = None
         if self.prior is None:
             self.decided = True
@@ -292,7 +314,7 @@ class RunFolder:
             self.resumed = True
             return
         recorded = _without_operational(prior["identity"]) if "identity" in prior else None
-        mine = _comparable(recorded or {}, identity(self.config))
+        mine = _comparable(recorded or {}, identity(self.config, self.dp))
         same_model = (recorded or {}).get("model") == mine.get("model")
         if prior.get("seed_checkpoint") and not self.config.checkpoint.create_seed_checkpoint and same_model:
             return  # a seed checkpoint of this model: this run starts from it
@@ -338,7 +360,7 @@ class RunFolder:
             "tb_folder": self.config.metrics.save_tb_folder,
             "tb_path": tb_location(self.dump, self.config.metrics.save_tb_folder),
             "checkpoint_folder": self.config.checkpoint.folder,
-            "identity": identity(self.config),
+            "identity": identity(self.config, self.dp),
         }
         with open(os.path.join(self.dump, RUN_FILE), "w") as f:
             json.dump(record, f, indent=2)

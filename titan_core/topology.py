@@ -37,6 +37,10 @@ class Topology:
     after_first_step: Callable[[Any], None] | None = None
     #: ``on_shutdown(completed)`` ends the backend's process groups (``None``: nothing to end).
     on_shutdown: Callable[[bool], None] | None = None
+    #: ``barrier()`` waits for every process of the job (the real ones, when peers are simulated),
+    #: or ``None``: the default process group's barrier, when the job has several processes. A
+    #: backend whose default group simulates peers sets its own (its barrier would not wait).
+    barrier: Callable[[], None] | None = None
 
     @property
     def simulates_peers(self) -> bool:

@@ -9,7 +9,6 @@ device values only on the steps that log or save.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -26,25 +25,28 @@ import torch
 from torch import nn
 
 from titan_core._registry import Registry
+from titan_core.callbacks import Callbacks
 from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
-from titan_core.data.loader import PackedBatches, load_tokenizer
+from titan_core.data.loader import PackedBatches
 from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import PluginError, TitanError, UsageError, call_plugin, is_out_of_memory
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
+from titan_core.layout import check_layout
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
-from titan_core.parallelize import ParallelContext, apply_strategies, check_strategies, cross_entropy_loss
+from titan_core.parallelize import ParallelContext, apply_strategies, cross_entropy_loss
 from titan_core.run import (
     apply_backend_settings,
     check_launch,
-    check_served,
     launched_processes,
     peer_failure,
+    process_rank,
     refuse_unread_env,
 )
-from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs, tb_location
+from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs, run_dp, tb_location
 from titan_core.schedule import WarmupStableDecay
+from titan_core.stop_signals import StopSignals
 from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology
 
@@ -53,12 +55,8 @@ log = get_logger("titan.trainer")
 __all__ = [
     "LOG_FILE",
     "PLUGIN_ERROR_FILE",
-    "Layout",
     "Trainer",
-    "check_layout",
     "cross_entropy_loss",
-    "microbatches_per_step",
-    "model_arg",
     "train",
 ]
 
@@ -67,30 +65,6 @@ LOG_FILE = "train.log"
 #: Where a plugin's failing call leaves its traceback, under ``job.dump_folder`` (rank 0; rank N
 #: writes ``plugin_error.rankN.log``). Not one of the run's outputs: a rerun may use the folder.
 PLUGIN_ERROR_FILE = "plugin_error.log"
-
-_ABSENT = object()
-
-
-def model_arg(args: Any, name: str, default: Any = None) -> Any:
-    """The model argument ``name`` of ``args`` (a dict, attrs or dataclass instance, or any object
-    with attributes), or ``default`` when it has no such argument. The trainer reads
-    ``vocab_size``, ``max_seq_len`` and ``bos_id`` through this (docs/plugins.md)."""
-    if isinstance(args, Mapping):
-        return args.get(name, default)
-    return getattr(args, name, default)
-
-
-#: The loop points callbacks may implement (see :class:`titan_core.records.Callback`).
-CALLBACK_POINTS = (
-    "on_train_start",
-    "before_forward_backward",
-    "after_forward_backward",
-    "after_optimizer_step",
-    "metrics",
-    "on_step_end",
-    "on_train_end",
-    "on_failure",
-)
 
 
 class Diverged(TitanError):
@@ -117,34 +91,6 @@ def set_determinism(config: TrainerConfig, seed: int) -> None:
                 "is unfit for numerical validation (titan compare refuses it)"
             )
     torch.manual_seed(seed)
-
-
-class Callbacks:
-    """The built callbacks, bound once per loop point (a point nobody implements costs nothing)."""
-
-    def __init__(
-        self,
-        objects: list[Any],
-        labels: list[str],
-        guard: Callable[[str, str, Callable[..., Any]], Callable[..., Any]] = lambda label, point, fn: fn,
-    ) -> None:
-        """``labels``: how errors name each object (``callback 'x' (plugin p)``), in order;
-        ``guard(label, point, method)``: the method as the loop calls it (the trainer's turns an
-        exception into one error naming the callback)."""
-        self.objects = objects
-        named = list(zip(objects, labels, strict=True))
-        for point in CALLBACK_POINTS:
-            if point == "metrics":
-                continue  # metric_sources, below
-            methods = [(label, getattr(o, point)) for o, label in named if callable(getattr(o, point, None))]
-            setattr(self, point, [guard(label, point, fn) for label, fn in methods])
-        #: ``(label, metrics)`` of the callbacks that report metrics: their values are checked,
-        #: and the error names the callback.
-        self.metric_sources = [
-            (label, guard(label, "metrics", o.metrics))
-            for o, label in named
-            if callable(getattr(o, "metrics", None))
-        ]
 
 
 class Trainer:
@@ -186,10 +132,19 @@ class Trainer:
         self.started_at = time.perf_counter()
         self._join()
         strategies, dataset = self._resolve_plugins()
-        self.lock = RunFolderLock.take(config, self.topology, is_writer=self.topology.rank == 0)
+        # The launcher's first process prepares the dump folder: under a backend simulating peers
+        # it may hold any logical rank (FAKE_PP_RANK), and logical rank 0 may not be launched.
+        first = process_rank(os.environ) == 0
+        self.lock = RunFolderLock.take(config, is_writer=first)
         self.run_folder = RunFolder(
-            config, overwrite=overwrite, is_writer=self.topology.rank == 0, outputs=plugin_outputs(registry)
+            config,
+            dp=run_dp(config, registry, self.parallel_dims),
+            overwrite=overwrite,
+            is_writer=first,
+            outputs=plugin_outputs(registry),
         )
+        if overwrite:  # no process writes before the first one has removed the replaced outputs
+            self._wait_for_every_process()
         self._build_model(strategies)
         self._build_optimizer()
         self._build_data(dataset)
@@ -239,6 +194,14 @@ class Trainer:
         self.steps = config.training.steps
         if config.debug.max_steps is not None:
             self.steps = min(self.steps, config.debug.max_steps)
+
+    def _wait_for_every_process(self) -> None:
+        if launched_processes(os.environ) == 1:
+            return
+        if self.topology.barrier is not None:
+            self.topology.barrier()
+        else:
+            torch.distributed.barrier()
 
     def _resolve_plugins(self) -> tuple[list[Any], Any]:
         """The plugins this run needs, the model's and the strategies' own checks
@@ -313,7 +276,13 @@ class Trainer:
         elif c.initial_load_path:
             from titan_core.initial_weights import load_initial_weights
 
-            load_initial_weights(self.parts, c.initial_load_path, self.spec, self.model_args)
+            load_initial_weights(
+                self.parts,
+                c.initial_load_path,
+                self.spec,
+                self.model_args,
+                collectives=not self.topology.simulates_peers,
+            )
 
     def _build_optimizer(self) -> None:
         """AdamW over the parameter groups and the LR schedule."""
@@ -462,13 +431,18 @@ class Trainer:
         """The logging rank writes ``config.toml`` and (appending on a resume) ``train.log``."""
         config = self.config
         self.is_logging_rank = self._is_logging_rank()
-        self.run_folder.claim(is_logging_rank=self.is_logging_rank)
+        # A resume with no step left trains nothing: the folder's run.json and config.toml go on
+        # saying what trained its steps, not what this rerun changed.
+        records = not (self.step and self.step >= self.steps)
+        if records:
+            self.run_folder.claim(is_logging_rank=self.is_logging_rank)
         if self.is_logging_rank:
             from titan_core.config import render
 
             os.makedirs(config.job.dump_folder, exist_ok=True)
-            with open(os.path.join(config.job.dump_folder, "config.toml"), "w") as f:
-                f.write(render(config))
+            if records:
+                with open(os.path.join(config.job.dump_folder, "config.toml"), "w") as f:
+                    f.write(render(config))
             attach_file(os.path.join(config.job.dump_folder, LOG_FILE), append=self.step > 0)
         else:
             detach_file()
@@ -762,7 +736,7 @@ class Trainer:
         try:
             for fn in cb.on_train_start:
                 fn(self.step)
-            with _StopSignals() as signals:
+            with StopSignals() as signals:
                 self._run_steps(batches, signals)
         except BaseException as exc:
             if hasattr(exc, "add_note"):
@@ -828,7 +802,7 @@ class Trainer:
             tensorboard=tensorboard,
         )
 
-    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], signals: _StopSignals) -> None:
+    def _run_steps(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], signals: StopSignals) -> None:
         cb = self.callbacks
         first = self.step + 1
         # Device-side: whether every loss and gradient norm so far was finite (read only when the
@@ -896,13 +870,26 @@ class Trainer:
                 self.phase = "the barrier before the training timeout"
                 self.topology.after_first_step(self.mesh)
             if signals.terminated and not last:
-                saved = " after saving a checkpoint" if self._saves(step, True) else ""
-                raise Terminated(f"stopped by SIGTERM at step {step}{saved}; run the same command to resume")
+                raise Terminated(f"stopped by SIGTERM at step {step}{self._after_sigterm(step)}")
             if signals.interrupted and not last:
                 raise KeyboardInterrupt(f"after step {step}")
 
     def _saves(self, step: int, last: bool) -> bool:
         return self.checkpointer is not None and self.checkpointer.should_save(step, last)
+
+    def _after_sigterm(self, step: int) -> str:
+        """What a rerun of the stopped command does, for the SIGTERM error."""
+        if self._saves(step, True):
+            return " after saving a checkpoint; run the same command to resume"
+        if self.checkpointer is None:
+            return (
+                "; checkpointing is off (checkpoint.enable = False), so no step was saved: the same "
+                "command starts over from step 1"
+            )
+        return (
+            f"; the checkpointer saved no checkpoint of step {step} (checkpoint.load_only?): the same "
+            "command resumes from its last checkpoint, if it has one"
+        )
 
     def _check_finite(self, step: int) -> None:
         bad = int(self.first_bad)  # the one host sync, on logging and saving steps only
@@ -954,142 +941,6 @@ class _CheckpointSaves:
                 **resume_record(t.config, samples),
             }
             t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
-
-
-class _StopSignals:
-    """SIGTERM and a first Ctrl-C become flags the loop reads after each step.
-
-    SIGTERM (preemption): the step finishes, a checkpoint is saved, the run stops. Ctrl-C: the
-    step finishes and the run stops, so no writer (TensorBoard, metrics.jsonl, a checkpoint) is
-    cut off half-way by an exception raised at a random line; a second Ctrl-C stops at once.
-    """
-
-    def __init__(self) -> None:
-        self.terminated = False  # SIGTERM
-        self.interrupted = False  # Ctrl-C
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopSignals:
-        for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
-            with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-                self._previous[signum] = signal.signal(signum, handler)
-        return self
-
-    # The handlers only set flags: the signal may arrive while this thread holds the log's lock
-    # (a handler that logged would wait for it forever), or any other lock.
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.terminated = True
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.interrupted = True
-        signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, previous in self._previous.items():
-            if previous is not None:
-                signal.signal(signum, previous)
-
-
-def microbatches_per_step(training: Any, parallel_dims: ParallelDims) -> int:
-    """Microbatches accumulated per optimizer step: ``training.global_batch_size`` over
-    ``training.local_batch_size`` x the DP degree (one without a global batch size); a global
-    batch that is no multiple of that is one :class:`UsageError` naming the fields."""
-    t = training
-    dp = parallel_dims.dp
-    per_microbatch = t.local_batch_size * dp
-    wanted = t.global_batch_size or per_microbatch
-    if wanted % per_microbatch:
-        raise UsageError(
-            f"training.global_batch_size={wanted} is not a multiple of training.local_batch_size "
-            f"x DP degree = {t.local_batch_size} x {dp} = {per_microbatch}; set it to a multiple "
-            "of that (or None for one microbatch per step)"
-        )
-    return wanted // per_microbatch
-
-
-@attrs.frozen
-class Layout:
-    """What :func:`check_layout` found: the model and the strategies this run uses."""
-
-    spec: Any
-    tokenizer: Any
-    model_args: Any
-    #: The strategies this run applies, in order.
-    strategies: list[Any]
-    #: Microbatches accumulated per optimizer step (:func:`microbatches_per_step`).
-    accumulation: int
-
-
-def check_layout(
-    config: TrainerConfig,
-    registry: Registry,
-    parallel_dims: ParallelDims,
-    call: Callable[..., Any] = lambda what, fn, *args: fn(*args),
-) -> Layout:
-    """Everything a run of ``parallel_dims`` asks of its config, its model and its strategies that
-    shows before anything is built, checked in one place: the global batch against the DP degree
-    (:func:`microbatches_per_step`), the model's arguments (:func:`resolve_model`, the model's
-    ``validate``), the strategies (:func:`~titan_core.parallelize.check_strategies`: a strategy
-    for every degree, each one's ``check``) and the core fields plugins serve
-    (:func:`~titan_core.run.check_served`). ``call(what, fn, *args)`` runs plugin code, an
-    exception becoming one :class:`PluginError` starting with ``what()``
-    (:func:`~titan_core.errors.call_plugin`). The trainer calls it before the mesh and the model,
-    ``run_train.sh`` before torchrun starts any process (:func:`titan_core.run.preflight`), so
-    the two refuse a layout with the same error."""
-    accumulation = microbatches_per_step(config.training, parallel_dims)
-    model = config.model.name
-    spec, tokenizer, model_args = resolve_model(
-        config,
-        registry,
-        parallel_dims,
-        lambda fn, *args: call(
-            lambda: f"{registry.label('models', model)} failed to validate its arguments",
-            fn,
-            *args,
-        ),
-    )
-    strategies = check_strategies(registry, config, parallel_dims, spec, model_args, call)
-    check_served(config, registry)
-    return Layout(spec, tokenizer, model_args, strategies, accumulation)
-
-
-def resolve_model(
-    config: TrainerConfig,
-    registry: Registry,
-    parallel_dims: ParallelDims,
-    call: Callable[..., Any] = lambda fn, *args: fn(*args),
-) -> tuple[Any, Any, Any]:
-    """The model spec, the tokenizer and the model's arguments (the BOS id filled in from the
-    tokenizer when the model asks for it), checked by the model itself (``ModelSpec.validate``,
-    through ``call``) and against the tokenizer and ``training.seq_len``. Builds nothing: the
-    trainer and run_train.sh's check before torchrun (:func:`titan_core.run.preflight`) share it."""
-    spec = registry.get("models", config.model.name, what="model")
-    tokenizer = load_tokenizer(config.data.tokenizer_path)
-    try:
-        model_args = spec.flavor(config.model.flavor, config.model.overrides)
-        if model_arg(model_args, "bos_id", _ABSENT) is None:  # the model asks for the BOS id
-            model_args = spec.flavor(
-                config.model.flavor, {**config.model.overrides, "bos_id": tokenizer.bos_id}
-            )
-    except LookupError as exc:
-        field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
-        raise UsageError(f"{field}: {exc}") from None
-    if spec.validate is not None:
-        call(spec.validate, model_args, parallel_dims)
-    name = f"{config.model.name}/{config.model.flavor}"
-    max_seq_len = model_arg(model_args, "max_seq_len")
-    if max_seq_len is not None and config.training.seq_len > max_seq_len:
-        raise UsageError(
-            f"training.seq_len={config.training.seq_len} exceeds the model's max_seq_len={max_seq_len} "
-            f'({name}); lower seq_len or set model.overrides = {{"max_seq_len": ...}}'
-        )
-    vocab = model_arg(model_args, "vocab_size")
-    if vocab is not None and tokenizer.vocab_size > vocab:
-        raise UsageError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but model {name} has a vocabulary of "
-            f"{vocab}; use a flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
-        )
-    return spec, tokenizer, model_args
 
 
 def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:

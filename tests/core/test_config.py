@@ -193,3 +193,42 @@ def test_interface_field_paths_exist() -> None:
     for section, names in paths.items():
         for name in names:
             assert name in data[section], f"{section}.{name}"
+
+
+@pytest.mark.parametrize("folder", ["", ".", "./"])
+def test_the_checkpoint_folder_cannot_be_the_dump_folder(folder: str) -> None:
+    # --overwrite then called the dump folder itself a checkpoint folder "outside" it.
+    with pytest.raises(ConfigError, match=rf"checkpoint\.folder: {folder!r} names job\.dump_folder itself"):
+        TrainerConfig().checkpoint.folder = folder
+
+
+def _recipe(fn: object) -> object:
+    from titan_core.records import Recipe
+
+    return Recipe("mine", fn)  # type: ignore[arg-type]
+
+
+def test_a_recipe_that_deletes_a_section_is_one_error() -> None:
+    from titan_core.recipes import call_recipe
+
+    def mine() -> TrainerConfig:
+        config = TrainerConfig()
+        del config.training
+        return config
+
+    with pytest.raises(ConfigError, match=r"training: the recipe deleted this config section"):
+        call_recipe(_recipe(mine))
+
+
+def test_a_recipe_that_needs_arguments_is_named_with_its_own_line() -> None:
+    from titan_core.errors import UsageError
+    from titan_core.recipes import call_recipe
+
+    def mine(steps: int, seed: int = 0) -> TrainerConfig:
+        return TrainerConfig()
+
+    with pytest.raises(
+        UsageError, match=r"recipe 'mine' takes arguments \(steps\).*test_config\.py:\d+"
+    ) as info:
+        call_recipe(_recipe(mine))
+    assert "titan_core" not in str(info.value)

@@ -10,6 +10,7 @@ implementing plugin is missing.
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 import types
@@ -98,6 +99,35 @@ def test_list_and_tuple_fields_are_checked_item_by_item(field: str, value: Any, 
         setattr(Lists(), field, value)
 
 
+def test_list_fields_print_as_toml_arrays_and_load_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tomllib
+
+    from titan_core.config import TrainerConfig, from_dict, render
+
+    _with(monkeypatch, ("lst", plugin_module("lst", titan_config_sections=[ConfigSection("lst", Lists)])))
+    config = TrainerConfig()
+    config.lst.layers, config.lst.pair = [1, 2], (3, "b")
+    data = tomllib.loads(render(config, "toml"))
+    assert data["lst"] == {"layers": [1, 2], "pair": [3, "b"]}  # arrays, not the strings "[1, 2]"
+    assert from_dict(data).lst.layers == [1, 2]
+
+
+def test_a_list_changed_in_place_is_checked_after_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_core.config import TrainerConfig
+
+    _with(monkeypatch, ("lst", plugin_module("lst", titan_config_sections=[ConfigSection("lst", Lists)])))
+    config = TrainerConfig()
+    config.lst.layers.append("3")  # no setattr: the field's check did not run
+    with pytest.raises(ConfigError, match=r"lst\.layers\[1\]: expected int, got str '3'"):
+        validate(config)
+
+
+def test_a_mutable_default_is_not_shared_between_configs() -> None:
+    first = Lists()
+    first.layers.append(5)
+    assert Lists().layers == [0]
+
+
 @section
 class NoDefault:
     value: int
@@ -108,11 +138,21 @@ class Good:
     value: int = 1
 
 
+@section
+class BadDefault:
+    value: int = "one"  # type: ignore[assignment]
+
+
 @pytest.mark.parametrize(
     ("record", "problem"),
     [
         (ConfigSection("nodef", NoDefault), "cannot be built with its defaults"),
         (ConfigSection("badres", Good, results=("nope",)), "results name 'nope', not fields of it"),
+        # The section's own name in the path, not the class's (``baddefault.value``).
+        (
+            ConfigSection("plug", BadDefault),
+            "cannot be built with its defaults (ConfigError: invalid config: plug.value: expected int",
+        ),
     ],
 )
 def test_a_section_record_that_would_fail_every_run_fails_only_its_plugin(record: Any, problem: str) -> None:
@@ -137,7 +177,7 @@ def test_a_section_record_that_would_fail_every_run_fails_only_its_plugin(record
     ],
 )
 def test_a_section_check_that_raises_or_returns_none_is_named(
-    monkeypatch: pytest.MonkeyPatch, check: Any, expected: str
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], check: Any, expected: str
 ) -> None:
     from titan_core.config import TrainerConfig
 
@@ -145,8 +185,16 @@ def test_a_section_check_that_raises_or_returns_none_is_named(
         monkeypatch,
         ("chk", plugin_module("chk", titan_config_sections=[ConfigSection("chk", Good, check=check)])),
     )
+    # A run that leaves the section at its defaults does not use the plugin: its broken check is
+    # a warning naming it, not the end of every run of the installation.
+    config = TrainerConfig()
+    assert validate(config) is config
+    assert re.search(
+        expected + r".*; the section is at its defaults, so this run goes on", capsys.readouterr().out
+    )
+    config.chk.value = 2  # the recipe uses the section: its values must be checked, or refused
     with pytest.raises(PluginError, match=expected):
-        validate(TrainerConfig())
+        validate(config)
 
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -358,7 +406,7 @@ class _EvenSeqLen:
         self.calls: list[tuple[int, str, Any]] = []
 
     def __call__(self, config: Any, dims: Any, spec: Any, args: Any) -> Any:
-        from titan_core.trainer import model_arg
+        from titan_core.layout import model_arg
 
         self.calls.append((dims.world_size, spec.name, model_arg(args, "n_layers")))
         if self.raises:

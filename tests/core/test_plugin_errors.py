@@ -181,7 +181,7 @@ class _AttrsArgs:
 
 @pytest.mark.parametrize("args", [{"vocab_size": 10, "bos_id": None}, _DataArgs(), _AttrsArgs()])
 def test_model_arguments_are_read_alike_from_dict_attrs_and_dataclass(args: Any) -> None:
-    from titan_core.trainer import model_arg
+    from titan_core.layout import model_arg
 
     assert model_arg(args, "vocab_size") == 10
     assert model_arg(args, "bos_id", "absent") is None

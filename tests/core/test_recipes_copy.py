@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_titan
 
 
@@ -55,6 +57,23 @@ def test_copy_refuses_to_replace_a_file(tmp_path: Path) -> None:
     assert (tmp_path / "taken.py").read_text() == "# mine\n"
     shadowing = run_titan("recipes", "copy", "llama3_debugmodel", "json.py", cwd=tmp_path)
     assert shadowing.returncode == 2 and "hide a standard-library module" in shadowing.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # The printed `titan run --module torch` would import this file instead of torch.
+        (("torch.py",), "FILE 'torch.py': 'torch' would hide the installed module of that name"),
+        (("class.py",), "FILE 'class.py': 'class' is a Python keyword"),
+        (("mine.py", "--function", "class"), "--function 'class': not a Python function name"),
+    ],
+)
+def test_copy_refuses_a_module_or_function_name_that_cannot_run(
+    tmp_path: Path, args: tuple[str, ...], expected: str
+) -> None:
+    result = run_titan("recipes", "copy", "llama3_debugmodel", *args, cwd=tmp_path)
+    assert result.returncode == 2 and f"titan: error: {expected}" in result.stderr
+    assert not list(tmp_path.glob("*.py"))
 
 
 def test_show_names_plugin_distribution_function_file_and_docstring(tmp_path: Path) -> None:

@@ -40,6 +40,17 @@ def test_duplicate_name_names_both_distributions() -> None:
     assert "--disable-plugin" in message
 
 
+def test_one_plugin_giving_a_name_twice_is_named_once() -> None:
+    registry = Registry()
+    registry.register(plugin_module("a", titan_recipes=[recipe("dup"), recipe("DUP")]), "a", "dist-a", "1.0")
+    with pytest.raises(PluginError) as info:
+        registry.get("recipes", "dup")
+    assert str(info.value) == (
+        "recipe 'dup' is provided twice by plugin 'a' (dist-a 1.0), as 'dup', 'DUP': names are "
+        "compared without case; the plugin must rename one"
+    )
+
+
 def test_two_plugins_with_one_name_both_fail() -> None:
     registry = Registry()
     registry.register(plugin_module("x"), "dup", "dist-a", "1")

@@ -166,7 +166,12 @@ def test_sigterm_finishes_the_step_then_stops_with_one_error(tmp_path: Path) -> 
 
     registry = Registry().load_entry_points()
     registry.register(_SignalAt(2), "sigterm")
-    with pytest.raises(Terminated, match="stopped by SIGTERM at step 2; run the same command to resume"):
+    # Without checkpointing nothing is saved: the message must not promise a resume.
+    expected = (
+        r"stopped by SIGTERM at step 2; checkpointing is off \(checkpoint.enable = False\), so no step "
+        r"was saved: the same command starts over from step 1\n"
+    )
+    with pytest.raises(Terminated, match=expected):
         train(tiny(tmp_path), registry)
     assert Terminated.exit_code == 143
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -193,9 +198,13 @@ def test_recipes_list_finds_a_module_in_the_current_folder(tmp_path: Path) -> No
         "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n\n"
         "def mine():\n    return llama3_debugmodel()\n"
     )
-    result = run_titan("recipes", "list", "--module", "here_recipes", cwd=tmp_path)
+    result = run_titan("recipes", "list", "--module", "here_recipes", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "mine" in result.stdout
+    # The imported plugin recipe runs with `--module here_recipes` as well: listed, with its origin.
+    assert {r["name"]: r["source"] for r in json.loads(result.stdout)} == {
+        "mine": "here_recipes",
+        "llama3_debugmodel": "here_recipes (imported from plugin llama3)",
+    }
 
 
 def test_piping_into_head_ends_quietly() -> None:
@@ -297,13 +306,14 @@ def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> 
     # A signal can arrive while the main thread is inside the logger's write (holding its lock):
     # a handler that logged there waited for that lock forever (a Ctrl-C'd run hung at exit).
     from titan_core import trainer
+    from titan_core.stop_signals import StopSignals
 
     class NoLogging:
         def __getattr__(self, name: str) -> Any:
             raise AssertionError(f"a signal handler called log.{name}")
 
     monkeypatch.setattr(trainer, "log", NoLogging())
-    with trainer._StopSignals() as flags:
+    with StopSignals() as flags:
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGINT)
         assert flags.terminated and flags.interrupted

@@ -292,3 +292,35 @@ def test_overwrite_deletes_no_checkpoint_folder_outside_the_dump_folder(tmp_path
         train(other, get_registry(), overwrite=True)
     assert sorted(p.name for p in root.iterdir()) == before
     assert (tmp_path / "run" / "run.json").is_file()  # refused before anything was removed
+
+
+def test_a_local_batch_that_changes_the_global_batch_is_another_run(tmp_path: Path) -> None:
+    # Without training.global_batch_size a step trains local_batch_size x DP sequences: another
+    # local batch is another run, refused before it replaces the first one's outputs.
+    train(tiny_llama3(tmp_path, 2), get_registry())
+    before = (tmp_path / "metrics.jsonl").read_text()
+    config = tiny_llama3(tmp_path, 2)
+    config.training.local_batch_size *= 2
+    with pytest.raises(UsageError, match=r"another run .*sequences_per_step: 2 -> 4"):
+        train(config, get_registry())
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_a_local_batch_that_keeps_the_global_batch_is_the_same_run(tmp_path: Path) -> None:
+    # With a global batch the local one only sets the accumulation: the same sequences a step.
+    config = tiny_llama3(tmp_path, 2)
+    config.training.global_batch_size = 4
+    train(config, get_registry())
+    config = tiny_llama3(tmp_path, 2)
+    config.training.global_batch_size, config.training.local_batch_size = 4, 1
+    train(config, get_registry())
+    assert steps_in(tmp_path) == [1, 2]
+
+
+def test_a_run_json_without_the_sequences_per_step_still_starts_over(tmp_path: Path) -> None:
+    train(tiny_llama3(tmp_path, 2), get_registry())
+    record = json.loads((tmp_path / "run.json").read_text())
+    del record["identity"]["batch"]  # as an earlier titan wrote it
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    train(tiny_llama3(tmp_path, 2), get_registry())
+    assert steps_in(tmp_path) == [1, 2]

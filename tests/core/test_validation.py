@@ -305,3 +305,30 @@ def test_the_training_file_under_another_spelling_is_still_the_training_data(
     trainer = Trainer(config, get_registry())
     trainer.close()
     assert "validation reads the training data" in (tmp_path / "train.log").read_text()
+
+
+@pytest.mark.parametrize("section", ["data", "validation"])
+def test_a_path_the_dataset_does_not_read_is_refused(tmp_path: Path, section: str) -> None:
+    # The bundled corpus is generated: a path given with it was silently ignored (validation then
+    # scored the training stream instead of the held-out documents, a file that did not exist
+    # included).
+    config = with_validation(tmp_path / "out")
+    getattr(config, section).path = str(tmp_path / "held_out.jsonl")
+    with pytest.raises(
+        UsageError,
+        match=rf"^{section}\.path = .*held_out\.jsonl' is not read: .*'bundled'.*{section}\.dataset = 'text'",
+    ):
+        Trainer(config, get_registry())
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_a_plugin_dataset_that_reads_no_path_says_so(tmp_path: Path) -> None:
+    registry = Registry().load_entry_points()
+    generated = Dataset("gen", training_text, "generated", reads_path=False)
+    registry.register(plugin(titan_datasets=[generated]), "third_party_data")
+    config = with_validation(tmp_path)
+    config.validation.dataset, config.validation.path = "gen", "x.jsonl"
+    with pytest.raises(
+        UsageError, match=r"validation\.path = 'x\.jsonl' is not read: validation\.dataset 'gen'"
+    ):
+        Trainer(config, registry)

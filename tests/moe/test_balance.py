@@ -203,15 +203,16 @@ def test_bias_update_moves_a_skewed_router_towards_balance() -> None:
     model = skewed_model()
     batch, seq = 4, 16
     callback = RouterCallback.build(fake_trainer(model, MoEConfig(bias_update_rate=0.02), batch, seq))
-    x = torch.ones(batch, seq, ARGS.dim) + 0.3 * torch.randn(batch, seq, ARGS.dim)
+    # Tokens that differ enough for one step to spread them: each step's imbalance is reported.
+    x = torch.ones(batch, seq, ARGS.dim) + 2.0 * torch.randn(batch, seq, ARGS.dim)
     history = []
     for step in range(1, 61):
         layer(model)(x)
         layer(model, 2)(x)
         callback.after_optimizer_step(step)
-        if step in (1, 60):
+        if step in (1, 59, 60):  # step 60's statistics are that step's alone
             history.append(callback.metrics(step))
-    first, last = history
+    first, _, last = history
     assert first["moe/layer1/imbalance"] > 3.0  # 2 of 8 experts take nearly all slots
     for i in (1, 2):
         assert last[f"moe/layer{i}/imbalance"] < min(2.0, first[f"moe/layer{i}/imbalance"] / 2)
@@ -251,6 +252,24 @@ def test_statistics_summarise_the_interval_per_step() -> None:
     assert callback.metrics(3)["moe/imbalance_max"] == 1.0
     summary = RouterCallback.build(fake_trainer(model, MoEConfig(router_stats="summary"), 1, 4))
     assert not any("layer" in k for k in summary.metrics(1))
+
+
+def test_the_imbalance_is_each_steps_not_the_intervals_sum() -> None:
+    # Two steps, each sending every slot of layer 1 to one expert (another one each step): every
+    # step is as imbalanced as it gets (n), which the counts summed over the interval (two busy
+    # experts: n / 2) hid more the longer metrics.log_freq was.
+    model = build()
+    callback = RouterCallback.build(fake_trainer(model, MoEConfig(), batch=1, seq=4))
+    n = ARGS.n_experts
+    for step in (1, 2):
+        counts = [0] * n
+        counts[step - 1] = 8
+        layer(model, 1).stats.append((4, torch.tensor(counts), None))
+        layer(model, 2).stats.append((4, torch.tensor([1] * n), None))
+        callback.after_optimizer_step(step)
+    row = callback.metrics(2)
+    assert row["moe/layer1/imbalance"] == n and row["moe/imbalance_max"] == n
+    assert row["moe/layer1/tokens_max"] == 8 and row["moe/layer1/tokens_min"] == 0
 
 
 def test_callback_sets_the_loss_weight_and_is_absent_when_nothing_is_asked() -> None:

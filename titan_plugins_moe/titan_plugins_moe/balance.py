@@ -15,11 +15,14 @@ Built once per run (``titan_callbacks``) from the ``moe`` config section, it
   all-reduce for all layers) and moves each expert's selection bias by
   ``rate * sign(mean - count)``, centred so the biases keep a zero mean (a common shift changes no
   choice); all on the device, nothing is read on the host;
-* on logging steps (``metrics``, called on every rank), sums the counts accumulated since the
-  last log over the data-parallel ranks and reads them once: per MoE layer the imbalance
-  ``max / mean`` of tokens per expert and the fewest / most tokens an expert got per step, the
-  worst and mean imbalance over layers, the balance loss and multi-token-prediction term added
-  per step (averaged over the data-parallel ranks: the whole batch's) and the largest bias.
+* with ``moe.router_stats`` on, after each optimizer step, sums the counts over the
+  data-parallel ranks (the all-reduce of the bias update, or one of its own) and adds up, on the
+  device, per MoE layer that step's imbalance ``max / mean`` of tokens per expert and the fewest /
+  most tokens an expert got;
+* on logging steps (``metrics``, called on every rank), reads those sums once and reports their
+  means over the steps since the last log, the worst and mean imbalance over layers, the balance
+  loss and multi-token-prediction term added per step (averaged over the data-parallel ranks:
+  the whole batch's) and the largest bias.
   Layers are labelled by block index (``moe/layer3/...``), those of multi-token-prediction
   modules ``moe/layermtp0/...``.
 
@@ -115,8 +118,9 @@ class RouterCallback:
         self.stats = settings.router_stats
         self.aux = settings.aux_loss_weight > 0
         self.group = group
-        n_experts = self.layers[0].num_experts
-        self.window = torch.zeros(len(self.layers), n_experts, dtype=torch.int64, device=device)
+        #: Per layer, summed over the steps since the last log: each step's imbalance (max / mean
+        #: tokens per expert, over the data-parallel ranks), fewest and most tokens of an expert.
+        self.window = torch.zeros(3, len(self.layers), dtype=torch.float64, device=device)
         self.aux_window = torch.zeros((), dtype=torch.float32, device=device)
         self.mtp = list(mtp)
         self.mtp_window = torch.zeros((), dtype=torch.float32, device=device)
@@ -165,13 +169,21 @@ class RouterCallback:
     def after_optimizer_step(self, step: int) -> None:
         taken = [take_step(m, self.tokens) for m in self.layers]
         counts = torch.stack([c for c, _ in taken])
+        load = None
+        if self.rate > 0 or self.stats != "off":  # the step's counts over the data-parallel ranks
+            load = self._all_reduce(counts.clone()).double()
         if self.rate > 0:
-            load = self._all_reduce(counts.clone()).float()
-            delta = self.rate * torch.sign(load.mean(dim=1, keepdim=True) - load)
+            delta = self.rate * torch.sign(load.mean(dim=1, keepdim=True) - load).float()
             delta -= delta.mean(dim=1, keepdim=True)
             for m, d in zip(self.layers, delta, strict=True):
                 m.router.expert_bias.add_(d)
-        self.window += counts
+        if self.stats != "off":
+            # This step's statistics: the imbalance of counts summed over the interval would
+            # average different experts' peaks away (the longer the interval, the more).
+            mean = load.mean(dim=1)
+            highs = load.max(dim=1).values
+            imbalance = torch.where(mean > 0, highs / mean.clamp_min(1e-12), 0.0)
+            self.window += torch.stack([imbalance, load.min(dim=1).values, highs])
         losses = [a for _, a in taken if a is not None]
         if losses:
             self.aux_window += torch.stack(losses).sum()
@@ -186,7 +198,7 @@ class RouterCallback:
         steps, self.steps = max(self.steps, 1), 0
         if is_fake(self.window):  # shape-only steps: no counts to report
             return {}
-        counts = self._all_reduce(self.window.clone()).double().cpu() / steps  # the one host read
+        per_step = self.window.cpu() / steps  # the one host read
         self.window.zero_()
         row: dict[str, float] = {}
         if self.aux or self.mtp:
@@ -208,12 +220,10 @@ class RouterCallback:
             row["moe/expert_bias_absmax"] = float(f"{float(bias):.6g}")
         if self.stats == "off":
             return row
-        mean = counts.mean(dim=1)
-        imbalance = torch.where(mean > 0, counts.max(dim=1).values / mean.clamp_min(1e-12), 0.0)
+        imbalance, lows, highs = per_step
         row["moe/imbalance_max"] = round(float(imbalance.max()), 4)
         row["moe/imbalance_mean"] = round(float(imbalance.mean()), 4)
         if self.stats == "per_layer":
-            lows, highs = counts.min(dim=1).values, counts.max(dim=1).values
             for i, layer in enumerate(self.index):
                 row[f"moe/layer{layer}/imbalance"] = round(float(imbalance[i]), 4)
                 row[f"moe/layer{layer}/tokens_min"] = round(float(lows[i]), 2)

@@ -44,6 +44,7 @@ def titan_comm_backends() -> list[CommBackend]:
             env_vars=("FAKE_PP_RANK",),
             sets=_SIZING,
             launch_check=fake_launch_check,
+            simulates_peers=True,
         ),
         CommBackend(
             "real_pp_fake_spmd",
@@ -55,6 +56,7 @@ def titan_comm_backends() -> list[CommBackend]:
             env_vars=("FAKE_PP_RANK",),
             sets=_SIZING,
             launch_check=hybrid_launch_check,
+            simulates_peers=True,
         ),
     ]
 

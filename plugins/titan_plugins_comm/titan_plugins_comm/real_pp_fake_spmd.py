@@ -90,6 +90,7 @@ def init(config: TrainerConfig) -> Topology:
         simulated=frozenset(MESH_DIMS) - {"pp"},  # only the pipeline peers are real processes
         groups={"pp": pp_group},
         on_shutdown=lambda completed: end_process_groups(completed, barrier_group=pp_group),
+        barrier=lambda: dist.barrier(group=pp_group),  # the default group is fake: it would not wait
         # Only the pipeline group is real: it alone gets the training timeout after step 1.
         after_first_step=lambda mesh: shorten_timeouts(config, device, [pp_group]),
     )

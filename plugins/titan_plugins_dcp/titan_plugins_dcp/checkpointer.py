@@ -512,11 +512,13 @@ def _data_changes(saved: dict[str, int], now: dict[str, int]) -> dict[str, str]:
 
     Without shuffling (``shuffle_buffer = 0``) the sequences come in one order whatever the
     layout, and the trainer skips the ones the saved steps consumed (over all ranks), so another
-    DP degree, local batch size or accumulation continues where the data stopped.
+    DP degree, local batch size or accumulation continues where the data stopped. With it, each
+    DP rank shuffles its own share (seeded by its rank) in an order its batch size only cuts:
+    another DP degree changes the shares, another local batch size nothing.
     """
     keys = ["seq_len", "seed", "shuffle_buffer"]
     if not saved.get("shuffle_buffer") == now["shuffle_buffer"] == 0:
-        keys += ["dp_degree", "local_batch_size"]
+        keys += ["dp_degree"]
     return {k: f"{saved.get(k)} -> {now[k]}" for k in keys if saved.get(k) != now[k]}
 
 

@@ -186,7 +186,7 @@ def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, m
     """``Strategy.check``: what the config, the degrees and the model's arguments show of the
     pipeline (the schedule, its stages, a block for each, the microbatches), before anything is
     built."""
-    from titan_core.trainer import model_arg
+    from titan_core.layout import model_arg
 
     p = config.parallelism
     pp = parallel_dims.pp

@@ -50,6 +50,41 @@ def llama3_debugmodel_pp2_fsdp2_masked_computed():
     return config
 
 
+def pp2_fsdp2_tb(lr=3e-3):
+    """The spec's layout computed, with TensorBoard, in its own folder."""
+    config = llama3_debugmodel_pp2_fsdp2()
+    config.debug.fake_tensors = "off"
+    config.metrics.enable_tensorboard = True
+    config.training.lr = lr
+    config.job.dump_folder = "./out_tb"
+    return config
+
+
+def pp2_fsdp2_tb_other_lr():
+    return pp2_fsdp2_tb(lr=1e-3)
+
+
+def seeded(name="seeded", pp=1, seed=False):
+    """Two short runs from one seed checkpoint (``seed``: the run that writes it)."""
+    config = llama3_debugmodel_pp2_fsdp2()
+    config.parallelism.pp, config.parallelism.dp_shard = pp, 1
+    config.training.steps = 2
+    config.job.dump_folder = f"./{name}"
+    if seed:
+        config.checkpoint.create_seed_checkpoint = True
+    else:
+        config.checkpoint.initial_load_path = "./seed/checkpoint/step-0"
+    return config
+
+
+def seed():
+    return seeded("seed", seed=True)
+
+
+def seeded_pp2():
+    return seeded("seeded_pp2", pp=2)
+
+
 def llama3_debugmodel_fsdp4():
     """FSDP over four ranks, no pipeline."""
     config = llama3_debugmodel_pp2_fsdp2()
@@ -188,6 +223,18 @@ def test_pure_fake_pp_rank_1_takes_its_step_with_document_masking(recipes: Path,
     assert (report["logical_rank"], report["pp_rank"]) == (2, 1)
 
 
+def test_pure_fake_pp_rank_1_overwrite_replaces_the_earlier_runs_outputs(recipes: Path) -> None:
+    """The one process of a FAKE_PP_RANK=1 run (logical rank 2) prepares the dump folder: its
+    ``--overwrite`` removed nothing while saying it did, and the TensorBoard folder held both runs."""
+    assert fake_run(recipes, "pp2_fsdp2_tb", FAKE_PP_RANK="1").returncode == 0
+    second = fake_run(recipes, "pp2_fsdp2_tb_other_lr", args=("--overwrite",), FAKE_PP_RANK="1")
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    out = recipes / "out_tb"
+    assert len(list((out / "tb").glob("events.out.tfevents.*"))) == 1
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert json.loads((out / "run.json").read_text())["identity"]["training"]["lr"] == 1e-3
+
+
 @pytest.mark.slow
 def test_pure_fake_without_pp_is_rank_0_and_ignores_detail_debug(recipes: Path) -> None:
     result = subprocess.run(
@@ -261,6 +308,98 @@ def test_hybrid_example_runs_real_pp_over_gloo(recipes: Path) -> None:
         assert report["params_numel"] == share
 
 
+def torchrun(recipes: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """Two processes of ``args`` (a script, or ``-m module ...``) under torchrun, in ``recipes``;
+    two steps unless ``TITAN_DEFAULT_MAX_STEPS`` says otherwise."""
+    launch = ["--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"]
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *launch, *args],
+        cwd=recipes,
+        env=env(**{"TITAN_DEFAULT_MAX_STEPS": "2", **extra_env}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+#: ``titan_core.train`` with ``--overwrite``'s removal slowed down on the first process, as a
+#: large earlier run's folder or a busy machine slow it.
+SLOW_OVERWRITE = """
+import time
+
+from titan_core import run_folder
+from titan_core.cli import exit_process, main
+
+removal = run_folder.RunFolder._remove
+
+
+def slowly(self, prior, *, checkpoints):
+    time.sleep(2)
+    return removal(self, prior, checkpoints=checkpoints)
+
+
+run_folder.RunFolder._remove = slowly
+args = ["--module", "my_debug_configs", "--recipe", "pp2_fsdp2_tb_other_lr", "--overwrite"]
+exit_process(main(["run", *args, "--comm-backend", "real_pp_fake_spmd"]))
+"""
+
+
+@pytest.mark.slow
+def test_hybrid_overwrite_removes_before_the_last_stage_writes(recipes: Path) -> None:
+    """Under real PP with fake SPMD the first process removes what ``--overwrite`` replaces and
+    the last stage writes the run's files: it waited for nothing (the default group is fake) and
+    lost its log, metrics, config and run.json to the removal, exiting 0."""
+    train = ["-m", "titan_core.train", "--module", "my_debug_configs", "--config", "pp2_fsdp2_tb"]
+    first = torchrun(recipes, *train, "--comm-backend", "real_pp_fake_spmd", NGPU="4")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    (recipes / "slow_overwrite.py").write_text(SLOW_OVERWRITE)
+    second = torchrun(recipes, "slow_overwrite.py", NGPU="4", PYTHONPATH=str(recipes))
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    out = recipes / "out_tb"
+    for name in ("train.log", "metrics.jsonl", "config.toml", "run.json"):
+        assert (out / name).is_file(), name
+    assert len(list((out / "tb").glob("events.out.tfevents.*"))) == 1
+    assert json.loads((out / "run.json").read_text())["identity"]["training"]["lr"] == 1e-3
+
+
+@pytest.mark.slow
+def test_hybrid_loads_initial_weights_from_a_dcp_folder(recipes: Path) -> None:
+    """DCP plans a load with collectives over the default group, which hybrid mode simulates:
+    every process failed in ``scatter_object_list`` (EOFError). Each plans its own reads now, and
+    a job with no simulated rank (NGPU = pp) trains as the one-process run from the same seed."""
+    for recipe in ("seed", "seeded"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "titan_core.cli",
+                "run",
+                "--module",
+                "my_debug_configs",
+                "--recipe",
+                recipe,
+            ],
+            cwd=recipes,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    train = ["-m", "titan_core.train", "--module", "my_debug_configs", "--config", "seeded_pp2"]
+    hybrid = torchrun(
+        recipes, *train, "--comm-backend", "real_pp_fake_spmd", NGPU="2", TITAN_DEFAULT_MAX_STEPS=""
+    )
+    assert hybrid.returncode == 0, hybrid.stdout[-2000:] + hybrid.stderr[-3000:]
+
+    def losses(name: str) -> list[float]:
+        return [
+            json.loads(line)["loss"] for line in (recipes / name / "metrics.jsonl").read_text().splitlines()
+        ]
+
+    assert losses("seeded_pp2") == pytest.approx(losses("seeded"), rel=1e-5)
+
+
 @pytest.mark.slow
 def test_llama3_8b_as_a_64_rank_job_fits_this_machine(recipes: Path) -> None:
     """One rank of an 8B TP8 x PP2 x FSDP4 job: only its shards exist, on a 2-core CPU."""
@@ -315,12 +454,17 @@ def llama3_debugmodel_fake_tensors_on():
 
 
 def fake_run(
-    recipes: Path, recipe: str, backend: str = "fake", ngpu: str = "4", **extra_env: str
+    recipes: Path,
+    recipe: str,
+    backend: str = "fake",
+    ngpu: str = "4",
+    args: tuple[str, ...] = (),
+    **extra_env: str,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             *(sys.executable, "-m", "titan_core.cli", "run", "--module", "my_debug_configs"),
-            *("--recipe", recipe, "--comm-backend", backend),
+            *("--recipe", recipe, "--comm-backend", backend, *args),
         ],
         cwd=recipes,
         env=env(NGPU=ngpu, TITAN_DEFAULT_MAX_STEPS="2", **extra_env),

@@ -170,6 +170,9 @@ def test_no_shuffling_means_no_data_warning_for_another_layout() -> None:
     assert _data_changes(saved, {**saved, "seq_len": 64}) == {"seq_len": "32 -> 64"}
     shuffled = {**saved, "shuffle_buffer": 256}
     assert "dp_degree" in _data_changes(shuffled, {**shuffled, "dp_degree": 1})
+    # A rank's shuffled sequences come in one order whatever its batch size (the batches cut it):
+    # another local batch size continues the data exactly, so no warning says otherwise.
+    assert _data_changes(shuffled, {**shuffled, "local_batch_size": 4}) == {}
 
 
 class Events:
@@ -237,3 +240,12 @@ def test_a_resume_of_a_finished_run_says_why_no_step_ran(
     (summary,) = [fields for kind, event, fields in events.seen if event == "run summary"]
     assert summary["steps"] == "none left: the checkpoint of step 2 is the last of training.steps = 2"
     assert summary["final_loss"] == "n/a (no step ran)"
+
+
+def test_a_finished_run_rerun_with_other_settings_keeps_its_records(tmp_path: Path) -> None:
+    # The checkpoint is the last step: the rerun trains nothing, so config.toml and run.json must
+    # still say what trained the steps (they were rewritten with the rerun's lr).
+    assert len(rows(config_in(tmp_path))) > 0
+    records = {name: (tmp_path / name).read_text() for name in ("config.toml", "run.json")}
+    assert rows(config_in(tmp_path, **{"training.lr": 1e-3})) == {}
+    assert {name: (tmp_path / name).read_text() for name in records} == records

@@ -1,0 +1,166 @@
+"""The run's layout, checked before anything is built: the model, its arguments and the
+strategies a config asks for under its parallel degrees.
+
+The trainer calls :func:`check_layout` before the mesh and the model, ``run_train.sh`` before
+torchrun starts any process (:func:`titan_core.run.preflight`), so both refuse a layout with the
+same error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from titan_core._registry import Registry
+from titan_core.config import TrainerConfig
+from titan_core.data.loader import load_tokenizer
+from titan_core.errors import UsageError
+from titan_core.parallel_dims import ParallelDims
+from titan_core.parallelize import check_strategies
+from titan_core.run import check_served
+
+__all__ = [
+    "Layout",
+    "check_data_paths",
+    "check_layout",
+    "microbatches_per_step",
+    "model_arg",
+    "resolve_model",
+]
+
+_ABSENT = object()
+
+
+def model_arg(args: Any, name: str, default: Any = None) -> Any:
+    """The model argument ``name`` of ``args`` (a dict, attrs or dataclass instance, or any object
+    with attributes), or ``default`` when it has no such argument. The trainer reads
+    ``vocab_size``, ``max_seq_len`` and ``bos_id`` through this (docs/plugins.md)."""
+    if isinstance(args, Mapping):
+        return args.get(name, default)
+    return getattr(args, name, default)
+
+
+def microbatches_per_step(training: Any, parallel_dims: ParallelDims) -> int:
+    """Microbatches accumulated per optimizer step: ``training.global_batch_size`` over
+    ``training.local_batch_size`` x the DP degree (one without a global batch size); a global
+    batch that is no multiple of that is one :class:`UsageError` naming the fields."""
+    t = training
+    dp = parallel_dims.dp
+    per_microbatch = t.local_batch_size * dp
+    wanted = t.global_batch_size or per_microbatch
+    if wanted % per_microbatch:
+        raise UsageError(
+            f"training.global_batch_size={wanted} is not a multiple of training.local_batch_size "
+            f"x DP degree = {t.local_batch_size} x {dp} = {per_microbatch}; set it to a multiple "
+            "of that (or None for one microbatch per step)"
+        )
+    return wanted // per_microbatch
+
+
+@attrs.frozen
+class Layout:
+    """What :func:`check_layout` found: the model and the strategies this run uses."""
+
+    spec: Any
+    tokenizer: Any
+    model_args: Any
+    #: The strategies this run applies, in order.
+    strategies: list[Any]
+    #: Microbatches accumulated per optimizer step (:func:`microbatches_per_step`).
+    accumulation: int
+
+
+def check_layout(
+    config: TrainerConfig,
+    registry: Registry,
+    parallel_dims: ParallelDims,
+    call: Callable[..., Any] = lambda what, fn, *args: fn(*args),
+) -> Layout:
+    """Everything a run of ``parallel_dims`` asks of its config, its model and its strategies that
+    shows before anything is built, checked in one place: the global batch against the DP degree
+    (:func:`microbatches_per_step`), the model's arguments (:func:`resolve_model`, the model's
+    ``validate``), the strategies (:func:`~titan_core.parallelize.check_strategies`: a strategy
+    for every degree, each one's ``check``) and the core fields plugins serve
+    (:func:`~titan_core.run.check_served`). ``call(what, fn, *args)`` runs plugin code, an
+    exception becoming one :class:`PluginError` starting with ``what()``
+    (:func:`~titan_core.errors.call_plugin`). The trainer calls it before the mesh and the model,
+    ``run_train.sh`` before torchrun starts any process (:func:`titan_core.run.preflight`), so
+    the two refuse a layout with the same error."""
+    accumulation = microbatches_per_step(config.training, parallel_dims)
+    model = config.model.name
+    spec, tokenizer, model_args = resolve_model(
+        config,
+        registry,
+        parallel_dims,
+        lambda fn, *args: call(
+            lambda: f"{registry.label('models', model)} failed to validate its arguments",
+            fn,
+            *args,
+        ),
+    )
+    strategies = check_strategies(registry, config, parallel_dims, spec, model_args, call)
+    check_served(config, registry)
+    check_data_paths(config, registry)
+    return Layout(spec, tokenizer, model_args, strategies, accumulation)
+
+
+def resolve_model(
+    config: TrainerConfig,
+    registry: Registry,
+    parallel_dims: ParallelDims,
+    call: Callable[..., Any] = lambda fn, *args: fn(*args),
+) -> tuple[Any, Any, Any]:
+    """The model spec, the tokenizer and the model's arguments (the BOS id filled in from the
+    tokenizer when the model asks for it), checked by the model itself (``ModelSpec.validate``,
+    through ``call``) and against the tokenizer and ``training.seq_len``. Builds nothing: the
+    trainer and run_train.sh's check before torchrun (:func:`titan_core.run.preflight`) share it."""
+    spec = registry.get("models", config.model.name, what="model")
+    tokenizer = load_tokenizer(config.data.tokenizer_path)
+    try:
+        model_args = spec.flavor(config.model.flavor, config.model.overrides)
+        if model_arg(model_args, "bos_id", _ABSENT) is None:  # the model asks for the BOS id
+            model_args = spec.flavor(
+                config.model.flavor, {**config.model.overrides, "bos_id": tokenizer.bos_id}
+            )
+    except LookupError as exc:
+        field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
+        raise UsageError(f"{field}: {exc}") from None
+    if spec.validate is not None:
+        call(spec.validate, model_args, parallel_dims)
+    name = f"{config.model.name}/{config.model.flavor}"
+    max_seq_len = model_arg(model_args, "max_seq_len")
+    if max_seq_len is not None and config.training.seq_len > max_seq_len:
+        raise UsageError(
+            f"training.seq_len={config.training.seq_len} exceeds the model's max_seq_len={max_seq_len} "
+            f'({name}); lower seq_len or set model.overrides = {{"max_seq_len": ...}}'
+        )
+    vocab = model_arg(model_args, "vocab_size")
+    if vocab is not None and tokenizer.vocab_size > vocab:
+        raise UsageError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but model {name} has a vocabulary of "
+            f"{vocab}; use a flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
+        )
+    return spec, tokenizer, model_args
+
+
+def check_data_paths(config: TrainerConfig, registry: Registry) -> None:
+    """Refuse a ``data.path`` or ``validation.path`` that its dataset would not read
+    (``Dataset.reads_path``): the run would train, or validate, on other text than the files
+    named, without a word."""
+    d, v = config.data, config.validation
+    sources = [("data", d.dataset, d.path)]
+    if v.enable:
+        sources.append(("validation", v.dataset or d.dataset, v.path))
+    for section_name, name, path in sources:
+        if path is None:
+            continue
+        dataset = registry.get("datasets", name, what=f"{section_name}.dataset")
+        if not dataset.reads_path:
+            what = f" ({dataset.description})" if dataset.description else ""
+            raise UsageError(
+                f"{section_name}.path = {path!r} is not read: {section_name}.dataset {name!r}{what} "
+                f"reads no files; to read them set {section_name}.dataset = 'text' (.jsonl/.txt), or "
+                f"leave {section_name}.path unset"
+            )
