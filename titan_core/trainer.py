@@ -27,7 +27,7 @@ from torch import nn
 from titan_core._registry import Registry
 from titan_core.callbacks import Callbacks
 from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
-from titan_core.data.loader import PackedBatches
+from titan_core.data.loader import PackedBatches, path_field
 from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import PluginError, TitanError, UsageError, call_plugin, is_out_of_memory
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
@@ -480,11 +480,14 @@ class Trainer:
                     dataset=name,
                     path=data.path,
                 )
+        token = path_field.set("validation.path")  # a folder is listed (and warned of) on first read
         try:
             first = next(iter(documents(data)), None)
         except UsageError as exc:  # the dataset names data.*: here it is validation.*
             text = str(exc)
             raise UsageError("validation." + text[5:] if text.startswith("data.") else text) from None
+        finally:
+            path_field.reset(token)
         if first is None:
             raise UsageError(f"validation.dataset = {name!r} yields no documents; check validation.path")
         coords = self.parallel_dims.coordinates(self.topology.rank)

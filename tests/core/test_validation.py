@@ -332,3 +332,17 @@ def test_a_plugin_dataset_that_reads_no_path_says_so(tmp_path: Path) -> None:
         UsageError, match=r"validation\.path = 'x\.jsonl' is not read: validation\.dataset 'gen'"
     ):
         Trainer(config, registry)
+
+
+def test_a_validation_folders_skipped_files_are_named_by_validation_path(tmp_path: Path) -> None:
+    folder = tmp_path / "held_out"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("\n".join(f'{{"text": "held out document {i}"}}' for i in range(300)))
+    (folder / "notes.csv").write_text("not, data")
+    config = with_validation(tmp_path / "out", steps=2)
+    config.validation.dataset, config.validation.path = "text", str(folder)
+    Trainer(config, get_registry()).close()
+    (line,) = [
+        line for line in (tmp_path / "out" / "train.log").read_text().splitlines() if "skipping" in line
+    ]
+    assert f"validation.path {str(folder)!r}: skipping 1 other file: notes.csv" in line

@@ -9,6 +9,7 @@ rank ``k % dp_degree``; each rank shuffles its sequences through a buffer seeded
 
 from __future__ import annotations
 
+import contextvars
 import json
 import random
 import re
@@ -95,6 +96,9 @@ _MAGIC = (
 _BZIP2 = re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)")
 #: Folders whose skipped files were already named in a warning (once per process).
 _warned_skips: set[str] = set()
+#: The config field a folder being read was given by, for its warnings: the trainer sets
+#: ``validation.path`` around the validation data's first read (where a folder is first listed).
+path_field: contextvars.ContextVar[str] = contextvars.ContextVar("titan_path_field", default="data.path")
 
 
 def read_text_files(path: str | None) -> Iterator[str]:
@@ -132,7 +136,7 @@ def read_text_files(path: str | None) -> Iterator[str]:
         if skipped and str(root.resolve()) not in _warned_skips:
             _warned_skips.add(str(root.resolve()))
             _log().warning(
-                f"data.path {path!r}: skipping {_some(skipped, root)}; only .jsonl and .txt files "
+                f"{path_field.get()} {path!r}: skipping {_some(skipped, root)}; only .jsonl and .txt files "
                 "in a folder are read",
                 skipped=len(skipped),
             )
