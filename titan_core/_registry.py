@@ -298,28 +298,23 @@ class Registry:
         self._gather(next(iter(RECORD_TYPES)))
 
     def config_sections(self) -> dict[str, type]:
-        """Plugin config sections by name (a conflict is an error: a config cannot hold both)."""
-        from titan_core.config import register_section_name
-
+        """Plugin config sections by name (a conflict is an error: a config cannot hold both). Each
+        class's section name was registered for error paths when its record was checked."""
         sections = {}
         for provided in self._gather("config_sections").values():
             if provided.rivals:
                 raise PluginError(_conflict_message("config section", provided))
-            register_section_name(provided.record.name, provided.record.cls)
             sections[provided.record.name] = provided.record.cls
         return sections
 
     def config_checks(self) -> list[tuple[ConfigSection, str]]:
         """The plugin config sections that have a cross-field check, each with how errors name
         it (``config section 'x' (plugin p, dist 1.0)``)."""
-        checks = []
-        for provided in self._gather("config_sections").values():
-            record, plugin = provided.record, provided.plugin
-            if record.check is not None and not provided.rivals:
-                checks.append(
-                    (record, f"config section {record.name!r} (plugin {plugin.name}, {plugin.origin})")
-                )
-        return checks
+        return [
+            (p.record, self.label("config_sections", p.record.name))
+            for p in self._gather("config_sections").values()
+            if p.record.check is not None and not p.rivals
+        ]
 
     def _gather(self, kind: str) -> dict[str, _Provided]:
         if not self._records:
@@ -384,7 +379,12 @@ INSTALL_HINT = (
 
 
 #: The record a kind's error names (``label``): the kinds plugin code of the trainer runs.
-_LABEL_WORDS = {"models": "model", "strategies": "strategy", "callbacks": "callback"}
+_LABEL_WORDS = {
+    "models": "model",
+    "strategies": "strategy",
+    "callbacks": "callback",
+    "config_sections": "config section",
+}
 
 
 def _conflict_message(what: str, provided: _Provided) -> str:

@@ -329,11 +329,27 @@ def run(args: argparse.Namespace, registry: Any) -> int:
     try:
         train(config, registry, overwrite=getattr(args, "overwrite", False))
     except Exception as exc:
-        failure = peer_failure(exc, config) or out_of_memory(exc, config)
+        failure = wrapped_titan_error(exc) or peer_failure(exc, config) or out_of_memory(exc, config)
         if failure is None:
             raise
         raise failure from None
     return 0
+
+
+def wrapped_titan_error(exc: BaseException) -> Exception | None:
+    """The titan error that torch wrapped in one of its own, else ``None``: a pipeline stage,
+    for one, re-raises whatever its forward raised as ``RuntimeError('... failed to run
+    forward')``, so a plugin's clear error would reach the user as torch's traceback."""
+    from titan_core.errors import TitanError
+
+    seen: set[int] = {id(exc)}
+    cause = exc.__cause__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, TitanError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 def out_of_memory(exc: BaseException, config: Any) -> Exception | None:

@@ -197,6 +197,22 @@ def test_a_section_check_that_raises_or_returns_none_is_named(
         validate(config)
 
 
+def test_a_section_check_of_a_plugin_registered_as_an_object_is_named_like_its_other_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from titan_core.config import TrainerConfig
+
+    registry = Registry().load_entry_points()
+    module = plugin_module("obj", titan_config_sections=[ConfigSection("obj", Good, check=lambda c: 1 / 0)])
+    registry.register(module, "obj")
+    monkeypatch.setattr(_registry, "_default", registry)
+    config = TrainerConfig()
+    config.obj.value = 2
+    # The same words as the registry's label for any record of a plugin with no distribution.
+    with pytest.raises(PluginError, match=r"the check of config section 'obj' \(plugin obj\) failed: Zero"):
+        validate(config)
+
+
 # -- strategies ------------------------------------------------------------------------------------
 
 

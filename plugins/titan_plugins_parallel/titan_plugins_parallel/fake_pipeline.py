@@ -70,6 +70,9 @@ def hidden_states_meta(ctx: ParallelContext, microbatch: int) -> torch.Tensor:
         del shadow.layers[name]
     shadow.norm = None
     shadow.output = None
+    from titan_plugins_parallel.pipeline import name_contract_breaks
+
+    name_contract_breaks(shadow, ctx.spec.name, 0, ctx.state["pp"].num_stages)
     if ctx.parallel_dims.tp > 1 and ctx.spec.tp_plan is not None:
         ctx.spec.tp_plan(shadow, ctx.mesh["tp"], False)
     seq = ctx.config.training.seq_len // ctx.parallel_dims.cp

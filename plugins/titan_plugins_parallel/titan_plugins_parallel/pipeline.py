@@ -32,13 +32,14 @@ gradient reduction under FSDP), with the same loss and broadcast as a training s
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -147,6 +148,33 @@ def _stage_module(model: nn.Module, keep: list[str], first: bool, last: bool) ->
     return stage
 
 
+def name_contract_breaks(stage: nn.Module, model: str, stage_id: int, num_stages: int) -> None:
+    """Make a stage's forward that calls a module this stage dropped fail naming the contract.
+
+    The model's own code raises there (``'NoneType' object is not callable``), inside the
+    schedule, far from the cause: its forward does not skip the ``None`` ends (docs/plugins.md).
+    Every other error of the model's passes through unchanged."""
+    forward = stage.forward
+    dropped = [n for n in ("tok_embeddings", "norm", "output") if getattr(stage, n, None) is None]
+
+    @functools.wraps(forward)  # keeps the signature the schedule inspects (``input_tokens``)
+    def forward_of_stage(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return forward(*args, **kwargs)
+        except TypeError as exc:
+            if "'NoneType' object is not callable" not in str(exc):
+                raise
+            raise PluginError(
+                f"model {model!r} does not follow the pipeline contract: its forward called a "
+                f"module that stage {stage_id} of {num_stages} does not hold ({exc}); there "
+                f"{', '.join(dropped)} {'is' if len(dropped) == 1 else 'are'} None and the "
+                "forward must skip them, taking and returning hidden states (docs/plugins.md, "
+                "the model contract); or set parallelism.pp = 1"
+            ) from exc
+
+    stage.forward = forward_of_stage
+
+
 def _too_few_blocks(blocks: int, pp: int, per_rank: int) -> str:
     return (
         f"pipeline parallel needs at least one block per stage: {blocks} blocks for "
@@ -251,6 +279,8 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     runs = split_layers(names, num_stages)
     ids = stage_ids_of(_pp_rank(ctx), pp, per_rank, cls.__name__ in _V_SCHEDULES)
     stages = [_stage_module(model, runs[i], i == 0, i == num_stages - 1) for i in ids]
+    for stage, sid in zip(stages, ids, strict=True):
+        name_contract_breaks(stage, ctx.spec.name, sid, num_stages)
 
     plan = StagePlan(ids, num_stages)
     ctx.state["pp"] = plan

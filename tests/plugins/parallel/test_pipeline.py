@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import titan_env
 from tests.parallel_harness import GLOBAL_BATCH, REPO, TINY_MODEL, child_env, log_records, run_titan_train
 from tests.plugins.parallel.rows import GRAD_NORM_ABS, assert_rows_close, layout_rows, one_process_rows
 from titan_core.config import TrainerConfig
@@ -441,3 +442,111 @@ def test_pp2_validation_is_forward_only_and_leaves_training_unchanged(
             [r["loss"] for r in without["rows"]], rel=1e-6
         )
         assert [r["grad_norm"] for r in got["rows"]] == [r["grad_norm"] for r in without["rows"]]
+
+
+def test_a_stage_whose_forward_calls_a_dropped_module_names_the_contract() -> None:
+    """A model that ignores the pipeline contract (its forward calls ``tok_embeddings`` on a stage
+    that holds none) fails naming the model and what to change, not with a bare TypeError."""
+    import torch
+
+    from titan_core.errors import PluginError
+    from titan_plugins_llama3.model import Llama3
+
+    class Careless(Llama3):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            h = self.tok_embeddings(tokens)
+            for layer in self.layers.values():
+                h = layer(h)
+            return self.output(self.norm(h))
+
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    ctx = _ctx(config, pp=2, rank=1)
+    with torch.device("meta"):
+        model = Careless(ctx.model_args)
+    (stage,) = pipeline.apply([model], ctx)
+    hidden = torch.zeros(2, 8, ctx.model_args.dim, device="meta")
+    with pytest.raises(
+        PluginError, match=r"model 'llama3'.*pipeline contract.*stage 1 of 2.*tok_embeddings.*None"
+    ):
+        stage(hidden)
+    other = TypeError("unrelated")
+
+    class Unrelated(Llama3):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            raise other
+
+    with torch.device("meta"):
+        (stage,) = pipeline.apply([Unrelated(ctx.model_args)], _ctx(config, pp=2, rank=1))
+    with pytest.raises(TypeError) as raised:
+        stage(hidden)
+    assert raised.value is other  # any other error of the model's is its own
+
+
+CARELESS_RUN = """
+import attrs
+from titan_core import hookimpl
+from titan_plugins_llama3 import plugin as llama3
+from titan_plugins_llama3.model import Llama3
+from titan_plugins_llama3.recipes import llama3_debugmodel
+
+
+class Careless(Llama3):
+    def forward(self, tokens):  # breaks the pipeline contract: a later stage embeds again
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h)
+        return h if self.output is None else self.output(self.norm(h))
+
+
+class CarelessPlugin:
+    @hookimpl
+    def titan_models(self):
+        (spec,) = llama3.titan_models()
+        return [attrs.evolve(spec, name="careless", build=Careless)]
+
+
+def careless_pp2():
+    config = llama3_debugmodel()
+    config.model.name = "careless"
+    config.parallelism.pp = 2
+    config.training.local_batch_size, config.training.seq_len = 2, 32
+    config.training.device = "cpu"
+    config.debug.fake_tensors = "off"
+    config.metrics.enable_tensorboard = False
+    return config
+
+
+"""
+
+CARELESS_LAUNCH = """
+from careless_recipes import CarelessPlugin
+from titan_core import _registry
+from titan_core.cli import exit_process, main
+
+registry = _registry.Registry().load_entry_points()
+registry.register(CarelessPlugin(), "careless")
+_registry._default = registry
+args = ["--module", "careless_recipes", "--recipe", "careless_pp2", "--comm-backend", "fake"]
+exit_process(main(["run", *args]))
+"""
+
+
+def test_a_run_of_a_model_breaking_the_pipeline_contract_ends_with_one_error(tmp_path: Path) -> None:
+    """The same through ``titan run`` on the later stage of a simulated pipeline: torch's pipeline
+    stage wraps the model's error in its own RuntimeError; the run ends with titan's one line."""
+    (tmp_path / "careless_recipes.py").write_text(CARELESS_RUN)
+    (tmp_path / "launch.py").write_text(CARELESS_LAUNCH)
+    result = subprocess.run(
+        [sys.executable, "launch.py"],
+        cwd=tmp_path,
+        env=titan_env(NGPU="2", FAKE_PP_RANK="1", PYTHONPATH=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("titan: error:")]
+    assert len(errors) == 1 and "model 'careless' does not follow the pipeline contract" in errors[0]
+    assert "stage 1 of 2" in errors[0] and "tok_embeddings is None" in errors[0]
+    assert "Traceback" not in result.stderr
