@@ -62,7 +62,8 @@ def positive(_inst: Any, _attr: Any, value: Any) -> None:
 def non_negative(_inst: Any, _attr: Any, value: Any) -> None:
     """Validator: zero or more."""
     if value is not None and not value >= 0:
-        raise ValueError(f"expected a {_kind(value)} >= 0, got {value!r}")
+        kind = _kind(value)
+        raise ValueError(f"expected {'an' if kind == 'integer' else 'a'} {kind} >= 0, got {value!r}")
 
 
 def finite(_inst: Any, _attr: Any, value: Any) -> None:

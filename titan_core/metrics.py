@@ -160,7 +160,7 @@ class MetricsLogger:
         if grad_norm is not None:
             row["grad_norm"] = grad_norm
         if lr is not None:
-            row["lr"] = float(f"{lr:.4g}")
+            row["lr"] = lr  # full precision: a schedule is checked against its formula
         if self.throughput:
             row["tps"] = round(tps, 1)
             # Significant digits, not decimals: a small run does 1e-4 TFLOP/s, which 3 decimals

@@ -173,6 +173,17 @@ def identity(config: Any, dp: int | None) -> dict[str, Any]:
     # A comm backend that simulates its peers logs no real losses (or none at all): its rerun in
     # a real run's folder would replace that run's history, so the backend is part of the identity.
     found["comm"] = {"backend": data["comm"]["backend"]}
+    found.update(plugin_results(config, data))
+    return found
+
+
+def plugin_results(config: Any, data: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The values of the plugin-section fields named in ``ConfigSection.results``, by section, as
+    JSON gives them back (``data``: ``to_dict(config)`` when the caller has it already)."""
+    from titan_core.config import to_dict
+
+    data = to_dict(config) if data is None else data
+    found = {}
     for name, fields in _plugin_result_fields().items():
         unknown = [f for f in fields if f not in data[name]]
         if unknown:

@@ -9,6 +9,7 @@ device values only on the steps that log or save.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
@@ -44,7 +45,7 @@ from titan_core.run import (
     process_rank,
     refuse_unread_env,
 )
-from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs, run_dp, tb_location
+from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs, plugin_results, run_dp, tb_location
 from titan_core.schedule import WarmupStableDecay
 from titan_core.stop_signals import StopSignals
 from titan_core.tied import retie, shared_parameters
@@ -347,19 +348,28 @@ class Trainer:
             return
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         fresh_base_lrs = list(self.scheduler.base_lrs)
-        self.step, meta = self.checkpointer.load(self.parts, self.optimizer, self.scheduler)
+        resumed = resume_record(self.config, 0)
+
+        def same_model(step: int, meta: Mapping[str, Any]) -> None:
+            saved_model = meta.get("model")
+            if saved_model is not None and saved_model != resumed["model"]:
+                changes = _changes(saved_model, resumed["model"], "model.")
+                raise UsageError(
+                    f"checkpoint of step {step} in {self.config.job.dump_folder!r} was saved by another "
+                    f"model ({'; '.join(changes)}): resuming would read its weights as this model. Resume "
+                    "it with the model it was written for, or start a new run in another job.dump_folder "
+                    "from its weights (checkpoint.initial_load_path)"
+                )
+
+        # Before any tensor is read, where the checkpointer offers it: another model of other
+        # parameters would otherwise fail inside the load, as if the checkpoint were damaged.
+        load = self.checkpointer.load
+        early = "check_meta" in inspect.signature(load).parameters
+        kwargs: dict[str, Any] = {"check_meta": same_model} if early else {}
+        self.step, meta = load(self.parts, self.optimizer, self.scheduler, **kwargs)
         if not self.step:
             return
-        resumed = resume_record(self.config, 0)
-        saved_model = meta.get("model")
-        if saved_model is not None and saved_model != resumed["model"]:
-            changes = _changes(saved_model, resumed["model"], "model.")
-            raise UsageError(
-                f"checkpoint of step {self.step} in {self.config.job.dump_folder!r} was saved by another "
-                f"model ({'; '.join(changes)}): resuming would read its weights as this model. Resume "
-                "it with the model it was written for, or start a new run in another job.dump_folder "
-                "from its weights (checkpoint.initial_load_path)"
-            )
+        same_model(self.step, meta)
         if self.step > self.steps:  # nothing to train, and config.toml would say fewer steps than ran
             raise UsageError(
                 f"checkpoint of step {self.step} in {self.config.job.dump_folder!r} is past this run's "
@@ -373,6 +383,12 @@ class Trainer:
             log.warning(
                 f"resuming with other optimizer settings; this run's apply from step {self.step + 1}: "
                 + ", ".join(changed)
+            )
+        changed = _changes(meta.get("results") or {}, resumed["results"], "")
+        if changed:
+            log.warning(
+                "resuming with other settings of plugin sections (fields their ConfigSection.results "
+                f"names); this run's apply from step {self.step + 1}: " + ", ".join(changed)
             )
         changed = _changes(meta.get("data") or {}, resumed["data"], "")
         if changed:
@@ -976,6 +992,12 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
             "data.path": d.path,
             "data.tokenizer_path": d.tokenizer_path,
             "data.bundled_documents": d.bundled_documents,
+        },
+        # Plugin fields that change the losses (``ConfigSection.results``), as ``training.lr`` does.
+        "results": {
+            f"{name}.{field}": value
+            for name, fields in plugin_results(config).items()
+            for field, value in fields.items()
         },
         "samples": samples,
     }

@@ -28,7 +28,7 @@ def test_default_config_is_valid() -> None:
         ("training.beta2", -0.5, "training.beta2: expected a value in [0, 1), got -0.5"),
         ("training.weight_decay", -1.0, "training.weight_decay: expected a number >= 0, got -1.0"),
         ("training.eps", float("inf"), "training.eps: expected a finite number, got inf"),
-        ("data.shuffle_buffer", -1, "data.shuffle_buffer: expected a integer >= 0, got -1"),
+        ("data.shuffle_buffer", -1, "data.shuffle_buffer: expected an integer >= 0, got -1"),
         ("parallelism.tp", 2.5, "parallelism.tp: expected int, got float 2.5"),
         ("parallelism.dp_shard", 0, "parallelism.dp_shard: expected -1 or a positive integer"),
         ("metrics.enable_tensorboard", "yes", "metrics.enable_tensorboard: expected bool"),

@@ -49,3 +49,10 @@ def test_metrics_jsonl_and_tensorboard_get_the_row_as_logged(tmp_path: Path) -> 
     events.Reload()
     (scalar,) = events.Scalars("train/tflops")
     assert scalar.value == pytest.approx(row["tflops"], rel=1e-6)  # float32 of the same value
+
+
+def test_the_learning_rate_is_logged_at_full_precision() -> None:
+    """A schedule is checked against its formula from metrics.jsonl: 1e-3 / 3 is not 0.0003333."""
+    config = SimpleNamespace(metrics=SimpleNamespace(log_freq=1, peak_tflops=None))
+    metrics = MetricsLogger(config, torch.device("cpu"), 1.0, 1000, total_steps=1)
+    assert metrics.step_done(1, 2.5, 1.0, 1e-3 / 3)["lr"] == 1e-3 / 3

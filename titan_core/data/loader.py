@@ -59,6 +59,10 @@ def load_tokenizer(path: str | None) -> Tokenizer:
     def first(names: tuple[str, ...]) -> int | None:
         return next((vocab[n] for n in names if n in vocab), None)
 
+    # Special-token strings inside a document (web text quotes ``<|end_of_text|>``) are text:
+    # only the loader's own framing may produce BOS/EOS, or a document mask would split one
+    # document into several. ``add_special_tokens=False`` alone still matches them in the text.
+    backend.encode_special_tokens = True
     return Tokenizer(backend, backend.get_vocab_size(with_added_tokens=True), first(_BOS), first(_EOS))
 
 

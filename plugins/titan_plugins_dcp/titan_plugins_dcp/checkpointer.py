@@ -44,6 +44,7 @@ import os
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -229,13 +230,22 @@ class DCPCheckpointer:
 
     # -- resume ------------------------------------------------------------------------------------
 
-    def load(self, parts: list[nn.Module], optimizer: Any, scheduler: Any) -> tuple[int, dict[str, Any]]:
+    def load(
+        self,
+        parts: list[nn.Module],
+        optimizer: Any,
+        scheduler: Any,
+        *,
+        check_meta: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
         """Restore the newest complete checkpoint; return its step and the meta saved with it.
 
         ``(0, {})`` when the folder holds no checkpoint; a seed checkpoint gives step 0 too. A
         damaged or partial newer folder is skipped with a warning naming it and why; refused
-        (:class:`UsageError`): a checkpoint of another model shape, one saved after a non-finite
-        loss, and a folder whose checkpoints are all unusable (starting afresh would overwrite them).
+        (:class:`UsageError`): a checkpoint of another model shape, one that ``check_meta(step,
+        meta)`` refuses (the trainer's check that it holds this model, called before its tensors
+        are read), one saved after a non-finite loss, and a folder whose checkpoints are all unusable
+        (starting afresh would overwrite them).
         """
         steps, ignored = scan(self.folder)
         for path, why in ignored:
@@ -262,6 +272,8 @@ class DCPCheckpointer:
                 self._skip(path, damaged, skipped)
                 continue
             check_fit(path, saved_shapes(found.metadata, "model."), wanted)
+            if check_meta is not None and found.kind == "train":  # same shapes, the same model?
+                check_meta(found.step, found.meta)
             if found.meta.get("loss_finite") is False:
                 earlier = [step_name(s) for s, _ in steps if s < step]
                 raise UsageError(

@@ -411,3 +411,26 @@ def test_hidden_files_and_folders_of_a_data_folder_are_not_data(tmp_path: Path) 
     (tmp_path / ".git" / "description.txt").write_text("Unnamed repository")
     (tmp_path / ".hidden.jsonl").write_text('{"text": "secret"}\n')
     assert list(read_text_files(str(tmp_path))) == ["one"]
+
+
+@pytest.mark.parametrize("marker", ["<|begin_of_text|>", "<|end_of_text|>"])
+def test_special_token_strings_in_a_document_are_text_not_framing(tmp_path: Path, marker: str) -> None:
+    """Web text quotes ``<|end_of_text|>``: only the loader's framing may yield BOS/EOS, or the
+    document mask splits one document into several without a word."""
+    path = tmp_path / "docs.jsonl"
+    with path.open("w") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": f"Doc {i} quotes {marker} in its prose. " * 3}) + "\n")
+    tok = load_tokenizer(None)
+    assert tok.bos_id not in tok.encode_batch([marker])[0] and tok.eos_id not in tok.encode_batch([marker])[0]
+    loader = PackedBatches(
+        documents=lambda: read_text_files(str(path)), tokenizer=tok, seq_len=256, batch_size=4, shuffle_buffer=0
+    )
+    inputs, labels = next(iter(loader))
+    for row in torch.cat([inputs[:, :1], labels], dim=1).tolist():  # every token of the sequence
+        bos = [i for i, t in enumerate(row) if t == tok.bos_id]
+        eos = [i for i, t in enumerate(row) if t == tok.eos_id]
+        assert bos and eos
+        # Framing only: each BOS follows an EOS (a document's end), each EOS precedes a BOS.
+        assert all(row[i - 1] == tok.eos_id for i in bos if i > 0)
+        assert all(row[i + 1] == tok.bos_id for i in eos if i + 1 < len(row))

@@ -249,3 +249,49 @@ def test_a_finished_run_rerun_with_other_settings_keeps_its_records(tmp_path: Pa
     records = {name: (tmp_path / name).read_text() for name in ("config.toml", "run.json")}
     assert rows(config_in(tmp_path, **{"training.lr": 1e-3})) == {}
     assert {name: (tmp_path / name).read_text() for name in records} == records
+
+
+def test_a_resume_into_a_model_of_other_parameters_names_the_model_not_missing_keys(tmp_path: Path) -> None:
+    """Tied and untied embeddings have the same shapes but not the same optimizer state: the
+    model's difference is named before any tensor is read (not a DCP missing-key error calling
+    every checkpoint unusable), and nothing is rewritten."""
+    tied = {"model.overrides": {**tiny_config().model.overrides, "tie_embeddings": True}}
+    rows(config_in(tmp_path, **{**tied, "debug.max_steps": 3}))
+    files = ("run.json", "config.toml", "metrics.jsonl")
+    before = {name: (tmp_path / name).read_text() for name in files}
+    with pytest.raises(UsageError) as info:
+        Trainer(config_in(tmp_path), get_registry())
+    message = str(info.value)
+    assert "saved by another model (model.overrides:" in message and "tie_embeddings" in message
+    assert "Missing key" not in message and "can be loaded" not in message
+    assert {name: (tmp_path / name).read_text() for name in files} == before
+    assert (tmp_path / "checkpoint" / "step-3").is_dir()
+
+
+def test_a_resume_changing_a_plugin_sections_result_field_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warnings: Warnings
+) -> None:
+    """A plugin field named in ``ConfigSection.results`` changes the losses as ``training.lr``
+    does: a resume that changes it is warned about the same way, naming it and the step."""
+    from tests.conftest import plugin_module
+    from titan_core import ConfigSection, _registry
+    from titan_core.config import section
+
+    @section
+    class Smoothing:
+        amount: float = 0.0
+        note: str = ""
+
+    registry = _registry.Registry().load_entry_points()
+    registry.register(
+        plugin_module("smooth", titan_config_sections=[ConfigSection("smooth", Smoothing, results=("amount",))]),
+        "smooth",
+    )
+    monkeypatch.setattr(_registry, "_default", registry)
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    config = config_in(tmp_path)
+    config.smooth.amount, config.smooth.note = 0.05, "operational"
+    assert sorted(rows(config)) == [4, 5, 6]
+    (message,) = [w for w in warnings.seen if "smooth." in w]
+    assert "apply from step 4" in message and "smooth.amount: 0.0 -> 0.05" in message
+    assert "note" not in message  # not a result field
