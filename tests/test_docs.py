@@ -47,3 +47,37 @@ def test_every_hook_is_documented_and_listed() -> None:
     for name in hooks:
         assert getattr(hookspecs, name).__doc__, name
         assert f"`{name}`" in text, name
+
+
+def _examples() -> list[tuple[str, str]]:
+    """Each hook's docstring example that defines the hook itself (the complete ones)."""
+    import inspect
+    import textwrap
+
+    found = []
+    for name in hookspecs.__all__:
+        doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+        for block in doc.split("::")[1:]:
+            lines = []
+            for line in block.splitlines()[1:]:
+                if line.strip() and not line.startswith("    "):
+                    break
+                lines.append(line)
+            code = textwrap.dedent("\n".join(lines))
+            if f"def {name}(" in code:
+                found.append((name, code))
+    return found
+
+
+def test_the_hook_examples_that_define_a_hook_run_and_their_records_build() -> None:
+    """A plugin author copies these: the z-loss section's default once failed its own validator."""
+    examples = _examples()
+    assert {"titan_config_sections", "titan_callbacks", "titan_commands"} <= {n for n, _ in examples}
+    for name, code in examples:
+        namespace: dict = {}
+        exec(compile(code, f"hookspecs.{name}", "exec"), namespace)
+        records = namespace[name]()
+        assert isinstance(records, list) and records, name
+        for record in records:
+            if name == "titan_config_sections":
+                assert attrs.has(record.cls) and record.cls() is not None  # its defaults validate

@@ -24,6 +24,7 @@ Each plugin's import time is measured, and a plugin that imports torch at module
 
 from __future__ import annotations
 
+import keyword
 import os
 import re
 import sys
@@ -397,10 +398,10 @@ def _conflict_message(what: str, provided: _Provided) -> str:
             "plugin must rename one"
         )
     listed = " and ".join(f"plugin {p.name!r} ({p.origin})" for p in owners)
-    return (
-        f"{what} {provided.record.name!r} is provided twice: by {listed}; uninstall or disable one "
-        f"of them ({DISABLE_ENV}={owners[-1].name} or --disable-plugin {owners[-1].name})"
-    )
+    # Both remedies: which of the two the user wants is theirs to say.
+    ways = " or ".join(f"{DISABLE_ENV}={p.name} (--disable-plugin {p.name})" for p in owners)
+    name = provided.record.name
+    return f"{what} {name!r} is provided twice: by {listed}; uninstall or disable one of them ({ways})"
 
 
 def _where(function: Any) -> str:
@@ -445,6 +446,12 @@ def _check_record(record: Any, record_type: type, hook: str) -> None:
 def _check_section(record: ConfigSection, hook: str) -> None:
     from titan_core.config import CORE_SECTIONS, TrainerConfig
 
+    if not record.name.isidentifier() or keyword.iskeyword(record.name) or record.name.startswith("_"):
+        suggestion = re.sub(r"\W+", "_", record.name).strip("_") or "my_section"
+        raise ValueError(
+            f"{hook}() returned config section {record.name!r}: recipes write it as config.<name>, so "
+            f"its name must be a Python identifier not starting with '_' (e.g. {suggestion!r})"
+        )
     taken = {*CORE_SECTIONS, *(a.name for a in attrs.fields(TrainerConfig))}
     if record.name.lower() in taken or hasattr(TrainerConfig, record.name):
         raise ValueError(

@@ -201,12 +201,12 @@ def titan_config_sections() -> list[ConfigSection]:
     ``--print-config`` shows it, and every field is validated when it is set. Example::
 
         from titan_core import ConfigSection, hookimpl
-        from titan_core.config import field, positive, section
+        from titan_core.config import field, non_negative, section
 
         @section
         class ZLoss:
             #: Weight of the z-loss term; 0 turns it off.
-            weight: float = field(default=0.0, validator=positive)
+            weight: float = field(default=0.0, validator=non_negative)
 
         @hookimpl
         def titan_config_sections():

@@ -313,6 +313,7 @@ def run(args: argparse.Namespace, registry: Any) -> int:
     config = resolve_config(args, registry)
     # Names first: --print-config of a recipe naming an unknown model or flavor is an error too.
     check_names(config, registry)
+    warn_failed_plugins(registry)
     if args.print_config:
         from titan_core.config import render
 
@@ -334,6 +335,20 @@ def run(args: argparse.Namespace, registry: Any) -> int:
             raise
         raise failure from None
     return 0
+
+
+def warn_failed_plugins(registry: Any) -> None:
+    """One stderr line per plugin that failed to load: nothing it provides is used, so a name it
+    gives may have come from another plugin (its recipe, its model) without a word."""
+    for info in registry.plugins.values():
+        if info.status == "failed":
+            first = next((line for line in (info.error or "").splitlines() if line.strip()), "")
+            print(
+                f"titan: warning: plugin {info.name!r} ({info.origin}) failed to load, so this run uses "
+                f"nothing it provides; a name it gives may come from another plugin ({first}; titan "
+                "plugins list shows it)",
+                file=sys.stderr,
+            )
 
 
 def wrapped_titan_error(exc: BaseException) -> Exception | None:

@@ -45,7 +45,14 @@ from titan_core.run import (
     process_rank,
     refuse_unread_env,
 )
-from titan_core.run_folder import RunFolder, RunFolderLock, plugin_outputs, plugin_results, run_dp, tb_location
+from titan_core.run_folder import (
+    RunFolder,
+    RunFolderLock,
+    plugin_outputs,
+    plugin_results,
+    run_dp,
+    tb_location,
+)
 from titan_core.schedule import WarmupStableDecay
 from titan_core.stop_signals import StopSignals
 from titan_core.tied import retie, shared_parameters

@@ -147,6 +147,9 @@ class BadDefault:
     ("record", "problem"),
     [
         (ConfigSection("nodef", NoDefault), "cannot be built with its defaults"),
+        # Recipes write config.<name>: a name that is no identifier could never be set.
+        (ConfigSection("my-sec", Good), "must be a Python identifier not starting with '_' (e.g. 'my_sec')"),
+        (ConfigSection("class", Good), "must be a Python identifier"),
         (ConfigSection("badres", Good, results=("nope",)), "results name 'nope', not fields of it"),
         # The section's own name in the path, not the class's (``baddefault.value``).
         (
@@ -655,7 +658,8 @@ def test_a_run_option_name_two_plugins_provide_is_refused_naming_both(
     two = plugin_module("two", titan_run_options=[_option("smooth", flags[1])])
     expected = (
         "run option 'smooth' is provided twice: by plugin 'one' (dist-one 1.0) and plugin 'two' "
-        "(dist-two 1.0); uninstall or disable one of them (TITAN_DISABLE_PLUGINS=two or --disable-plugin two)"
+        "(dist-two 1.0); uninstall or disable one of them (TITAN_DISABLE_PLUGINS=one (--disable-plugin one) "
+        "or TITAN_DISABLE_PLUGINS=two (--disable-plugin two))"
     )
     for flag in flags:
         code, out = _cli(monkeypatch, capsys, "run", "--recipe", "llama3_debugmodel", flag, one=one, two=two)

@@ -301,3 +301,38 @@ def _unknown(name: str) -> str:
     from titan_core.config import _unknown_section
 
     return _unknown_section(name)
+
+
+# -- 6. a run beside a failed plugin ---------------------------------------------------------------
+
+
+def test_a_run_beside_a_failed_plugin_warns_that_its_names_may_come_from_another(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With titan's own plugin failed (an entry-point clash, say), a name it provides can resolve
+    to another plugin's record of that name: the run says which plugins are out of play."""
+    from titan_core.cli import main
+
+    registry = Registry().load_entry_points()
+    registry.register(
+        plugin_module("half", titan_recipes=[recipe("fine")], titan_callbacks=None),
+        "half",
+        "dist-half",
+        "0.2",
+    )
+    registry.register(plugin_module("good", titan_recipes=[recipe("fine")]), "good", "dist-good", "1.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+    assert main(["run", "--recipe", "fine", "--print-config"]) == 0
+    captured = capsys.readouterr()
+    (warning,) = [line for line in captured.err.splitlines() if line.startswith("titan: warning:")]
+    assert (
+        "plugin 'half' (dist-half 0.2) failed to load" in warning
+        and "titan_callbacks() returned None" in warning
+    )
+    assert "titan plugins list" in warning
+    assert "[training]" in captured.out  # the config is still printed, on stdout alone
+    registry = Registry().load_entry_points()
+    registry.register(plugin_module("good", titan_recipes=[recipe("fine")]), "good", "dist-good", "1.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+    assert main(["run", "--recipe", "fine", "--print-config"]) == 0
+    assert "warning" not in capsys.readouterr().err  # nothing failed, nothing said

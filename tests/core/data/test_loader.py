@@ -424,7 +424,11 @@ def test_special_token_strings_in_a_document_are_text_not_framing(tmp_path: Path
     tok = load_tokenizer(None)
     assert tok.bos_id not in tok.encode_batch([marker])[0] and tok.eos_id not in tok.encode_batch([marker])[0]
     loader = PackedBatches(
-        documents=lambda: read_text_files(str(path)), tokenizer=tok, seq_len=256, batch_size=4, shuffle_buffer=0
+        documents=lambda: read_text_files(str(path)),
+        tokenizer=tok,
+        seq_len=256,
+        batch_size=4,
+        shuffle_buffer=0,
     )
     inputs, labels = next(iter(loader))
     for row in torch.cat([inputs[:, :1], labels], dim=1).tolist():  # every token of the sequence

@@ -284,7 +284,9 @@ def test_a_resume_changing_a_plugin_sections_result_field_says_so(
 
     registry = _registry.Registry().load_entry_points()
     registry.register(
-        plugin_module("smooth", titan_config_sections=[ConfigSection("smooth", Smoothing, results=("amount",))]),
+        plugin_module(
+            "smooth", titan_config_sections=[ConfigSection("smooth", Smoothing, results=("amount",))]
+        ),
         "smooth",
     )
     monkeypatch.setattr(_registry, "_default", registry)
