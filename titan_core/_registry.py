@@ -385,6 +385,7 @@ _LABEL_WORDS = {
     "strategies": "strategy",
     "callbacks": "callback",
     "config_sections": "config section",
+    "checkpointers": "checkpointer",
 }
 
 

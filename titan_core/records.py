@@ -337,6 +337,13 @@ class Checkpointer:
     #: torchrun starts ``NGPU`` processes, and by each process (``WORLD_SIZE``) before its comm
     #: backend starts; torch-free, so that the launcher's check stays cheap.
     launch_check: Callable[[TrainerConfig, int], None] | None = None
+    #: ``verify(path, rank, world_size) -> str | None``, or ``None``: why a checkpoint folder
+    #: this checkpointer wrote cannot be trusted (an unfinished save, damaged data, a save after
+    #: a non-finite loss), ``None`` for a sound one or a folder it did not write. Called on every
+    #: rank together (it may use collectives on the default group when ``world_size > 1``)
+    #: before ``checkpoint.initial_load_path`` loads a folder, which a resume's own checks do
+    #: not cover.
+    verify: Callable[[str, int, int], str | None] | None = None
 
 
 @attrs.frozen

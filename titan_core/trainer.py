@@ -284,6 +284,7 @@ class Trainer:
         elif c.initial_load_path:
             from titan_core.initial_weights import load_initial_weights
 
+            self._verify_initial_folder(c.initial_load_path)
             load_initial_weights(
                 self.parts,
                 c.initial_load_path,
@@ -291,6 +292,26 @@ class Trainer:
                 self.model_args,
                 collectives=not self.topology.simulates_peers,
             )
+
+    def _verify_initial_folder(self, path: str) -> None:
+        """Refuse a checkpoint folder the checkpointer wrote that it cannot vouch for (damaged
+        data, an unfinished save, a non-finite loss): a resume skips such a folder, and a run
+        starting from it would train on corrupt weights without a word."""
+        record = self.registry.get("checkpointers", self.config.checkpoint.backend, what="checkpoint.backend")
+        if record.verify is None or not os.path.isdir(path):
+            return
+        simulated = self.topology.simulates_peers  # a simulated group's collectives return nothing
+        world = 1 if simulated else self.topology.world_size
+        rank = 0 if simulated else self.topology.rank
+        why = self._as_plugin(
+            lambda: f"the check of {self.registry.label('checkpointers', record.name)}",
+            record.verify,
+            path,
+            rank,
+            world,
+        )
+        if why is not None:
+            raise UsageError(f"checkpoint.initial_load_path: {path!r} cannot be loaded: {why}")
 
     def _build_optimizer(self) -> None:
         """AdamW over the parameter groups and the LR schedule."""

@@ -219,3 +219,39 @@ def test_model_without_adapter(
     capsys.readouterr()
     assert export(dump / "checkpoint", "--to", "hf", tmp_path / "out") == 2
     assert "export: model 'plain' has no Hugging Face adapter" in error_line(capsys)
+
+
+def test_a_checkpoint_a_resume_would_skip_is_not_exported(run: Path, tmp_path: Path, capsys: Any) -> None:
+    """Damaged data is refused when named; a run's folder exports its newest sound checkpoint."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    step = copy / "checkpoint" / "step-2"
+    data = max(step.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert export(step, "--to", "hf", tmp_path / "named") == 2
+    line = error_line(capsys)
+    assert "cannot be exported" in line and "CRC-32 mismatch" in line
+    assert not (tmp_path / "named").exists()
+    assert export(copy / "checkpoint", "--to", "hf", tmp_path / "newest") == 0
+    captured = capsys.readouterr()
+    assert (
+        "skipped step-2" in captured.err and "exported " + str(copy / "checkpoint" / "step-1") in captured.out
+    )
+
+
+def test_a_recipe_of_another_model_of_the_same_shapes_is_refused(
+    run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config.json would carry the recipe's rope_theta over weights trained with another."""
+    other = {**TITAN_OVERRIDES, "rope_theta": 1234.0}
+    module = write_recipe_module(tmp_path / "recipes", {"model.overrides": other}, name="hf_other_theta")
+    monkeypatch.syspath_prepend(str(tmp_path / "recipes"))
+    capsys.readouterr()
+    step = run / "checkpoint" / "step-2"
+    assert export(step, "--to", "hf", tmp_path / "hf", "--recipe", "layout", "--module", module) == 2
+    line = error_line(capsys)
+    assert "was saved by another model than recipe 'layout' describes (model.overrides:" in line
+    assert "1234.0" in line and not (tmp_path / "hf").exists()

@@ -40,6 +40,7 @@ searched; any other checkpoint is loaded only when the user names it (``initial_
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -65,6 +66,7 @@ from titan_plugins_dcp._fit import check_fit, saved_shapes
 from titan_plugins_dcp._folder import (
     CHUNK_BYTES,
     DISK_FULL,
+    META_FILE,
     Usable,
     commit,
     crc32,
@@ -179,6 +181,85 @@ def one_module(parts: list[nn.Module]) -> nn.Module:
             elif have is not child:
                 raise UsageError(f"checkpointing: two pipeline stages on one rank both hold {name!r}")
     return merged
+
+
+def damaged_file(found: Usable, rank: int, peers: Peers) -> str | None:
+    """Why a checkpoint's data differs from what was saved (a piece of a data file whose
+    CRC-32 is not the one in ``meta.json``, or that cannot be read; a data file of another
+    number of pieces than saved, or with none saved), or ``None``; the ranks share the pieces.
+
+    The pieces are :func:`pieces` of the files DCP's index points into, at their sizes on
+    disk: what :meth:`_checksums` computed at the save, so the two cannot disagree on which
+    pieces there are (a check rebuilt from the saved list alone would pass a file that grew,
+    or one the list leaves out, without comparing it)."""
+    if not found.checksums:  # written by an earlier titan
+        return None
+    files = found.checksums.get("files") or {}
+    chunk = int(found.checksums.get("chunk_bytes", CHUNK_BYTES))
+    own: list[tuple[str, str]] = []  # (file, why), this rank's share
+    sizes: dict[str, int] = {}
+    for name in data_files(found.metadata):
+        try:
+            sizes[name] = os.path.getsize(os.path.join(found.path, name))
+        except OSError as exc:
+            own.append((name, f"cannot be read: {exc.strerror or exc}"))
+    every = pieces(sizes, chunk)
+    counts = Counter(name for name, _ in every)
+    own += [(name, "no CRC-32 saved for it") for name in sizes if name not in files]
+    own += [
+        (name, "not of the saved size")
+        for name in files
+        if name in sizes and counts[name] != len(files[name])
+    ]
+    damaged = {name for name, _ in own}  # already: its pieces need no comparing
+    for name, index in every[rank :: peers.world_size]:
+        if name in damaged:
+            continue
+        try:
+            if crc32(os.path.join(found.path, name), index, chunk) != files[name][index]:
+                own.append((name, "CRC-32 mismatch"))
+        except OSError as exc:
+            own.append((name, f"cannot be read: {exc.strerror or exc}"))
+    bad = sorted(set(pair for pairs in peers.all_gather(own) for pair in pairs))
+    if not bad:
+        return None
+    first, why = bad[0]
+    others = len({name for name, _ in bad}) - 1
+    more = f" (and {others} more)" if others else ""
+    return f"its data file {first}{more} differs from what was saved ({why}): damaged on disk"
+
+
+def verify_folder(path: str, rank: int = 0, world_size: int = 1) -> str | None:
+    """Why a checkpoint folder titan wrote cannot be trusted, or ``None`` (``Checkpointer.verify``):
+    an unfinished save (``step-N.tmp``), a ``meta.json`` that is not titan's record, data that
+    differs from what was saved (CRC-32; the ranks share the pieces), a save after a non-finite
+    loss. A DCP folder without ``meta.json`` (another tool's) is not titan's to judge: ``None``."""
+    name = os.path.basename(os.path.normpath(path))
+    if name.endswith(".tmp") and os.path.isfile(os.path.join(path, ".metadata")):
+        return (
+            "it is an unfinished save (titan renames step-N.tmp to step-N once every rank has "
+            "written it); give a finished step-N folder"
+        )
+    meta_path = os.path.join(path, META_FILE)
+    if not os.path.isfile(meta_path):
+        return None
+    try:
+        with open(meta_path, encoding="utf-8") as file:
+            step = json.load(file).get("step")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        return f"its {META_FILE} cannot be read ({type(exc).__name__}: {exc})"
+    if not isinstance(step, int):
+        return f"its {META_FILE} names no step"
+    real = os.path.realpath(path)
+    found = inspect(step, real, os.path.dirname(real))
+    if isinstance(found, str):
+        return found
+    if found.meta.get("loss_finite") is False:
+        return (
+            f"it was saved after a non-finite loss (its {META_FILE} says loss_finite: false), so its "
+            "weights cannot be trusted; give an earlier step"
+        )
+    return damaged_file(found, rank, Peers(world_size))
 
 
 # -- the checkpointer --------------------------------------------------------------------------------
@@ -333,49 +414,8 @@ class DCPCheckpointer:
         return {"chunk_bytes": self.chunk_bytes, "files": files}, problem
 
     def _damaged_file(self, found: Usable) -> str | None:
-        """Why a checkpoint's data differs from what was saved (a piece of a data file whose
-        CRC-32 is not the one in ``meta.json``, or that cannot be read; a data file of another
-        number of pieces than saved, or with none saved), or ``None``; the ranks share the pieces.
-
-        The pieces are :func:`pieces` of the files DCP's index points into, at their sizes on
-        disk: what :meth:`_checksums` computed at the save, so the two cannot disagree on which
-        pieces there are (a check rebuilt from the saved list alone would pass a file that grew,
-        or one the list leaves out, without comparing it)."""
-        if not found.checksums:  # written by an earlier titan
-            return None
-        files = found.checksums.get("files") or {}
-        chunk = int(found.checksums.get("chunk_bytes", CHUNK_BYTES))
-        own: list[tuple[str, str]] = []  # (file, why), this rank's share
-        sizes: dict[str, int] = {}
-        for name in data_files(found.metadata):
-            try:
-                sizes[name] = os.path.getsize(os.path.join(found.path, name))
-            except OSError as exc:
-                own.append((name, f"cannot be read: {exc.strerror or exc}"))
-        every = pieces(sizes, chunk)
-        counts = Counter(name for name, _ in every)
-        own += [(name, "no CRC-32 saved for it") for name in sizes if name not in files]
-        own += [
-            (name, "not of the saved size")
-            for name in files
-            if name in sizes and counts[name] != len(files[name])
-        ]
-        damaged = {name for name, _ in own}  # already: its pieces need no comparing
-        for name, index in every[self.rank :: self.peers.world_size]:
-            if name in damaged:
-                continue
-            try:
-                if crc32(os.path.join(found.path, name), index, chunk) != files[name][index]:
-                    own.append((name, "CRC-32 mismatch"))
-            except OSError as exc:
-                own.append((name, f"cannot be read: {exc.strerror or exc}"))
-        bad = sorted(set(pair for pairs in self.peers.all_gather(own) for pair in pairs))
-        if not bad:
-            return None
-        first, why = bad[0]
-        others = len({name for name, _ in bad}) - 1
-        more = f" (and {others} more)" if others else ""
-        return f"its data file {first}{more} differs from what was saved ({why}): damaged on disk"
+        """:func:`damaged_file`, the ranks sharing the pieces."""
+        return damaged_file(found, self.rank, self.peers)
 
     def _model_shapes(self, parts: list[nn.Module]) -> dict[str, tuple[int, ...] | None]:
         """Every rank's model keys under ``model.`` with global shapes (pipeline stages together)."""

@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         f" with overrides {model['overrides']}" if model["overrides"] else ""
     )
     state = _load_model(checkpoint, spec, model_args, f"{described} (from {source})")
+    _check_saved_model(checkpoint, model, source)  # same shapes: the same model, too?
     hf_state = adapter.to_hf(state, model_args)
     config = dict(adapter.hf_config(model_args))
     config["torch_dtype"] = args.dtype
@@ -129,21 +130,67 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_folder(path: Path) -> Path:
-    """The step folder to export: ``path`` itself, or the newest ``step-N`` inside it."""
+    """The step folder to export: ``path`` itself, or the newest sound ``step-N`` inside it.
+
+    A folder the checkpointer would not resume from (damaged data, an unfinished save, a save
+    after a non-finite loss: :func:`~titan_plugins_dcp.checkpointer.verify_folder`) is refused
+    when named, and passed over (with a warning) when a newer one of a run's folder is it."""
+    from titan_plugins_dcp.checkpointer import verify_folder
+
     if not path.is_dir():
         raise UsageError(f"export: no checkpoint folder at {str(path)!r}")
     if (path / ".metadata").is_file():
+        if (why := verify_folder(str(path))) is not None:
+            raise UsageError(f"export: {str(path)!r} cannot be exported: {why}")
         return path
     steps = sorted(
-        (int(m.group(1)), p)
-        for p in path.iterdir()
-        if (m := _STEP.match(p.name)) and (p / ".metadata").is_file()
+        (
+            (int(m.group(1)), p)
+            for p in path.iterdir()
+            if (m := _STEP.match(p.name)) and (p / ".metadata").is_file()
+        ),
+        reverse=True,
     )
-    if steps:
-        return steps[-1][1]
+    skipped = []
+    for _, step in steps:
+        why = verify_folder(str(step))
+        if why is None:
+            for name, reason in skipped:
+                print(f"titan: warning: export: skipped {name}: {reason}", file=sys.stderr)
+            return step
+        skipped.append((step.name, why))
+    if skipped:
+        raise UsageError(
+            f"export: none of the checkpoints in {str(path)!r} can be exported ("
+            + "; ".join(f"{name}: {why}" for name, why in skipped)
+            + ")"
+        )
     raise UsageError(
         f"export: {str(path)!r} is not a DCP checkpoint (no .metadata) and holds no step-N checkpoint; "
         "give a folder such as <dump_folder>/checkpoint/step-100"
+    )
+
+
+def _check_saved_model(checkpoint: Path, model: dict[str, Any], source: str) -> None:
+    """Refuse to describe the weights as another model than the one they were trained as: the
+    run's record in ``meta.json`` (when there is one) must name the model ``source`` gives, or
+    config.json would say another ``rope_theta`` or ``norm_eps`` over the same shapes."""
+    try:
+        saved = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))["meta"]["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no record (another tool's checkpoint, an earlier titan's): shapes are checked
+    given = json.loads(json.dumps(model, default=str))
+    if not isinstance(saved, dict) or saved == given:
+        return
+    changes = [
+        f"model.{key}: {saved.get(key)!r} -> {given.get(key)!r}"
+        for key in ("name", "flavor", "overrides")
+        if saved.get(key) != given.get(key)
+    ]
+    raise UsageError(
+        f"export: {checkpoint} was saved by another model than {source} describes ({'; '.join(changes)}), "
+        "so config.json would describe the weights wrongly; export with the recipe that trained them "
+        "(--recipe NAME [--module MOD]), or without --recipe to read the run's config.toml"
     )
 
 

@@ -25,6 +25,12 @@ def _launch_check(config: TrainerConfig, processes: int) -> None:
         check_seed_launch(config.parallelism, processes)
 
 
+def _verify(path: str, rank: int, world_size: int) -> str | None:
+    from titan_plugins_dcp.checkpointer import verify_folder
+
+    return verify_folder(path, rank, world_size)
+
+
 def _export(args: argparse.Namespace) -> int:
     from titan_plugins_dcp.export import run
 
@@ -40,6 +46,7 @@ def titan_checkpointers() -> list[Checkpointer]:
             "torch.distributed.checkpoint: resharding save/resume of model, optimizer, LR "
             "schedule and step; seed checkpoints",
             launch_check=_launch_check,
+            verify=_verify,
         )
     ]
 

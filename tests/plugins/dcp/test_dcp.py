@@ -204,3 +204,45 @@ def test_full_real_disk_through_titan_run_is_one_line_exit_1(tmp_path: Path) -> 
         assert sorted(p.name for p in (disk / "ck").iterdir()) == ["step-2"]
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def _flip_middle(step_folder: Path) -> None:
+    data = max(step_folder.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    middle = len(raw) // 2
+    raw[middle : middle + 64] = bytes(b ^ 0xFF for b in raw[middle : middle + 64])
+    data.write_bytes(bytes(raw))
+
+
+def _mark_non_finite(step_folder: Path) -> None:
+    meta = step_folder / "meta.json"
+    record = json.loads(meta.read_text())
+    record["meta"]["loss_finite"] = False
+    meta.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (_flip_middle, "differs from what was saved (CRC-32 mismatch)"),
+        (_mark_non_finite, "saved after a non-finite loss"),
+        (lambda step: step.rename(step.with_name("step-4.tmp")), "an unfinished save"),
+    ],
+)
+def test_initial_load_path_refuses_a_checkpoint_a_resume_would_skip(
+    tmp_path: Path, spoil: Any, reason: str
+) -> None:
+    """A resume skips a damaged checkpoint; starting a run from it must not train on it either."""
+    run(config_in(tmp_path / "source", **{"checkpoint.interval": 2, "debug.max_steps": 4}))
+    step = tmp_path / "source" / "checkpoint" / "step-4"
+    spoil(step)
+    given = step if step.exists() else step.with_name("step-4.tmp")
+    started = config_in(tmp_path / "new", **{_INITIAL: str(given), "checkpoint.enable": False})
+    with pytest.raises(UsageError) as info:
+        run(started)
+    assert f"checkpoint.initial_load_path: {str(given)!r} cannot be loaded: " in str(info.value)
+    assert reason in str(info.value)
+    intact = config_in(
+        tmp_path / "other", **{_INITIAL: str(step.with_name("step-2")), "checkpoint.enable": False}
+    )
+    assert sorted(run(intact)) == [1, 2, 3, 4, 5, 6]  # a sound checkpoint of the same run loads
