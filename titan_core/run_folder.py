@@ -76,47 +76,81 @@ def tb_location(dump: str, tb_folder: str) -> str:
     return os.path.join(path, f"{os.path.basename(root) or 'run'}-{digest}")
 
 
+def _overlap_problem(tb: str, checkpoints: str) -> str | None:
+    """The TensorBoard folder and the checkpoint folder must be apart: a rerun replaces the
+    first and keeps the second, which it cannot do to one folder or to one inside the other."""
+    a, b = os.path.realpath(tb), os.path.realpath(checkpoints)
+    if os.path.commonpath([a, b]) not in (a, b):
+        return None
+    return (
+        f"metrics.save_tb_folder {tb!r} and checkpoint.folder {checkpoints!r} are the same folder or one "
+        "holds the other; give them separate folders (the defaults are 'tb' and 'checkpoint')"
+    )
+
+
 class RunFolderLock:
-    def __init__(self, path: str, fd: int) -> None:
-        self.path = path
-        self.fd: int | None = fd
+    """The run's hold on its folders: the dump folder, and a checkpoint folder outside it (which
+    other runs may name too: two runs saving into one would replace each other's steps)."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self.fds = fds
 
     @classmethod
     def take(cls, config: Any, *, is_writer: bool) -> RunFolderLock | None:
-        """Check the output folders and lock the dump folder (on the run's first process only)."""
+        """Check the output folders and lock them (on the run's first process only)."""
         dump = config.job.dump_folder
+        c = config.checkpoint
         problem = _folder_problem(dump, "job.dump_folder")
-        if problem is None and config.checkpoint.enable:
-            ckpt = os.path.join(dump, config.checkpoint.folder)
-            if os.path.exists(ckpt) and not os.path.isdir(ckpt):
-                problem = f"checkpoint.folder: {ckpt!r} exists and is not a folder; choose another name"
+        ckpt = os.path.join(dump, c.folder)
+        if problem is None and c.enable and os.path.exists(ckpt) and not os.path.isdir(ckpt):
+            problem = f"checkpoint.folder: {ckpt!r} exists and is not a folder; choose another name"
         if problem is None and config.metrics.enable_tensorboard:
             tb = os.path.join(dump, config.metrics.save_tb_folder)
             problem = _writable_folder_problem(tb, "metrics.save_tb_folder")
+            if problem is None and (c.enable or c.create_seed_checkpoint):
+                problem = _overlap_problem(tb, ckpt)
         if problem:
             raise UsageError(problem)
         if not is_writer:
             return None
-        path = os.path.join(dump, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise UsageError(
-                f"job.dump_folder {dump!r} is in use by another run ({holder}); wait for it to "
-                "end or give this run another job.dump_folder (--dump-folder)"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"host {socket.gethostname()}, pid {os.getpid()}".encode())
-        return cls(path, fd)
+        fds = [_lock(dump, f"job.dump_folder {dump!r}", "job.dump_folder (--dump-folder)")]
+        if (c.enable or c.create_seed_checkpoint) and not inside(ckpt, dump):
+            try:
+                os.makedirs(ckpt, exist_ok=True)
+                fds.append(_lock(ckpt, f"checkpoint.folder {ckpt!r}", "checkpoint.folder"))
+            except BaseException:
+                cls(fds).release()
+                raise
+        return cls(fds)
 
     def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+        for fd in self.fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        self.fds = []
+
+
+def _lock(folder: str, what: str, other: str) -> int:
+    """An exclusive lock on ``folder/.titan.lock`` naming this process, or one error naming the
+    holder (another run writing there)."""
+    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UsageError(
+            f"{what} is in use by another run ({holder}); wait for it to end or give this run another {other}"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"host {socket.gethostname()}, pid {os.getpid()}".encode())
+    return fd
+
+
+def _entries(folder: str) -> list[str]:
+    """What ``folder`` holds, without titan's lock file (a checkpoint folder outside the dump
+    folder holds one while a run uses it)."""
+    return [n for n in os.listdir(folder) if n != LOCK_NAME] if os.path.isdir(folder) else []
 
 
 RUN_FILE = "run.json"
@@ -310,7 +344,7 @@ class RunFolder:
     def _may_resume(self) -> bool:
         c = self.config.checkpoint
         folder = os.path.join(self.dump, c.folder)
-        has_files = os.path.isdir(folder) and bool(os.listdir(folder))
+        has_files = bool(_entries(folder))
         return c.enable and not c.create_seed_checkpoint and has_files
 
     def started(self, *, resumed: bool) -> None:
@@ -335,7 +369,7 @@ class RunFolder:
             checkpoints = os.path.join(self.dump, prior_folder)
             # A run that loads from that same folder resumed from it, or found nothing to load.
             looked = c.enable and not c.create_seed_checkpoint and prior_folder == c.folder
-            if not looked and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+            if not looked and _entries(checkpoints):
                 # Starting over would replace the logs of the run those checkpoints continue.
                 raise UsageError(
                     f"job.dump_folder {self.dump!r} holds checkpoints of this run ({checkpoints}), which "
@@ -394,10 +428,9 @@ class RunFolder:
         names = [RUN_FILE, *RUN_FILES]
         tb_folder = prior.get("tb_folder") or self.config.metrics.save_tb_folder
         folders = []
-        if inside(os.path.join(self.dump, tb_folder), self.dump):
-            folders.append(tb_folder)
-        else:  # perhaps shared with other runs and files: only this dump folder's event files go
-            self._remove_events(tb_location(self.dump, tb_folder))
+        # Only the event files go, inside the dump folder too: whatever else a user keeps there
+        # (or a checkpoint folder an earlier titan let overlap it) is not the run's to delete.
+        self._remove_events(tb_location(self.dump, tb_folder))
         if checkpoints:  # the run's own, inside the dump folder (checked above)
             folders.append(checkpoint_folder)
         for name in names:
@@ -417,8 +450,9 @@ class RunFolder:
 
     @staticmethod
     def _remove_events(folder: str) -> None:
-        """The event files of this dump folder's subfolder of a TensorBoard folder outside it
-        (:func:`tb_location`); anything else there stays, and the subfolder goes once empty."""
+        """The event files of this dump folder's TensorBoard folder (:func:`tb_location`: its own
+        inside the dump folder, its subfolder of one outside); anything else there stays, and the
+        folder goes once empty."""
         import contextlib
         import glob
 

@@ -100,6 +100,33 @@ def test_a_second_run_in_one_dump_folder_is_refused_naming_the_first(tmp_path: P
     Trainer(tiny(tmp_path, steps=1), registry).close()  # released: the folder is free again
 
 
+def test_two_runs_sharing_a_checkpoint_folder_outside_their_dump_folders_are_refused(tmp_path: Path) -> None:
+    """Run B saving into run A's absolute checkpoint folder replaced A's steps (and resumed from
+    them): the second is refused while the first holds the folder, and nothing of it is written."""
+    registry = Registry().load_entry_points()
+
+    def run_in(name: str) -> Any:
+        config = tiny(tmp_path / name, steps=2)
+        config.checkpoint.enable, config.checkpoint.folder = True, str(tmp_path / "shared_ck")
+        return config
+
+    first = Trainer(run_in("a"), registry)
+    try:
+        holder = rf"\(host .*, pid {os.getpid()}\)"
+        expected = rf"checkpoint.folder '{tmp_path}/shared_ck' is in use by another run {holder}"
+        with pytest.raises(UsageError, match=expected):
+            Trainer(run_in("b"), registry)
+        assert not (tmp_path / "b" / "run.json").exists()
+        first.train()
+    finally:
+        first.close()
+    assert sorted(p.name for p in (tmp_path / "shared_ck").iterdir() if not p.name.startswith(".")) == [
+        "step-2"
+    ]
+    second = Trainer(run_in("b"), registry)  # released: a later run may use it (and resumes from it)
+    second.close()
+
+
 def test_a_dump_folder_under_a_file_is_one_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     config = tiny(tmp_path / "file" / "out", steps=1)

@@ -324,3 +324,31 @@ def test_a_run_json_without_the_sequences_per_step_still_starts_over(tmp_path: P
     (tmp_path / "run.json").write_text(json.dumps(record))
     train(tiny_llama3(tmp_path, 2), get_registry())
     assert steps_in(tmp_path) == [1, 2]
+
+
+@pytest.mark.parametrize("tb_folder", ["checkpoint", "checkpoint/tb", "."])
+def test_a_tensorboard_folder_overlapping_the_checkpoint_folder_is_refused(
+    tmp_path: Path, tb_folder: str
+) -> None:
+    """A rerun replaces the TensorBoard folder and keeps the checkpoints: one folder cannot be
+    both (a start-over once deleted the checkpoint folder with everything in it)."""
+    config = tiny_llama3(tmp_path, 2)
+    config.metrics.enable_tensorboard = True
+    config.metrics.save_tb_folder = tb_folder
+    config.checkpoint.enable = True
+    with pytest.raises(
+        UsageError, match=r"metrics.save_tb_folder .* and checkpoint.folder .* one holds the other"
+    ):
+        train(config, get_registry())
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_a_start_over_removes_only_the_event_files_of_its_tensorboard_folder(tmp_path: Path) -> None:
+    config = tiny_llama3(tmp_path, 2)
+    config.metrics.enable_tensorboard = True
+    train(config, get_registry())
+    (tmp_path / "tb" / "notes.txt").write_text("mine")
+    (tmp_path / "tb" / "plots").mkdir()
+    train(config, get_registry())  # the same run over
+    assert (tmp_path / "tb" / "notes.txt").read_text() == "mine" and (tmp_path / "tb" / "plots").is_dir()
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1

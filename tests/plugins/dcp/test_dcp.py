@@ -201,7 +201,7 @@ def test_full_real_disk_through_titan_run_is_one_line_exit_1(tmp_path: Path) -> 
             "titan: error: checkpoint: the disk is full (No space left on device) saving step-4"
         )
         assert "step-2 is intact" in line
-        assert sorted(p.name for p in (disk / "ck").iterdir()) == ["step-2"]
+        assert sorted(p.name for p in (disk / "ck").iterdir()) == [".titan.lock", "step-2"]  # the run's lock
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 
