@@ -258,21 +258,42 @@ class TensorBoardWriter:
         closer.join(timeout=_CLOSE_WAIT_S)
 
 
+def _keep_rows_up_to(path: str, step: int) -> None:
+    """Rewrite ``path`` (atomically) without the rows of steps after ``step``; lines that are no
+    row of a step are kept as they are."""
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not (isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step):
+                kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
 class MetricsFileWriter:
     """Appends every logged row to ``<dump_folder>/metrics.jsonl`` (logging rank only).
 
     One JSON object per logged step; ``titan compare`` reads it. A run that starts from step 0
-    truncates the file; a resumed run appends.
+    truncates the file; a run resumed from step ``resumed_from`` first drops the rows of the
+    steps after it (an interrupted attempt logged them, and they are trained again), then appends.
     """
 
-    def __init__(self, path: str, append: bool) -> None:
-        self.file = open(path, "a" if append else "w")  # noqa: SIM115 - closed at the end of the run
+    def __init__(self, path: str, resumed_from: int = 0) -> None:
+        if resumed_from > 0 and os.path.isfile(path):
+            _keep_rows_up_to(path, resumed_from)
+        self.file = open(path, "a" if resumed_from > 0 else "w")  # noqa: SIM115 - closed at the end of the run
 
     @classmethod
     def build(cls, trainer: Any) -> MetricsFileWriter | None:
         if not trainer.is_logging_rank:
             return None
-        return cls(os.path.join(trainer.config.job.dump_folder, "metrics.jsonl"), append=trainer.step > 0)
+        return cls(os.path.join(trainer.config.job.dump_folder, "metrics.jsonl"), resumed_from=trainer.step)
 
     def on_step_end(self, step: int, metrics: dict[str, float], last: bool) -> None:
         if metrics:

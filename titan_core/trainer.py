@@ -856,6 +856,10 @@ class Trainer:
         # step logs or saves, so steps in between never wait for the device).
         self.first_bad = torch.zeros((), dtype=torch.long, device=self.device)  # 0: none yet
         check_values = not self.topology.simulates_peers
+        # Several real processes decide together when a signal stops them: it reaches each at
+        # its own moment, and a rank that stopped (and saved) alone left its peers waiting in
+        # a collective until the timeout, with nothing saved. One process acts on it at once.
+        agree = self.topology.world_size > 1 and not self.topology.simulates_peers
         for step in range(first, self.steps + 1):
             self.step = step
             self.optimizer.zero_grad(set_to_none=True)
@@ -881,8 +885,12 @@ class Trainer:
             last = step == self.steps
             validates = self._validates(step)
             # The last step of a stopped run logs, and so does a step that validates.
-            logs = self.metrics.logs(step) or signals.terminated or signals.interrupted or validates
-            if check_values and (logs or last or signals.terminated or self._saves(step, last)):
+            logs = self.metrics.logs(step) or validates
+            terminated, interrupted = signals.terminated, signals.interrupted
+            if agree:  # on logging steps, which sync with the device anyway (the loss)
+                terminated, interrupted = self._agreed_stop(signals) if logs else (False, False)
+            logs = logs or terminated or interrupted
+            if check_values and (logs or last or terminated or self._saves(step, last)):
                 self._check_finite(step)
             row: dict[str, float] = {}
             if logs:
@@ -908,7 +916,7 @@ class Trainer:
                 self.metrics.step_done(step, None, None)
             self.phase = "the end-of-step callbacks (checkpoint save)"
             for fn in cb.on_step_end:
-                fn(step, row, last or signals.terminated)
+                fn(step, row, last or terminated)
             if step == first and self.device.type == "cuda":
                 # The first step compiles, autotunes and creates the optimizer state; the freed
                 # fragments it leaves in the caching allocator would otherwise stay reserved.
@@ -916,13 +924,32 @@ class Trainer:
             if step == first and self.topology.after_first_step is not None:
                 self.phase = "the barrier before the training timeout"
                 self.topology.after_first_step(self.mesh)
-            if signals.terminated and not last:
+            if terminated and not last:
                 raise Terminated(f"stopped by SIGTERM at step {step}{self._after_sigterm(step)}")
-            if signals.interrupted and not last:
-                raise KeyboardInterrupt(f"after step {step}")
+            if interrupted and not last:
+                raise KeyboardInterrupt(f"after step {step}{self._after_interrupt(step)}")
+
+    def _agreed_stop(self, signals: StopSignals) -> tuple[bool, bool]:
+        """Whether any process of the job has seen SIGTERM / Ctrl-C: one all-reduce (MAX) over
+        every process, so that all stop after the same step and save it together."""
+        import torch.distributed as dist
+
+        flags = torch.tensor([signals.terminated, signals.interrupted], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        terminated, interrupted = (bool(v) for v in flags.tolist())
+        return terminated, interrupted
 
     def _saves(self, step: int, last: bool) -> bool:
         return self.checkpointer is not None and self.checkpointer.should_save(step, last)
+
+    def _after_interrupt(self, step: int) -> str:
+        """What a Ctrl-C leaves, for its one line: it saves nothing (SIGTERM saves the step)."""
+        if self.checkpointer is None:
+            return "; checkpointing is off, so nothing was saved: the same command starts over from step 1"
+        return (
+            f", without saving it: the same command resumes from the last checkpoint and trains "
+            f"the steps after it again (stop with SIGTERM, `kill {os.getpid()}`, to save step {step})"
+        )
 
     def _after_sigterm(self, step: int) -> str:
         """What a rerun of the stopped command does, for the SIGTERM error."""

@@ -38,7 +38,7 @@ def test_metrics_jsonl_and_tensorboard_get_the_row_as_logged(tmp_path: Path) -> 
 
     row = _row(2e3)  # 2e-6 TFLOP/s
     assert row["tflops"] > 0
-    writer = MetricsFileWriter(str(tmp_path / "metrics.jsonl"), append=False)
+    writer = MetricsFileWriter(str(tmp_path / "metrics.jsonl"))
     writer.on_step_end(1, row, last=True)
     writer.on_train_end(1)
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == row
@@ -56,3 +56,15 @@ def test_the_learning_rate_is_logged_at_full_precision() -> None:
     config = SimpleNamespace(metrics=SimpleNamespace(log_freq=1, peak_tflops=None))
     metrics = MetricsLogger(config, torch.device("cpu"), 1.0, 1000, total_steps=1)
     assert metrics.step_done(1, 2.5, 1.0, 1e-3 / 3)["lr"] == 1e-3 / 3
+
+
+def test_a_resume_drops_the_rows_an_interrupted_attempt_logged_after_its_checkpoint(tmp_path: Path) -> None:
+    """Ctrl-C after step 6 of a run checkpointed at 4: the resume trains 5 and 6 again, and
+    metrics.jsonl held both attempts' rows of them."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 10.0 - s}) + "\n" for s in range(1, 7)))
+    writer = MetricsFileWriter(str(path), resumed_from=4)
+    writer.on_step_end(5, {"step": 5, "loss": 4.5}, last=False)
+    writer.on_train_end(5)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["loss"] == 4.5
