@@ -750,7 +750,56 @@ def _converter() -> Any:
         return value
 
     converter.register_structure_hook(int | float | bool | str, scalar)
+    # Strict scalars: cattrs' own hooks call int()/str()/float(), so "10" became 10, 10.5 became
+    # 10 and 3 became "3" without a word, where a recipe setting the same values is refused.
+    for kind in (int, float, bool, str):
+        converter.register_structure_hook(kind, _strict(kind))
     return converter
+
+
+def _strict(kind: type) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, _: Any) -> Any:
+        if isinstance(value, bool) and kind is not bool:  # True is an int to Python, not to TOML
+            ok = False
+        elif kind is float:
+            ok = isinstance(value, (int, float))
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            raise TypeError(f"expected {_TYPE_WORDS[kind]}, got {type(value).__name__} {value!r}")
+        return float(value) if kind is float else value
+
+    return structure
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _cattrs_message(exc: BaseException, type_: Any) -> str:
+    """How one structuring failure reads: a section's own validation error keeps its dotted
+    paths (marked for :func:`from_dict`), titan's type errors their text, cattrs' the rest."""
+    from cattrs.errors import ForbiddenExtraKeysError
+    from cattrs.v import format_exception
+
+    cls = getattr(exc, "cl", None)
+    if isinstance(exc, ForbiddenExtraKeysError) and cls is not None and attrs.has(cls):  # as in a recipe
+        known = ", ".join(a.name for a in attrs.fields(cls))
+        section = _SECTION_NAMES.get(cls, cls.__name__)
+        return _OWN + "\n".join(
+            f"{section}.{key}: no such field; {section} has {known}" for key in sorted(exc.extra_fields)
+        )
+    if isinstance(exc, ConfigError):
+        return _OWN + "\n".join(exc.problems)
+    if isinstance(exc, TypeError) and str(exc).startswith("expected "):
+        return str(exc)
+    if " not in literal " in str(exc):  # cattrs' CattrsError (a ValueError in older cattrs)
+        choices = ", ".join(repr(c) for c in getattr(type_, "__args__", ()))
+        return f"expected one of {choices}, got {str(exc).split(' not in literal ')[0]!r}"
+    return format_exception(exc, type_)
+
+
+#: Marks a message that is already ``path: message`` lines (a section's own ConfigError).
+_OWN = "\x00"
 
 
 def to_dict(config: TrainerConfig) -> dict[str, Any]:
@@ -779,17 +828,20 @@ def from_dict(data: dict[str, Any]) -> TrainerConfig:
             try:
                 setattr(config, name, converter.structure(value, cls))
             except cattrs.BaseValidationError as exc:
-                problems = [_render_cattrs(name, m) for m in cattrs.transform_error(exc, path="")]
+                messages = cattrs.transform_error(exc, path="", format_exception=_cattrs_message)
+                problems = [p for m in messages for p in _render_cattrs(name, m)]
                 raise ConfigError(problems) from None
     except ConfigError:
         raise
     return validate(config)
 
 
-def _render_cattrs(section_name: str, message: str) -> str:
+def _render_cattrs(section_name: str, message: str) -> list[str]:
     # cattrs renders "invalid value for type, expected int @ .steps".
     text, _, path = message.rpartition(" @ ")
-    return f"{section_name}{path.replace('$', '')}: {text}"
+    if text.startswith(_OWN):  # the section's validation: its lines carry their paths
+        return text.removeprefix(_OWN).split("\n")
+    return [f"{section_name}{path.replace('$', '')}: {text}"]
 
 
 def render(config: TrainerConfig, fmt: Literal["toml", "json"] = "toml") -> str:

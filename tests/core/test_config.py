@@ -155,10 +155,10 @@ def test_from_dict_errors_carry_paths() -> None:
     data["training"]["steps"] = "many"
     with pytest.raises(ConfigError) as info:
         from_dict(data)
-    assert "training.steps: invalid value for type, expected int" in "\n".join(info.value.problems)
+    assert "training.steps: expected an integer, got str 'many'" in "\n".join(info.value.problems)
     data = to_dict(TrainerConfig())
     data["parallelism"]["typo"] = 1
-    with pytest.raises(ConfigError, match=r"parallelism: extra fields found \(typo\)"):
+    with pytest.raises(ConfigError, match=r"parallelism.typo: no such field; parallelism has dp_replicate, "):
         from_dict(data)
     data = to_dict(TrainerConfig())
     data["nosection"] = {}
@@ -168,6 +168,38 @@ def test_from_dict_errors_carry_paths() -> None:
     data["profiler"]["profile_freq"] = 0  # a plugin's section is checked like the core's
     with pytest.raises(ConfigError, match=r"profiler\.profile_freq: expected a positive integer"):
         from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value", "problem"),
+    [
+        # cattrs' own hooks converted these without a word; a recipe setting them is refused.
+        ("training", "steps", "10", "training.steps: expected an integer, got str '10'"),
+        ("training", "steps", 10.5, "training.steps: expected an integer, got float 10.5"),
+        ("training", "steps", True, "training.steps: expected an integer, got bool True"),
+        ("training", "lr", "0.1", "training.lr: expected a number, got str '0.1'"),
+        ("job", "description", 3, "job.description: expected a string, got int 3"),
+        ("data", "shuffle_buffer", -1, "data.shuffle_buffer: expected an integer >= 0, got -1"),
+        ("training", "dtype", "fp99", "training.dtype: expected one of 'float32', 'bfloat16', got 'fp99'"),
+        ("profiler", "profile_freq", "5", "profiler.profile_freq: expected an integer, got str '5'"),
+    ],
+)
+def test_from_dict_refuses_what_a_recipe_refuses_naming_the_field(
+    section: str, name: str, value: object, problem: str
+) -> None:
+    """The TOML a run wrote (``titan export`` reads it) and plain data are held to the recipe's
+    rules: no coercion, the field's own path, the validator's own words."""
+    data = to_dict(TrainerConfig())
+    data[section][name] = value
+    with pytest.raises(ConfigError) as info:
+        from_dict(data)
+    assert info.value.problems == [problem]
+
+
+def test_from_dict_takes_an_integer_for_a_number() -> None:
+    data = to_dict(TrainerConfig())
+    data["training"]["lr"] = 1  # TOML writes 1.0 as 1 when a user types it so
+    assert from_dict(data).training.lr == 1.0 and isinstance(from_dict(data).training.lr, float)
 
 
 def test_interface_field_paths_exist() -> None:
