@@ -174,7 +174,7 @@ class Trainer:
             global_batch_size=t.local_batch_size * self.parallel_dims.dp * self.accumulation,
             microbatches_per_step=self.accumulation,
             strategies=self.ctx.applied,
-            callbacks=[type(o).__name__ for o in self.callbacks.objects],
+            callbacks=self.callback_names,  # as titan plugins list names them
             device=str(self.device),
             comm_backend=config.comm.backend,
         )
@@ -561,14 +561,18 @@ class Trainer:
         records = sorted(self.registry.records("callbacks").values(), key=lambda r: (r.order, r.name))
         built: list[Any] = []
         labels: list[str] = []
+        #: The record names of the callbacks this run uses (the ``built`` log line's list).
+        self.callback_names: list[str] = []
         for r in records:
             obj = self._plugin_call("callbacks", r.name, "failed to build", r.build, self)
             if obj is not None:
                 built.append(obj)
                 labels.append(self.registry.label("callbacks", r.name))
+                self.callback_names.append(r.name)
         if self.checkpointer is not None:
             built.append(_CheckpointSaves(self))
             labels.append(f"the checkpoint saves of checkpoint.backend {self.config.checkpoint.backend!r}")
+            self.callback_names.append(f"checkpoint saves ({self.config.checkpoint.backend})")
         return built, labels
 
     # -- plugin code that fails ------------------------------------------------------------------
@@ -1041,6 +1045,7 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
             "beta1": t.beta1,
             "beta2": t.beta2,
             "eps": t.eps,
+            "max_norm": t.max_norm,  # the clipping each later step applies
         },
         "data": {
             "data.dataset": d.dataset,

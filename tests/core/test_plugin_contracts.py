@@ -595,6 +595,26 @@ def test_a_third_party_callback_can_serve_a_core_field(tmp_path: Path) -> None:
     assert seen == [True]
 
 
+def test_the_built_log_line_names_callbacks_as_plugins_list_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The record name (``titan plugins list``), not the class the build returned."""
+    import json
+
+    class Anything:
+        def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
+            pass
+
+    registry = Registry().load_entry_points()
+    registry.register(
+        plugin_module("mine", titan_callbacks=[Callback("tie_check", lambda t: Anything())]), "mine"
+    )
+    config = tiny_llama3(tmp_path, 1)
+    Trainer(config, registry).close()
+    built = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"event": "built"' in line]
+    assert "tie_check" in built[0]["callbacks"] and "Anything" not in built[0]["callbacks"]
+
+
 # -- commands and run options -----------------------------------------------------------------------
 
 

@@ -297,3 +297,10 @@ def test_a_resume_changing_a_plugin_sections_result_field_says_so(
     (message,) = [w for w in warnings.seen if "smooth." in w]
     assert "apply from step 4" in message and "smooth.amount: 0.0 -> 0.05" in message
     assert "note" not in message  # not a result field
+
+
+def test_a_resume_with_another_clipping_norm_says_so(tmp_path: Path, warnings: Warnings) -> None:
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    rows(config_in(tmp_path, **{"training.max_norm": 0.5}))
+    (message,) = [w for w in warnings.seen if "optimizer settings" in w]
+    assert "training.max_norm: 1.0 -> 0.5" in message
