@@ -177,10 +177,22 @@ def load_dcp_model(parts: list[nn.Module], path: str, *, collectives: bool = Tru
     import torch.distributed.checkpoint as dcp
 
     if not (Path(path) / ".metadata").is_file():
+        # A run's checkpoint folder (the one holding step-N): name its steps to choose from.
+        steps = sorted(
+            (p for p in Path(path).iterdir() if p.is_dir() and (p / ".metadata").is_file()),
+            key=lambda p: (len(p.name), p.name),
+        )
+        if steps:
+            names = ", ".join(p.name for p in steps)
+            hint = f"; it holds the checkpoints {names}: name one, e.g. {str(steps[-1])!r}"
+        else:
+            hint = (
+                "; give a checkpoint folder such as <dump_folder>/checkpoint/step-0, a Hugging Face "
+                "model folder, or a .pt file"
+            )
         raise UsageError(
             f"{_FIELD}: {path!r} is a folder without .metadata or config.json, so neither a DCP "
-            "checkpoint nor a Hugging Face model; give a checkpoint folder such as "
-            "<dump_folder>/checkpoint/step-0, a Hugging Face model folder, or a .pt file"
+            "checkpoint nor a Hugging Face model" + hint
         )
     own = [get_model_state_dict(part) for part in parts]
     merged = {k: v for state in own for k, v in state.items()}

@@ -115,6 +115,16 @@ def test_initial_load_path_folder_that_is_no_checkpoint(tmp_path: Path) -> None:
         Trainer(config, get_registry())
 
 
+def test_initial_load_path_of_a_runs_checkpoint_folder_names_its_steps(tmp_path: Path) -> None:
+    run(config_in(tmp_path / "source", **{"checkpoint.interval": 5, "training.steps": 10}))
+    folder = tmp_path / "source" / "checkpoint"
+    config = config_in(tmp_path / "new", **{_INITIAL: str(folder), "checkpoint.enable": False})
+    with pytest.raises(UsageError) as info:
+        Trainer(config, get_registry())
+    newest = str(folder / "step-10")
+    assert f"it holds the checkpoints step-5, step-10: name one, e.g. {newest!r}" in str(info.value)
+
+
 def test_missing_checkpointer_plugin_names_the_distribution(tmp_path: Path) -> None:
     registry = Registry(disabled={"dcp"}).load_entry_points()
     with pytest.raises(TitanError, match=r"(?s)unknown checkpoint\.backend 'dcp'.*docs/architecture\.md"):
