@@ -398,6 +398,11 @@ class Trainer:
         if not self.step:
             return
         same_model(self.step, meta)
+        if self.config.checkpoint.initial_load_path:
+            log.warning(
+                f"resumed from the checkpoint of step {self.step}: it replaced the weights read from "
+                "checkpoint.initial_load_path (a resume always wins; unset it to skip that read)"
+            )
         if self.step > self.steps:  # nothing to train, and config.toml would say fewer steps than ran
             raise UsageError(
                 f"checkpoint of step {self.step} in {self.config.job.dump_folder!r} is past this run's "

@@ -304,3 +304,13 @@ def test_a_resume_with_another_clipping_norm_says_so(tmp_path: Path, warnings: W
     rows(config_in(tmp_path, **{"training.max_norm": 0.5}))
     (message,) = [w for w in warnings.seen if "optimizer settings" in w]
     assert "training.max_norm: 1.0 -> 0.5" in message
+
+
+def test_a_resume_says_the_initial_weights_it_read_were_replaced(tmp_path: Path, warnings: Warnings) -> None:
+    rows(config_in(tmp_path / "seed", **{"checkpoint.create_seed_checkpoint": True, "training.steps": 1}))
+    initial = {"checkpoint.initial_load_path": str(tmp_path / "seed" / "checkpoint" / "step-0")}
+    rows(config_in(tmp_path / "run", **{**initial, "debug.max_steps": 2}))
+    assert not [w for w in warnings.seen if "initial_load_path" in w]  # read and used: nothing to say
+    rows(config_in(tmp_path / "run", **initial))
+    (message,) = [w for w in warnings.seen if "initial_load_path" in w]
+    assert "resumed from the checkpoint of step 2: it replaced the weights read from" in message
