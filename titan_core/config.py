@@ -479,8 +479,9 @@ class Checkpoint:
 
 @section
 class Debug:
-    #: Seed of model initialisation and data order; ``None`` picks 0 (64 bits, as torch.manual_seed).
-    seed: int | None = field(default=None, validator=in_range(-(2**63), 2**64 - 1))
+    #: Seed of model initialisation and data order; ``None`` picks 0 (a signed 64-bit integer,
+    #: as config.toml can hold it).
+    seed: int | None = field(default=None, validator=in_range(-(2**63), 2**63 - 1))
     #: Use deterministic algorithms (slower; bit-for-bit reproducible on one configuration).
     deterministic: bool = False
     #: With ``deterministic``: warn instead of failing on non-deterministic ops (exploration only;
@@ -767,7 +768,14 @@ def _strict(kind: type) -> Callable[[Any, Any], Any]:
             ok = isinstance(value, kind)
         if not ok:
             raise TypeError(f"expected {_TYPE_WORDS[kind]}, got {type(value).__name__} {value!r}")
-        return float(value) if kind is float else value
+        if kind is float:
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond float range (10**400)
+                raise TypeError(
+                    f"expected a number within float range, got an integer of {len(str(value))} digits"
+                ) from None
+        return value
 
     return structure
 
@@ -825,6 +833,8 @@ def from_dict(data: dict[str, Any]) -> TrainerConfig:
                 config.recipe = value
                 continue
             cls = CORE_SECTIONS.get(name) or extra[name]
+            if problems := _shape_problems(name, cls, value):
+                raise ConfigError(problems)
             try:
                 setattr(config, name, converter.structure(value, cls))
             except cattrs.BaseValidationError as exc:
@@ -834,6 +844,30 @@ def from_dict(data: dict[str, Any]) -> TrainerConfig:
     except ConfigError:
         raise
     return validate(config)
+
+
+def _shape_problems(section_name: str, cls: type, value: Any) -> list[str]:
+    """What cattrs would take in without a word: a section that is no table, a string where a
+    list goes (structured as its characters), a value outside a ``Literal`` (quoted vaguely)."""
+    if not isinstance(value, dict):
+        return [f"{section_name}: expected a table of its fields, got {type(value).__name__} {value!r}"]
+    attrs.resolve_types(cls)
+    problems = []
+    for a in attrs.fields(cls):
+        if a.name not in value or value[a.name] is None:
+            continue
+        given, kind = value[a.name], a.type
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            kind = next((k for k in typing.get_args(kind) if k is not type(None)), kind)
+        origin, where = typing.get_origin(kind) or kind, f"{section_name}.{a.name}"
+        if origin in (list, tuple) and not isinstance(given, (list, tuple)):
+            problems.append(f"{where}: expected a list, got {type(given).__name__} {given!r}")
+        elif origin is dict and not isinstance(given, dict):
+            problems.append(f"{where}: expected a table, got {type(given).__name__} {given!r}")
+        elif origin is Literal and given not in typing.get_args(kind):
+            choices = ", ".join(repr(c) for c in typing.get_args(kind))
+            problems.append(f"{where}: expected one of {choices}, got {given!r}")
+    return problems
 
 
 def _render_cattrs(section_name: str, message: str) -> list[str]:
@@ -867,9 +901,16 @@ def _to_toml(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes of quote, backslash and control characters are TOML's
+    too, but not its surrogate pairs for characters beyond U+FFFF (invalid TOML): those are
+    written as themselves, and DEL, which TOML must see escaped, as ``\u007f``."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, dict):
-        items = ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        items = ", ".join(f"{_toml_string(str(k))} = {_toml_value(v)}" for k, v in value.items())
         return "{ " + items + " }" if items else "{}"
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -879,7 +920,7 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))
+    return _toml_string(str(value))
 
 
 __all__ = [

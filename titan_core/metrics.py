@@ -222,10 +222,12 @@ _CLOSE_WAIT_S = 10.0
 class TensorBoardWriter:
     """Writes every logged row as scalars (``metrics.enable_tensorboard``, logging rank only)."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, resumed_from: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(folder)
+        # A resumed run trains the steps after its checkpoint again: TensorBoard drops the
+        # interrupted attempt's scalars of those steps (purge_step), as metrics.jsonl does.
+        self.writer = SummaryWriter(folder, purge_step=resumed_from + 1 if resumed_from else None)
 
     @classmethod
     def build(cls, trainer: Any) -> TensorBoardWriter | None:
@@ -234,7 +236,7 @@ class TensorBoardWriter:
             return None
         from titan_core.run_folder import tb_location
 
-        return cls(tb_location(trainer.config.job.dump_folder, m.save_tb_folder))
+        return cls(tb_location(trainer.config.job.dump_folder, m.save_tb_folder), resumed_from=trainer.step)
 
     def on_step_end(self, step: int, metrics: dict[str, float], last: bool) -> None:
         if not metrics:

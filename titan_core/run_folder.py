@@ -114,7 +114,10 @@ class RunFolderLock:
         if not is_writer:
             return None
         fds = [_lock(dump, f"job.dump_folder {dump!r}", "job.dump_folder (--dump-folder)")]
-        if (c.enable or c.create_seed_checkpoint) and not inside(ckpt, dump):
+        # The checkpoint folder too, inside the dump folder as well: another run may name this
+        # run's checkpoint folder as its own (an absolute checkpoint.folder), and the two would
+        # replace each other's steps whichever of them started first.
+        if c.enable or c.create_seed_checkpoint:
             try:
                 os.makedirs(ckpt, exist_ok=True)
                 fds.append(_lock(ckpt, f"checkpoint.folder {ckpt!r}", "checkpoint.folder"))
@@ -145,6 +148,22 @@ def _lock(folder: str, what: str, other: str) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, f"host {socket.gethostname()}, pid {os.getpid()}".encode())
     return fd
+
+
+def _empty(folder: str) -> None:
+    """Remove what ``folder`` holds but titan's lock file (this run holds it), then the folder if
+    that leaves it empty."""
+    import contextlib
+    import shutil
+
+    for name in _entries(folder):
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    with contextlib.suppress(OSError):  # it holds the lock
+        os.rmdir(folder)
 
 
 def _entries(folder: str) -> list[str]:
@@ -440,7 +459,7 @@ class RunFolder:
         for name in folders:
             path = os.path.join(self.dump, name)
             if os.path.isdir(path) and os.path.realpath(path) != os.path.realpath(self.dump):
-                shutil.rmtree(path)
+                _empty(path)
         if checkpoints:  # --overwrite: what plugins wrote goes too (their records' outputs)
             for path in _declared_paths(self.dump, self.outputs):
                 if os.path.isdir(path) and not os.path.islink(path):

@@ -372,6 +372,8 @@ class Trainer:
         #: Microbatches (of this run's size) the restored steps consumed (a resume skips them).
         self.consumed = 0
         self.resumed_from = 0
+        #: The last step this run saved (the Ctrl-C message names what a rerun resumes from).
+        self.last_saved = 0
         if self.checkpointer is None or self.config.checkpoint.create_seed_checkpoint:
             return
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -381,7 +383,9 @@ class Trainer:
         def same_model(step: int, meta: Mapping[str, Any]) -> None:
             saved_model = meta.get("model")
             if saved_model is not None and saved_model != resumed["model"]:
-                changes = _changes(saved_model, resumed["model"], "model.")
+                changes = self._model_changes(saved_model)
+                if not changes:  # another spelling of the same model (an override at its default)
+                    return
                 raise UsageError(
                     f"checkpoint of step {step} in {self.config.job.dump_folder!r} was saved by another "
                     f"model ({'; '.join(changes)}): resuming would read its weights as this model. Resume "
@@ -446,6 +450,28 @@ class Trainer:
         for group, own, base in zip(self.optimizer.param_groups, fresh, fresh_base_lrs, strict=True):
             group.update(own)
             group["lr"] = base * self.schedule(self.scheduler.last_epoch)
+
+    def _model_changes(self, saved: Mapping[str, Any]) -> list[str]:
+        """How the checkpoint's model record differs from this run's, with the model arguments
+        that differ once each is built (``rope_theta: 500000 -> 10000.0``); empty when the two
+        records build the same model (an override at its default). The records alone when the
+        checkpoint's no longer builds (another family, a flavor this titan lacks)."""
+        from titan_core.initial_weights import _fields
+
+        m = self.config.model
+        records = _changes(saved, resume_record(self.config, 0)["model"], "model.")
+        try:
+            if saved.get("name") != m.name:
+                return records
+            old = _fields(self.spec.flavor(saved.get("flavor"), saved.get("overrides") or {}))
+            new = _fields(self.spec.flavor(m.flavor, m.overrides))
+        except Exception:
+            return records
+        if old is None or new is None:
+            return records
+        built = json.loads(json.dumps({"old": old, "new": new}, default=str))
+        differ = _changes(built["old"], built["new"], "")
+        return [*records, f"arguments that differ: {', '.join(differ)}"] if differ else []
 
     def _steps_field(self) -> str:
         """The setting that ends this run: ``debug.max_steps`` when it cuts ``training.steps``."""
@@ -769,7 +795,14 @@ class Trainer:
 
     def train(self) -> list[dict[str, float]]:
         if self.config.checkpoint.create_seed_checkpoint:
-            self.checkpointer.save_seed(self.parts)
+            save_seed = self.checkpointer.save_seed
+            # The model it holds, where the checkpointer records it: a run resuming from the seed
+            # (its checkpoint folder) is then refused for another model before reading it.
+            takes_meta = "meta" in inspect.signature(save_seed).parameters
+            save_seed(
+                self.parts,
+                **({"meta": {"model": resume_record(self.config, 0)["model"]}} if takes_meta else {}),
+            )
             return []
         batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.batches)
         # Resumed: skip the batches the restored steps consumed.
@@ -955,9 +988,15 @@ class Trainer:
         """What a Ctrl-C leaves, for its one line: it saves nothing (SIGTERM saves the step)."""
         if self.checkpointer is None:
             return "; checkpointing is off, so nothing was saved: the same command starts over from step 1"
+        saved = self.last_saved or self.resumed_from
+        if not saved:
+            return (
+                ", without saving it, and no checkpoint exists yet: the same command starts over from "
+                "step 1 (SIGTERM instead of Ctrl-C saves the step in flight)"
+            )
         return (
-            f", without saving it: the same command resumes from the last checkpoint and trains "
-            f"the steps after it again (stop with SIGTERM, `kill {os.getpid()}`, to save step {step})"
+            f", without saving it: the same command resumes from the checkpoint of step {saved} and "
+            f"trains steps {saved + 1}-{step} again (SIGTERM instead of Ctrl-C saves the step in flight)"
         )
 
     def _after_sigterm(self, step: int) -> str:
@@ -1024,6 +1063,7 @@ class _CheckpointSaves:
                 **resume_record(t.config, samples),
             }
             t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
+            t.last_saved = step
 
 
 def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:

@@ -68,3 +68,24 @@ def test_a_resume_drops_the_rows_an_interrupted_attempt_logged_after_its_checkpo
     writer.on_train_end(5)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["loss"] == 4.5
+
+
+def test_a_resumed_tensorboard_drops_the_interrupted_attempts_later_steps(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from titan_core.metrics import TensorBoardWriter
+
+    first = TensorBoardWriter(str(tmp_path))
+    for step in range(1, 7):
+        first.on_step_end(step, {"step": step, "loss": 10.0 - step}, last=False)
+    first.on_train_end(6)
+    time.sleep(1.1)  # event files are named by the second: the resume's is a new one
+    resumed = TensorBoardWriter(str(tmp_path), resumed_from=4)
+    for step in (5, 6):
+        resumed.on_step_end(step, {"step": step, "loss": 1.0}, last=False)
+    resumed.on_train_end(6)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    scalars = events.Scalars("train/loss")
+    assert [s.step for s in scalars] == [1, 2, 3, 4, 5, 6]
+    assert [s.value for s in scalars][4:] == [1.0, 1.0]

@@ -17,6 +17,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from tests.conftest import plugin_module, tiny_llama3
@@ -214,6 +215,38 @@ def test_a_section_check_of_a_plugin_registered_as_an_object_is_named_like_its_o
     # The same words as the registry's label for any record of a plugin with no distribution.
     with pytest.raises(PluginError, match=r"the check of config section 'obj' \(plugin obj\) failed: Zero"):
         validate(config)
+
+
+@section
+class Listing:
+    #: Names.
+    names: list[str] = attrs.field(factory=list)
+    #: Layers.
+    layers: list[int] = attrs.field(factory=list)
+
+
+@pytest.mark.parametrize(
+    ("given", "problem"),
+    [
+        ({"names": "output"}, "lists.names: expected a list, got str 'output'"),  # not o, u, t, ...
+        ({"layers": "12"}, "lists.layers: expected a list, got str '12'"),
+        ({"names": ["a", 3]}, "lists.names[1]: expected a string, got int 3"),
+        ("all", "lists: expected a table of its fields, got str 'all'"),
+    ],
+)
+def test_from_dict_holds_a_plugin_sections_lists_to_their_types(
+    monkeypatch: pytest.MonkeyPatch, given: Any, problem: str
+) -> None:
+    from titan_core.config import from_dict
+
+    _with(
+        monkeypatch,
+        ("lists", plugin_module("lists", titan_config_sections=[ConfigSection("lists", Listing)])),
+    )
+    with pytest.raises(ConfigError) as info:
+        from_dict({"lists": given})
+    assert info.value.problems == [problem]
+    assert from_dict({"lists": {"names": ["a", "b"]}}).lists.names == ["a", "b"]
 
 
 # -- strategies ------------------------------------------------------------------------------------

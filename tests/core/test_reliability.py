@@ -308,9 +308,17 @@ def test_ctrl_c_with_checkpointing_says_the_step_is_not_saved_and_how_to_save_it
     config.checkpoint.enable, config.checkpoint.interval = True, 2
     registry = Registry().load_entry_points()
     registry.register(_SignalAt(3, signal.SIGINT), "sigint")
-    with pytest.raises(KeyboardInterrupt, match=r"after step 3, without saving it: .* resumes from the last"):
+    expected = r"after step 3, without saving it: the same command resumes from the checkpoint of step 2 and"
+    with pytest.raises(KeyboardInterrupt, match=expected + r" trains steps 3-3 again"):
         train(config, registry)
-    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-2"]  # nothing of step 3
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == [".titan.lock", "step-2"]
+    # Before any checkpoint: nothing to resume from, and the line says so.
+    config = tiny(tmp_path / "early", steps=6)
+    config.checkpoint.enable, config.checkpoint.interval = True, 5
+    registry = Registry().load_entry_points()
+    registry.register(_SignalAt(2, signal.SIGINT), "sigint")
+    with pytest.raises(KeyboardInterrupt, match=r"no checkpoint exists yet: the same command starts over"):
+        train(config, registry)
 
 
 class _SigtermAtWithCheckpoint(_SignalAt):

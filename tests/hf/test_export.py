@@ -255,3 +255,26 @@ def test_a_recipe_of_another_model_of_the_same_shapes_is_refused(
     line = error_line(capsys)
     assert "was saved by another model than recipe 'layout' describes (model.overrides:" in line
     assert "1234.0" in line and not (tmp_path / "hf").exists()
+
+
+def test_a_recipe_with_another_tokenizer_is_refused(
+    run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export writes the recipe's tokenizer beside weights trained on another one."""
+    from titan_core.data.loader import BUNDLED_TOKENIZER
+    from titan_core.data.make_tokenizer import train_tokenizer
+
+    moved = tmp_path / "same.json"
+    moved.write_bytes(BUNDLED_TOKENIZER.read_bytes())  # the same tokenizer elsewhere: fine
+    other = tmp_path / "other.json"
+    other.write_text(train_tokenizer(vocab_size=300).to_str())
+    monkeypatch.syspath_prepend(str(tmp_path / "recipes"))
+    step = run / "checkpoint" / "step-2"
+    for name, path, code in (("tok_same", moved, 0), ("tok_other", other, 2)):
+        overrides = {"model.overrides": TITAN_OVERRIDES, "data.tokenizer_path": str(path)}
+        module = write_recipe_module(tmp_path / "recipes", overrides, name=name)
+        capsys.readouterr()
+        assert export(step, "--to", "hf", tmp_path / name, "--recipe", "layout", "--module", module) == code
+    line = error_line(capsys)
+    assert "was trained with data.tokenizer_path None, but recipe 'layout' gives" in line
+    assert not (tmp_path / "tok_other").exists()

@@ -56,14 +56,25 @@ def load_tokenizer(path: str | None) -> Tokenizer:
         raise UsageError(f"data.tokenizer_path: cannot read {str(file)!r} as tokenizer.json: {exc}") from None
     vocab = backend.get_vocab(with_added_tokens=True)
 
-    def first(names: tuple[str, ...]) -> int | None:
-        return next((vocab[n] for n in names if n in vocab), None)
+    def first(names: tuple[str, ...]) -> str | None:
+        return next((n for n in names if n in vocab), None)
 
+    bos, eos = first(_BOS), first(_EOS)
     # Special-token strings inside a document (web text quotes ``<|end_of_text|>``) are text:
     # only the loader's own framing may produce BOS/EOS, or a document mask would split one
-    # document into several. ``add_special_tokens=False`` alone still matches them in the text.
+    # document into several. ``add_special_tokens=False`` alone still matches them in the text,
+    # and ``encode_special_tokens`` covers special tokens only: a tokenizer whose BOS/EOS are
+    # added as plain tokens gets them marked special (the same ids).
+    from tokenizers import AddedToken
+
+    backend.add_special_tokens([AddedToken(t, special=True) for t in (bos, eos) if t is not None])
     backend.encode_special_tokens = True
-    return Tokenizer(backend, backend.get_vocab_size(with_added_tokens=True), first(_BOS), first(_EOS))
+    ids = [None if t is None else backend.token_to_id(t) for t in (bos, eos)]
+    if ids != [None if t is None else vocab[t] for t in (bos, eos)]:  # never seen: ids are kept
+        raise UsageError(
+            f"data.tokenizer_path: {str(file)!r}: its BOS/EOS tokens changed ids when marked special"
+        )
+    return Tokenizer(backend, backend.get_vocab_size(with_added_tokens=True), *ids)
 
 
 #: Suffixes of the files a folder given as ``data.path`` is read for (compared case-insensitively).

@@ -234,8 +234,10 @@ def verify_folder(path: str, rank: int = 0, world_size: int = 1) -> str | None:
     an unfinished save (``step-N.tmp``), a ``meta.json`` that is not titan's record, data that
     differs from what was saved (CRC-32; the ranks share the pieces), a save after a non-finite
     loss. A DCP folder without ``meta.json`` (another tool's) is not titan's to judge: ``None``."""
-    name = os.path.basename(os.path.normpath(path))
-    if name.endswith(".tmp") and os.path.isfile(os.path.join(path, ".metadata")):
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        return None  # no DCP checkpoint (a Hugging Face folder, say): its loader judges it
+    name = os.path.basename(os.path.realpath(path))  # a link's target: latest -> step-4.tmp
+    if name.endswith(".tmp"):
         return (
             "it is an unfinished save (titan renames step-N.tmp to step-N once every rank has "
             "written it); give a finished step-N folder"
@@ -353,7 +355,7 @@ class DCPCheckpointer:
                 self._skip(path, damaged, skipped)
                 continue
             check_fit(path, saved_shapes(found.metadata, "model."), wanted)
-            if check_meta is not None and found.kind == "train":  # same shapes, the same model?
+            if check_meta is not None:  # same shapes: the same model? (seeds record it too)
                 check_meta(found.step, found.meta)
             if found.meta.get("loss_finite") is False:
                 earlier = [step_name(s) for s, _ in steps if s < step]
@@ -462,9 +464,10 @@ class DCPCheckpointer:
         self._write(step, state, "train", meta)
         log.info("checkpoint saved", path=self.path(step), step=step, last=last, seconds=_since(start))
 
-    def save_seed(self, parts: list[nn.Module]) -> str:
-        """Write ``step-0`` with the freshly initialised weights only."""
-        self._write(0, {"model": ModelState(parts)}, "seed", {})
+    def save_seed(self, parts: list[nn.Module], *, meta: dict[str, Any] | None = None) -> str:
+        """Write ``step-0`` with the freshly initialised weights only (and the trainer's ``meta``:
+        the model they are of)."""
+        self._write(0, {"model": ModelState(parts)}, "seed", meta or {})
         log.info("seed checkpoint saved", path=self.path(0))
         return self.path(0)
 

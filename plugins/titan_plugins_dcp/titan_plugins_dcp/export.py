@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         f" with overrides {model['overrides']}" if model["overrides"] else ""
     )
     state = _load_model(checkpoint, spec, model_args, f"{described} (from {source})")
-    _check_saved_model(checkpoint, model, source)  # same shapes: the same model, too?
+    _check_saved_model(checkpoint, model, data, source)  # same shapes: the same model, too?
     hf_state = adapter.to_hf(state, model_args)
     config = dict(adapter.hf_config(model_args))
     config["torch_dtype"] = args.dtype
@@ -171,14 +171,41 @@ def _checkpoint_folder(path: Path) -> Path:
     )
 
 
-def _check_saved_model(checkpoint: Path, model: dict[str, Any], source: str) -> None:
+def _same_tokenizer(a: str | None, b: str | None) -> bool:
+    """The same path, or files of the same content (a tokenizer moved or copied is the same)."""
+    if a == b:
+        return True
+    from titan_core.data.loader import BUNDLED_TOKENIZER
+
+    def content(path: str | None) -> bytes | None:
+        file = Path(path) if path else BUNDLED_TOKENIZER
+        file = file / "tokenizer.json" if file.is_dir() else file
+        try:
+            return file.read_bytes()
+        except OSError:
+            return None
+
+    first = content(a)
+    return first is not None and first == content(b)
+
+
+def _check_saved_model(checkpoint: Path, model: dict[str, Any], data: dict[str, Any], source: str) -> None:
     """Refuse to describe the weights as another model than the one they were trained as: the
     run's record in ``meta.json`` (when there is one) must name the model ``source`` gives, or
-    config.json would say another ``rope_theta`` or ``norm_eps`` over the same shapes."""
+    config.json would say another ``rope_theta`` or ``norm_eps`` over the same shapes; and the
+    tokenizer, or the export would pair the weights with another one."""
     try:
-        saved = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))["meta"]["model"]
+        meta = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))["meta"]
+        saved = meta["model"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # no record (another tool's checkpoint, an earlier titan's): shapes are checked
+    trained_with = (meta.get("data") or {}).get("data.tokenizer_path", data.get("tokenizer_path"))
+    if not _same_tokenizer(trained_with, data.get("tokenizer_path")):
+        raise UsageError(
+            f"export: {checkpoint} was trained with data.tokenizer_path {trained_with!r}, but {source} "
+            f"gives {data.get('tokenizer_path')!r}: the export would pair the weights with another "
+            "tokenizer; export with the recipe that trained them, or without --recipe"
+        )
     given = json.loads(json.dumps(model, default=str))
     if not isinstance(saved, dict) or saved == given:
         return

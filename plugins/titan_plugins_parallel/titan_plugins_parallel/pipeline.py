@@ -161,8 +161,12 @@ def name_contract_breaks(stage: nn.Module, model: str, stage_id: int, num_stages
     def forward_of_stage(*args: Any, **kwargs: Any) -> Any:
         try:
             return forward(*args, **kwargs)
-        except TypeError as exc:
-            if "'NoneType' object is not callable" not in str(exc):
+        except (TypeError, AttributeError) as exc:  # calling it, or reading its weight
+            text = str(exc)
+            if (
+                "'NoneType' object is not callable" not in text
+                and "'NoneType' object has no attribute" not in text
+            ):
                 raise
             raise PluginError(
                 f"model {model!r} does not follow the pipeline contract: its forward called a "

@@ -438,3 +438,22 @@ def test_special_token_strings_in_a_document_are_text_not_framing(tmp_path: Path
         # Framing only: each BOS follows an EOS (a document's end), each EOS precedes a BOS.
         assert all(row[i - 1] == tok.eos_id for i in bos if i > 0)
         assert all(row[i + 1] == tok.bos_id for i in eos if i + 1 < len(row))
+
+
+def test_bos_and_eos_added_as_plain_tokens_are_not_read_from_the_text(tmp_path: Path) -> None:
+    """``encode_special_tokens`` covers special tokens only: a tokenizer.json whose ``<s>`` and
+    ``</s>`` are plain added tokens matched them inside the text, splitting the document."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(["hello world this is text"] * 50, trainer=trainer)
+    backend.add_tokens([AddedToken("<s>", special=False), AddedToken("</s>", special=False)])
+    path = tmp_path / "tokenizer.json"
+    backend.save(str(path))
+    tok = load_tokenizer(str(path))
+    assert (tok.bos_id, tok.eos_id) == (backend.token_to_id("<s>"), backend.token_to_id("</s>"))
+    (ids,) = tok.encode_batch(["hello </s> world <s>"])
+    assert tok.bos_id not in ids and tok.eos_id not in ids

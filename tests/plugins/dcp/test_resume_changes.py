@@ -314,3 +314,18 @@ def test_a_resume_says_the_initial_weights_it_read_were_replaced(tmp_path: Path,
     rows(config_in(tmp_path / "run", **initial))
     (message,) = [w for w in warnings.seen if "initial_load_path" in w]
     assert "resumed from the checkpoint of step 2: it replaced the weights read from" in message
+
+
+def test_a_resume_with_an_override_at_its_default_is_the_same_model(tmp_path: Path) -> None:
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))
+    same = {"model.overrides": {**tiny_config().model.overrides, "norm_eps": 1e-5}}  # the default
+    assert sorted(rows(config_in(tmp_path, **same))) == [4, 5, 6]
+
+
+def test_a_seed_checkpoint_of_another_model_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """A seed in an absolute checkpoint folder, then a run of another rope_theta resuming there."""
+    shared = {"checkpoint.folder": str(tmp_path / "seeds")}
+    rows(config_in(tmp_path / "a", **{**shared, "checkpoint.create_seed_checkpoint": True}))
+    other = {"model.overrides": {**tiny_config().model.overrides, "rope_theta": 10_000.0}}
+    with pytest.raises(UsageError, match=r"checkpoint of step 0 .* saved by another model .*rope_theta"):
+        Trainer(config_in(tmp_path / "b", **{**shared, **other}), get_registry())

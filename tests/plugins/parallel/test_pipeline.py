@@ -466,9 +466,17 @@ def test_a_stage_whose_forward_calls_a_dropped_module_names_the_contract() -> No
         model = Careless(ctx.model_args)
     (stage,) = pipeline.apply([model], ctx)
     hidden = torch.zeros(2, 8, ctx.model_args.dim, device="meta")
-    with pytest.raises(
-        PluginError, match=r"model 'llama3'.*pipeline contract.*stage 1 of 2.*tok_embeddings.*None"
-    ):
+    expected = r"model 'llama3'.*pipeline contract.*stage 1 of 2.*tok_embeddings.*None"
+    with pytest.raises(PluginError, match=expected):
+        stage(hidden)
+
+    class ReadsTheWeight(Llama3):  # a tied head or a functional embedding reads the dropped weight
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.embedding(tokens, self.tok_embeddings.weight)
+
+    with torch.device("meta"):
+        (stage,) = pipeline.apply([ReadsTheWeight(ctx.model_args)], _ctx(config, pp=2, rank=1))
+    with pytest.raises(PluginError, match=expected):
         stage(hidden)
     other = TypeError("unrelated")
 
