@@ -66,7 +66,35 @@ def check_environment(registry: Any) -> None:
     """What every ``titan`` process refuses before its command runs (``titan`` and
     ``run_train.sh``'s check before torchrun alike): a disabled core, an unknown log format."""
     _refuse_disabled_core(registry)
+    _refuse_unknown_disabled(registry)
     _check_log_format()
+
+
+def _imported_names(source: str) -> set[str]:
+    """The names a module's imports bind (``import a.b`` binds ``a``)."""
+    import ast
+
+    return {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+
+
+def _refuse_unknown_disabled(registry: Any) -> None:
+    """A name in ``TITAN_DISABLE_PLUGINS`` that no plugin has: a typo disables nothing, as
+    ``--disable-plugin`` of an unknown name is refused too."""
+    from titan_core._registry import DISABLE_ENV, disabled_from_env
+    from titan_core.errors import UsageError
+
+    unknown = sorted(disabled_from_env() - set(registry.plugins))
+    if unknown:
+        known = ", ".join(sorted(registry.plugins)) or "(none)"
+        raise UsageError(
+            f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')!r}: no plugin named {', '.join(unknown)}; "
+            f"plugins: {known}"
+        )
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -445,6 +473,11 @@ def _recipes_copy(args: argparse.Namespace) -> int:
     if folder != Path.cwd().resolve():
         run = f"PYTHONPATH={folder} {run}"
     source = recipe_module_source(recipe, origin, function, run)
+    if function in _imported_names(source):  # the function would replace what it calls
+        raise UsageError(
+            f"--function {function!r}: the module imports a name {function!r} that the recipe uses; "
+            "choose another function name"
+        )
     try:
         path.write_text(source)
     except OSError as exc:

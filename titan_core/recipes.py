@@ -62,6 +62,13 @@ def module_recipes(module: ModuleType) -> dict[str, Recipe]:
 
 def find_recipe(registry: Registry, name: str, module: str | None = None) -> Recipe:
     """The recipe ``name``: from ``module`` if given (any public function there), else plugins."""
+    for given, flag in ((module, "--module"), (name, "--recipe/--config")):
+        if given and given.endswith((".toml", ".json")):
+            raise UsageError(
+                f"{flag} {given!r}: titan runs recipes (Python functions returning the config), not "
+                "config files; a run's config.toml records what it ran. Run the recipe it names "
+                "(`recipe = ...` at its top), or `titan recipes copy NAME my_recipe.py` for one to edit"
+            )
     if module:
         mod = import_module(module)
         fn = getattr(mod, name, None)

@@ -181,6 +181,13 @@ def check_served(config: Any, registry: Any) -> None:
     # to leave at their defaults: without the serving plugin those runs go on as before.
     backend_sets = registry.get("comm_backends", config.comm.backend, what="comm backend").sets
     for path, value in plugin_served(config).items():
+        if path not in served and path in backend_sets:  # the run goes on, but not as documented
+            print(
+                f"titan: warning: comm backend {config.comm.backend!r} sets {path} = {value!r}, but no "
+                "loaded plugin implements it (a callback listing it in Callback.serves), so this run "
+                "goes without it; install or enable that plugin (titan's own: docs/architecture.md)",
+                file=sys.stderr,
+            )
         if path not in served and path not in backend_sets:
             raise UsageError(
                 f"{path} = {value!r}: no loaded plugin implements it (a callback listing it in "

@@ -116,8 +116,9 @@ class RunFolderLock:
         fds = [_lock(dump, f"job.dump_folder {dump!r}", "job.dump_folder (--dump-folder)")]
         # The checkpoint folder too, inside the dump folder as well: another run may name this
         # run's checkpoint folder as its own (an absolute checkpoint.folder), and the two would
-        # replace each other's steps whichever of them started first.
-        if c.enable or c.create_seed_checkpoint:
+        # replace each other's steps whichever of them started first. (A load_only run writes
+        # none: it leaves the folder as it is.)
+        if (c.enable and not c.load_only) or c.create_seed_checkpoint:
             try:
                 os.makedirs(ckpt, exist_ok=True)
                 fds.append(_lock(ckpt, f"checkpoint.folder {ckpt!r}", "checkpoint.folder"))

@@ -114,6 +114,19 @@ def test_invalid_recipe_value_exits_2_with_path(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("--module", "outputs/run/config.toml", "--recipe", "x"), ("--config", "config.toml")],
+)
+def test_a_config_file_given_for_a_recipe_says_titan_runs_recipes(args: tuple[str, ...]) -> None:
+    result = run_titan("run", *args)
+    assert (
+        result.returncode == 2
+        and "titan runs recipes (Python functions returning the config)" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
 def test_unknown_recipe_lists_known_ones() -> None:
     result = run_titan("run", "--recipe", "llama3_9b")
     assert result.returncode == 2
@@ -277,6 +290,12 @@ def test_a_recipe_that_calls_sys_exit_is_one_clear_error(tmp_path: Path) -> None
         ),
         (["--disable-plugin", "core", "plugins", "list"], {}, "plugin 'core' is titan's core"),
         (["recipes", "list"], {"TITAN_DISABLE_PLUGINS": "core"}, "cannot be disabled"),
+        # A typo disabled nothing without a word (--disable-plugin of an unknown name is refused).
+        (
+            ["recipes", "list"],
+            {"TITAN_DISABLE_PLUGINS": "memroy, profiler"},
+            "TITAN_DISABLE_PLUGINS='memroy, profiler': no plugin named memroy; plugins: comm, core,",
+        ),
     ],
 )
 def test_an_environment_or_option_titan_cannot_honour_is_refused(

@@ -613,6 +613,25 @@ def test_a_core_field_whose_plugin_is_not_loaded_is_refused_not_ignored(tmp_path
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_a_backend_setting_a_core_field_no_plugin_serves_is_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The fake backends turn the memory report on; with the memory plugin disabled the run goes
+    on (it is the backend's setting, not the user's) but says it writes no report."""
+    from titan_core.config import TrainerConfig
+    from titan_core.run import apply_backend_settings, check_served
+
+    config = TrainerConfig()
+    config.comm.backend = "fake"
+    registry = Registry(disabled={"memory"}).load_entry_points()
+    apply_backend_settings(config, registry)
+    check_served(config, registry)
+    err = capsys.readouterr().err
+    assert "titan: warning: comm backend 'fake' sets debug.memory_report = True, but no loaded plugin" in err
+    check_served(config, Registry().load_entry_points())
+    assert capsys.readouterr().err == ""
+
+
 def test_a_third_party_callback_can_serve_a_core_field(tmp_path: Path) -> None:
     config = tiny_llama3(tmp_path, 1)
     config.debug.memory_report = True

@@ -66,6 +66,8 @@ def test_copy_refuses_to_replace_a_file(tmp_path: Path) -> None:
         (("torch.py",), "FILE 'torch.py': 'torch' would hide the installed module of that name"),
         (("class.py",), "FILE 'class.py': 'class' is a Python keyword"),
         (("mine.py", "--function", "class"), "--function 'class': not a Python function name"),
+        # def TrainerConfig(): config = TrainerConfig() ... recursed forever.
+        (("mine.py", "--function", "TrainerConfig"), "--function 'TrainerConfig': the module imports a name"),
     ],
 )
 def test_copy_refuses_a_module_or_function_name_that_cannot_run(

@@ -178,7 +178,8 @@ def sequence_balance_loss(
     """Per sequence ``sum_i f_i * P_i`` (DeepSeek-V2/V3), ``(batch,)``; 1 when perfectly balanced.
 
     ``f_i``: the fraction of the sequence's tokens routed to expert ``i``, times ``experts /
-    top_k`` (equally: the fraction of its ``tokens x top_k`` slots, times ``experts``); ``P_i``: the mean over the sequence of the expert's normalised score.
+    top_k`` (equally: the fraction of its ``tokens x top_k`` slots, times ``experts``);
+    ``P_i``: the mean over the sequence of the expert's normalised score.
 
     Context parallel (``cp_group`` of ``cp`` ranks, each holding an equal shard of every
     sequence): ``f_i`` is the whole sequence's (the shards' counts summed over the group) and

@@ -313,7 +313,7 @@ def render_html(snapshot: dict[str, Any], source: str, top: int = 20) -> str:
     titan = snapshot.get("titan") or {}
     kind = "CPU tensor account (titan)" if titan else "CUDA caching allocator"
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<!doctype html><html><head><meta charset='utf-8'>{_GENERATOR}",
         f"<title>Memory snapshot: {html.escape(os.path.basename(source))}</title>",
         f"<style>{_STYLE}</style></head><body>",
         f"<h1>Memory snapshot: {html.escape(os.path.basename(source))}</h1>",
@@ -392,9 +392,37 @@ def _titan_html(titan: dict[str, Any]) -> str:
     return head + (f"<table class='account'>{rows}</table>" if rows else "")
 
 
+#: Marks a page this command wrote: rewriting one is safe, any other file at OUT is refused.
+_GENERATOR = "<meta name='generator' content='titan memory view'>"
+
+
+def _check_output(output: str) -> None:
+    """Refuse to replace a file that is not a page of this command (``-o my_recipe.py`` turned a
+    recipe into HTML), and to create folders for ``-o``."""
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise UsageError(f"-o {output}: no folder {folder}; create it first, or give another path")
+    if os.path.isdir(output):
+        raise UsageError(
+            f"-o {output}: is a folder; give a file path such as {output.rstrip('/')}/snapshot.html"
+        )
+    if os.path.exists(output):
+        try:
+            with open(output, encoding="utf-8", errors="replace") as f:
+                ours = _GENERATOR in f.read(4096)
+        except OSError:
+            ours = False
+        if not ours:
+            raise UsageError(
+                f"-o {output}: the file exists and is not a page titan memory view wrote; give a new "
+                "path, or remove the file first"
+            )
+
+
 def write_html(snapshot_path: str, output: str | None = None, top: int = 20) -> str:
     """Write the page beside the snapshot (or at ``output``); returns its path."""
     output = output or os.path.splitext(snapshot_path)[0] + ".html"
+    _check_output(output)
     snapshot = load_snapshot(snapshot_path)
     try:
         page = render_html(snapshot, snapshot_path, top)
@@ -404,7 +432,6 @@ def write_html(snapshot_path: str, output: str | None = None, top: int = 20) -> 
             f"{snapshot_path}: not a memory snapshot (reading it failed: {type(exc).__name__}: {exc}); "
             f"{_WHAT}"
         ) from None
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w") as f:
         f.write(page)
     return output

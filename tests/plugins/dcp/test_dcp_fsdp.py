@@ -44,7 +44,7 @@ def test_seed_checkpoint_loads_into_fsdp_and_fsdp_resumes(tmp_path: Path) -> Non
     seed_out = tmp_path / "seed" / "out"
     seed = {"checkpoint.create_seed_checkpoint": True, "debug.seed": 7}
     losses_of(tmp_path / "seed", 1, seed, count=0)
-    assert sorted(p.name for p in (seed_out / "checkpoint").iterdir()) == ["step-0"]
+    assert sorted(p.name for p in (seed_out / "checkpoint").glob("step-*")) == ["step-0"]
 
     # The documented workflow: every layout runs in the seed's dump folder with load_only.
     from_seed = {"job.dump_folder": str(seed_out), "checkpoint.enable": True, "checkpoint.load_only": True}
@@ -52,7 +52,7 @@ def test_seed_checkpoint_loads_into_fsdp_and_fsdp_resumes(tmp_path: Path) -> Non
     fsdp = losses_of(tmp_path / "fsdp", 2, {**from_seed, **FSDP2})
     assert fsdp[0] == pytest.approx(single[0], rel=1e-5)
     assert_losses_close(fsdp, single)
-    assert sorted(p.name for p in (seed_out / "checkpoint").iterdir()) == ["step-0"]  # load_only
+    assert sorted(p.name for p in (seed_out / "checkpoint").glob("step-*")) == ["step-0"]  # load_only
 
     # FSDP saves sharded (one file per rank) and resumes with the losses of the whole run.
     step0 = str(seed_out / "checkpoint" / "step-0")

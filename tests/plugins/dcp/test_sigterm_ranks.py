@@ -66,7 +66,7 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_step_with_its_checkpoint(tm
     assert all("stopped by SIGTERM at step 4 after saving a checkpoint" in line for line in errors), output
     stopped = [r for r in log_records(result.stdout) if r.get("event") == "training stopped"]
     assert stopped and all(r["step"] == 4 and r["reason"].startswith("Terminated") for r in stopped)
-    steps = sorted(p.name for p in (tmp_path / "out" / "checkpoint").iterdir())
+    steps = sorted(p.name for p in (tmp_path / "out" / "checkpoint").glob("step-*"))
     assert steps == ["step-4"]
     resumed = subprocess.run(
         [*command[:-1], "-m", "titan_core.train", "--module", "sigterm_recipes", "--config", "layout"],

@@ -187,6 +187,25 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2 and "not a memory snapshot" in result.stderr
 
 
+def test_the_page_replaces_only_its_own_earlier_page(tmp_path: Path) -> None:
+    """``-o my_recipe.py`` turned the recipe into HTML; ``-o /new/x.html`` made folders."""
+    snapshot = tmp_path / "snap.pickle"
+    snapshot.write_bytes(pickle.dumps(cuda_snapshot()))
+    recipe = tmp_path / "my_recipe.py"
+    recipe.write_text("def r(): ...\n")
+    result = run_titan("memory", "view", str(snapshot), "-o", str(recipe))
+    assert (
+        result.returncode == 2
+        and "the file exists and is not a page titan memory view wrote" in result.stderr
+    )
+    assert recipe.read_text() == "def r(): ...\n"
+    result = run_titan("memory", "view", str(snapshot), "-o", str(tmp_path / "new" / "x.html"))
+    assert result.returncode == 2 and "no folder" in result.stderr and not (tmp_path / "new").exists()
+    for _ in range(2):  # its own page is rewritten
+        assert run_titan("memory", "view", str(snapshot)).returncode == 0
+    assert (tmp_path / "snap.html").read_text().startswith("<!doctype html>")
+
+
 @pytest.mark.parametrize(
     ("data", "what"),
     [
