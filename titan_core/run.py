@@ -170,6 +170,24 @@ def check_names(config: Any, registry: Any) -> None:
     registry.get("datasets", config.data.dataset, what="dataset")
 
 
+def check_model_alone(config: Any, registry: Any) -> None:
+    """The model's own checks of its arguments (``ModelSpec.validate``, and against the tokenizer
+    and ``training.seq_len``) under no parallelism: what ``--print-config`` can refuse without
+    knowing the launch (a layout's checks need its world size, which the run's process has)."""
+    from titan_core.errors import call_plugin
+    from titan_core.layout import resolve_model
+    from titan_core.parallel_dims import ParallelDims
+
+    alone = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+    label = registry.label("models", config.model.name)
+    resolve_model(
+        config,
+        registry,
+        alone,
+        lambda fn, *args: call_plugin(lambda: f"{label} failed to validate its arguments", fn, *args),
+    )
+
+
 def check_served(config: Any, registry: Any) -> None:
     """Every core field a plugin implements (``Callback.serves``) that ``config`` sets is served
     by a loaded plugin's callback: one with no such plugin would be ignored without a word (the
@@ -322,6 +340,7 @@ def run(args: argparse.Namespace, registry: Any) -> int:
     check_names(config, registry)
     warn_failed_plugins(registry)
     if args.print_config:
+        check_model_alone(config, registry)
         from titan_core.config import render
 
         print(render(config, args.print_config))

@@ -90,6 +90,29 @@ def test_print_config_of_8b_is_fast_and_builds_nothing() -> None:
     subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"n_heads": 5}, "dim=256 must be a multiple of n_heads=5"),
+        ({"max_seq_len": 16}, "training.seq_len=256 exceeds the model's max_seq_len=16"),
+    ],
+)
+def test_print_config_refuses_what_the_model_refuses_as_the_run_would(
+    tmp_path: Path, overrides: dict, expected: str
+) -> None:
+    """--print-config exited 0 for arguments the run then refused (the model's own checks need
+    no launch: they run under no parallelism, the layout's are the run's)."""
+    (tmp_path / "ov.py").write_text(
+        "from titan_plugins_llama3.recipes import llama3_debugmodel\n\n\n"
+        f"def ov():\n    c = llama3_debugmodel()\n    c.model.overrides = {overrides!r}\n    return c\n"
+    )
+    for extra in (("--print-config",), ()):
+        result = run_titan(
+            "run", "--module", "ov", "--recipe", "ov", *extra, cwd=tmp_path, TITAN_DEFAULT_MAX_STEPS="1"
+        )
+        assert result.returncode == 2 and expected in result.stderr, result.stderr[-2000:]
+
+
 def write_module(root: Path, body: str, name: str = "my_project") -> None:
     package = root / name
     package.mkdir(parents=True, exist_ok=True)
