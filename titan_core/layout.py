@@ -127,6 +127,15 @@ def resolve_model(
     except LookupError as exc:
         field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
         raise UsageError(f"{field}: {exc}") from None
+    bos = model_arg(model_args, "bos_id", _ABSENT)
+    if bos not in (_ABSENT, None) and tokenizer.bos_id is not None and bos != tokenizer.bos_id:
+        # The document mask starts a document at the model's bos_id; the loader frames each one
+        # with the tokenizer's: another id split documents at an ordinary token, never at a BOS.
+        raise UsageError(
+            f"model.overrides.bos_id={bos} is not the tokenizer's BOS id {tokenizer.bos_id} "
+            "(data.tokenizer_path): leave bos_id unset (titan fills it in from the tokenizer), or set it to "
+            f"{tokenizer.bos_id}"
+        )
     if spec.validate is not None:
         call(spec.validate, model_args, parallel_dims)
     name = f"{config.model.name}/{config.model.flavor}"

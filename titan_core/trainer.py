@@ -555,6 +555,13 @@ class Trainer:
                     dataset=name,
                     path=data.path,
                 )
+        elif dataset == registry.get("datasets", d.dataset, what="dataset") and _nested(data.path, d.path):
+            log.warning(
+                f"validation reads part of the training data: validation.path {data.path!r} and "
+                f"data.path {d.path!r} are one inside the other, so validation/loss is measured on "
+                "training text; give validation a folder of its own",
+                dataset=name,
+            )
         token = path_field.set("validation.path")  # a folder is listed (and warned of) on first read
         try:
             first = next(iter(documents(data)), None)
@@ -1094,7 +1101,7 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
         },
         "data": {
             "data.dataset": d.dataset,
-            "data.path": d.path,
+            "data.path": _local_path(d.path),
             "data.tokenizer_path": d.tokenizer_path,
             "data.bundled_documents": d.bundled_documents,
         },
@@ -1112,6 +1119,20 @@ def _changes(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str) -> l
     """``prefix + key: saved -> now`` for each key whose value differs (keys ``saved`` lacks:
     recorded by no earlier checkpoint, not compared)."""
     return [f"{prefix}{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
+
+
+def _local_path(path: str | None) -> str | None:
+    """``path`` as its real path when it is one on this machine (a resume spelling it relatively,
+    or through a link, reads the same files), else as given (a hub name, a URL)."""
+    return os.path.realpath(path) if path is not None and os.path.exists(path) else path
+
+
+def _nested(a: str | None, b: str | None) -> bool:
+    """Whether one of two local paths lies inside the other (a file of the training folder)."""
+    if a is None or b is None or not (os.path.exists(a) and os.path.exists(b)):
+        return False
+    x, y = os.path.realpath(a), os.path.realpath(b)
+    return os.path.commonpath([x, y]) in (x, y)
 
 
 def _same_file(a: str | None, b: str | None) -> bool:

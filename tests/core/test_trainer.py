@@ -208,3 +208,11 @@ def test_a_warmup_as_long_as_the_run_is_named(tmp_path: Path, monkeypatch: pytes
     config.training.warmup_steps = 3
     Trainer(config, get_registry()).close()
     assert not any("warmup_steps" in w for w in seen)
+
+
+def test_a_bos_id_override_other_than_the_tokenizers_is_refused(tmp_path: Path) -> None:
+    """The document mask splits at the model's bos_id, the loader frames with the tokenizer's."""
+    config = tiny(tmp_path)
+    config.model.overrides = {**config.model.overrides, "bos_id": 7}
+    with pytest.raises(UsageError, match=r"model\.overrides\.bos_id=7 is not the tokenizer's BOS id 0"):
+        Trainer(config, get_registry())

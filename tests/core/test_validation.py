@@ -346,3 +346,17 @@ def test_a_validation_folders_skipped_files_are_named_by_validation_path(tmp_pat
         line for line in (tmp_path / "out" / "train.log").read_text().splitlines() if "skipping" in line
     ]
     assert f"validation.path {str(folder)!r}: skipping 1 other file: notes.csv" in line
+
+
+def test_validation_on_a_file_of_the_training_folder_warns(tmp_path: Path) -> None:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for part in range(2):
+        lines = (f'{{"text": "part {part} document {i} about rivers and hills"}}' for i in range(200))
+        (folder / f"part{part}.jsonl").write_text("\n".join(lines))
+    config = with_validation(tmp_path / "out", steps=2)
+    config.data.dataset, config.data.path = "text", str(folder)
+    config.validation.dataset, config.validation.path = "text", str(folder / "part0.jsonl")
+    train(config, get_registry())
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert "validation reads part of the training data: validation.path" in log

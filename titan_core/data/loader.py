@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import os
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +38,10 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+
+#: Tokenizer files already warned about (no BOS/EOS): once per process, not per load.
+_warned_tokenizers: set[str] = set()
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:
@@ -74,11 +79,25 @@ def load_tokenizer(path: str | None) -> Tokenizer:
         raise UsageError(
             f"data.tokenizer_path: {str(file)!r}: its BOS/EOS tokens changed ids when marked special"
         )
-    return Tokenizer(backend, backend.get_vocab_size(with_added_tokens=True), *ids)
+    # The ids the model must embed reach the largest one, whatever the count (a tokenizer.json
+    # with gaps had fewer tokens than its largest id + 1, and failed inside the embedding).
+    size = max(backend.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+    if (bos is None or eos is None) and str(file) not in _warned_tokenizers:
+        _warned_tokenizers.add(str(file))
+        missing = [(w, names) for w, t, names in (("BOS", bos, _BOS), ("EOS", eos, _EOS)) if t is None]
+        looked = "; ".join(f"{w}: {', '.join(names)}" for w, names in missing)
+        _log().warning(
+            f"data.tokenizer_path {str(file)!r}: no {' and '.join(w for w, _ in missing)} token "
+            f"(titan looks for {looked}), so packed documents are not framed by one; a tokenizer "
+            "with them keeps document boundaries (and the document mask) in the data"
+        )
+    return Tokenizer(backend, size, *ids)
 
 
 #: Suffixes of the files a folder given as ``data.path`` is read for (compared case-insensitively).
-TEXT_SUFFIXES = (".jsonl", ".txt")
+TEXT_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines", ".txt")
+#: The JSON Lines spellings among them (one ``{"text": ...}`` object per line).
+_JSON_LINES = (".jsonl", ".ndjson", ".jsonlines")
 #: Compressed or binary formats titan does not read, by suffix (case-insensitive).
 _BINARY_SUFFIXES = {
     ".gz": "gzip-compressed",
@@ -116,12 +135,28 @@ _warned_skips: set[str] = set()
 path_field: contextvars.ContextVar[str] = contextvars.ContextVar("titan_path_field", default="data.path")
 
 
+def _walk(root: Path) -> list[Path]:
+    """Every file and folder under ``root``, sorted, through links to folders too (``rglob`` does
+    not follow them: a linked subfolder was skipped without a word); a link back up is followed
+    once."""
+    found, seen = [], set()
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:  # a link cycle
+            dirs[:] = []
+            continue
+        seen.add(real)
+        found += [Path(folder) / name for name in (*dirs, *names)]
+    return sorted(found)
+
+
 def read_text_files(path: str | None) -> Iterator[str]:
     """Documents of local files: a ``.jsonl`` line's ``text`` field, or a whole text file.
 
-    A file given itself is read as ``.jsonl`` when its name ends in ``.jsonl`` (any case), and
-    as one plain-text document otherwise (``.txt``, ``.md``, no suffix). A folder is read for its
-    ``.jsonl`` and ``.txt`` files (any case), recursively in sorted path order, leaving out
+    A file given itself is read as JSON Lines when its name ends in ``.jsonl`` (or ``.ndjson``,
+    ``.jsonlines``; any case), and as one plain-text document otherwise (``.txt``, ``.md``, no
+    suffix). A folder is read for those files (any case), recursively in sorted path order
+    (through links to folders), leaving out
     hidden files and folders (``.git``, ``.ipynb_checkpoints``); the other files in it are
     named once in a warning. ``.json`` files and compressed or binary formats (``.gz``,
     ``.zst``, ``.parquet``, ..., by suffix or by their first bytes) are refused: read as text they
@@ -136,7 +171,7 @@ def read_text_files(path: str | None) -> Iterator[str]:
         raise UsageError(f"data.path: {path!r} does not exist")
     if root.is_dir():
         files, skipped = [], []
-        for p in sorted(root.rglob("*")):
+        for p in _walk(root):
             # Hidden files and folders (.git, .ipynb_checkpoints: Jupyter's copies of the data)
             # are not data: read, they would train on a second copy of documents or on git's.
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts):
@@ -160,7 +195,7 @@ def read_text_files(path: str | None) -> Iterator[str]:
     for file in files:
         try:
             _check_format(file)
-            if file.suffix.lower() == ".jsonl":
+            if file.suffix.lower() in _JSON_LINES:
                 yield from _jsonl_texts(file)
             else:
                 yield _decode(file.read_bytes(), file, 1)
@@ -306,10 +341,14 @@ class PackedBatches:
     def _sequences(self) -> Iterator[list[int]]:
         window = self.seq_len + 1
         epoch = 0
+        # Sequence k of the whole stream, every pass in turn, goes to rank k % dp: counted over
+        # the passes, not from 0 in each (a pass of an odd number of sequences handed rank 0 one
+        # more per pass, so after the first wrap the ranks' global batch was not one process's).
+        index = 0
         while True:
             produced = 0
             buffer: list[int] = []
-            index = 0
+            first_index = index
             tokens = 0
             for chunk in _chunks(self.documents(), 128):
                 for ids in self.tokenizer.encode_batch(chunk):
@@ -332,7 +371,7 @@ class PackedBatches:
                     index += 1
                 del buffer[:start]
             if epoch == 0:
-                self._check_size(index, tokens)
+                self._check_size(index - first_index, tokens)
                 if self.repeat_warning and not self._repeat_warned:
                     self._warn_repeat(produced)
             epoch += 1

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from titan_core.errors import UsageError
 from titan_core.log import get_logger
 from titan_plugins_float8.config import filter_names
@@ -97,7 +99,33 @@ def module_filter(names: list[str]) -> Callable[[nn.Module, str], bool]:
     return convert
 
 
+def _check_filter_names(keep: list[str], given: str, ctx: ParallelContext) -> None:
+    """Refuse a ``float8.filter_fqns`` name that is part of no linear layer's name in the whole
+    model (every stage's, built on meta): a typo (``outptu``) converted the layer it meant to
+    keep, without a word. The default (``output``) only warns: a model may name its head else."""
+    import torch
+    from torch import nn
+
+    with torch.device("meta"):
+        whole = ctx.spec.build(ctx.model_args)
+    linears = [n for n, m in whole.named_modules() if isinstance(m, nn.Linear)]
+    unmatched = [name for name in keep if not any(name in fqn for fqn in linears)]
+    if not unmatched:
+        return
+    shown = ", ".join(linears[:6]) + (f", ... ({len(linears)} in all)" if len(linears) > 6 else "")
+    problem = (
+        f"float8.filter_fqns: {', '.join(map(repr, unmatched))} is part of no linear layer's name "
+        f"(the model's linears: {shown})"
+    )
+    if given == attrs.fields(type(ctx.config.float8)).filter_fqns.default:
+        log.warning(problem + "; every linear is converted")
+        return
+    raise UsageError(problem + "; correct the name, or leave it out")
+
+
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
+    from torch import nn
+
     cfg = ctx.config.float8
     float8, float8_linear = _torchao_float8()
     _check_device(ctx.topology.device, cfg.emulate)
@@ -109,10 +137,13 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     recipe = float8.Float8LinearConfig.from_recipe_name(cfg.recipe)
     recipe = dataclasses.replace(recipe, emulate=cfg.emulate)
     keep = filter_names(cfg.filter_fqns)
+    _check_filter_names(keep, cfg.filter_fqns, ctx)
     converted: list[str] = []
+    kept: list[str] = []
     for part in parts:
         float8.convert_to_float8_training(part, config=recipe, module_filter_fn=module_filter(keep))
         converted += [n for n, m in part.named_modules() if isinstance(m, float8_linear)]
+        kept += [n for n, m in part.named_modules() if type(m) is nn.Linear]
     if not converted:
         raise UsageError(
             f"float8.filter_fqns: no linear layer of the model was converted (each is named by "
@@ -124,7 +155,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
         "float8 linear layers",
         recipe=cfg.recipe,
         converted=len(converted),
-        kept=keep,
+        kept=kept[:8] + ([f"... {len(kept) - 8} more"] if len(kept) > 8 else []),  # the layers left bf16
         emulate=cfg.emulate,
     )
     if not ctx.config.compile.enable and not cfg.emulate:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -457,3 +458,67 @@ def test_bos_and_eos_added_as_plain_tokens_are_not_read_from_the_text(tmp_path: 
     assert (tok.bos_id, tok.eos_id) == (backend.token_to_id("<s>"), backend.token_to_id("</s>"))
     (ids,) = tok.encode_batch(["hello </s> world <s>"])
     assert tok.bos_id not in ids and tok.eos_id not in ids
+
+
+def test_two_dp_ranks_give_one_processs_batches_after_the_data_wraps(tmp_path: Path) -> None:
+    """A pass of an odd number of sequences: the rank of sequence k restarted from 0 each pass,
+    so after the first wrap rank 0 got two in a row and the global batch was not one process's."""
+    path = tmp_path / "odd.jsonl"
+    tok = load_tokenizer(None)
+    texts = [f"document {i} with some words " * (1 + i % 3) for i in range(23)]
+    while (sum(len(ids) + 2 for ids in tok.encode_batch(texts)) // 17) % 2 == 0:
+        texts.append("one more document")  # until one pass holds an odd number of sequences
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+
+    def loader(rank: int, degree: int, batch: int) -> Any:
+        documents = lambda: read_text_files(str(path))
+        return iter(PackedBatches(documents, tok, 16, batch, rank, degree, shuffle_buffer=0))
+
+    one = loader(0, 1, 4)
+    ranks = [loader(0, 2, 2), loader(1, 2, 2)]
+    for step in range(40):  # several passes
+        inputs, _ = next(one)
+        parts = [next(r)[0] for r in ranks]
+        # Rows k of the one process's batch: rank k % 2's row k // 2.
+        interleaved = torch.stack([parts[k % 2][k // 2] for k in range(4)])
+        assert torch.equal(inputs, interleaved), step
+
+
+def test_a_linked_subfolder_of_data_path_is_read(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "b.txt").write_text("from the linked folder")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.ndjson").write_text(json.dumps({"text": "json lines"}) + "\n")
+    (tmp_path / "data" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "data" / "loop").symlink_to(tmp_path / "data", target_is_directory=True)  # read once
+    assert list(read_text_files(str(tmp_path / "data"))) == ["json lines", "from the linked folder"]
+
+
+def test_a_tokenizer_with_id_gaps_counts_up_to_its_largest_id(tmp_path: Path) -> None:
+    """300 tokens, one of them id 3000: a model of vocabulary 2048 passed the check and failed in
+    its embedding."""
+    data = json.loads(BUNDLED_TOKENIZER.read_text())
+    for token in data["added_tokens"]:
+        if token["content"] == "<|begin_of_text|>":
+            old, token["id"] = token["id"], 3000
+    data["model"]["vocab"] = {k: (3000 if v == old else v) for k, v in data["model"]["vocab"].items()}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    tok = load_tokenizer(str(path))
+    assert tok.bos_id == 3000 and tok.vocab_size == 3001
+
+
+def test_a_tokenizer_without_bos_and_eos_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.train_from_iterator(["plain words only"] * 20, trainer=trainers.BpeTrainer(vocab_size=280))
+    path = tmp_path / "plain.json"
+    backend.save(str(path))
+    tok = load_tokenizer(str(path))
+    assert tok.bos_id is None and tok.eos_id is None
+    out = capsys.readouterr()
+    assert "no BOS and EOS token" in out.out + out.err

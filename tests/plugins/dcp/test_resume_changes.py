@@ -329,3 +329,15 @@ def test_a_seed_checkpoint_of_another_model_is_refused_before_it_is_read(tmp_pat
     other = {"model.overrides": {**tiny_config().model.overrides, "rope_theta": 10_000.0}}
     with pytest.raises(UsageError, match=r"checkpoint of step 0 .* saved by another model .*rope_theta"):
         Trainer(config_in(tmp_path / "b", **{**shared, **other}), get_registry())
+
+
+def test_a_resume_spelling_data_path_another_way_is_not_another_data_source(
+    tmp_path: Path, warnings: Warnings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(f'{{"text": "document {i} on hills"}}' for i in range(400)))
+    text = {"data.dataset": "text", "debug.max_steps": 3}
+    rows(config_in(tmp_path / "run", **{**text, "data.path": str(corpus)}))
+    monkeypatch.chdir(tmp_path)
+    rows(config_in(tmp_path / "run", **{**text, "debug.max_steps": None, "data.path": "corpus.jsonl"}))
+    assert not [w for w in warnings.seen if "another data configuration" in w]

@@ -127,3 +127,10 @@ def test_a_missing_torchao_is_refused_with_how_to_install_it(
 def test_a_filter_that_leaves_nothing_to_convert_is_refused(tmp_path: Path) -> None:
     message = _refusal(float8_config(tmp_path, **{"float8.filter_fqns": "layers,output"}))
     assert message.startswith("float8.filter_fqns: no linear layer of the model was converted")
+
+
+def test_a_filter_name_that_matches_no_linear_is_refused_naming_the_linears(tmp_path: Path) -> None:
+    """``outptu`` converted the output projection it meant to keep, and the log said it was kept."""
+    message = _refusal(float8_config(tmp_path, **{"float8.filter_fqns": "outptu", "training.steps": 1}))
+    assert message.startswith("float8.filter_fqns: 'outptu' is part of no linear layer's name")
+    assert "the model's linears: layers.0.attention.wq" in message and "correct the name" in message
