@@ -28,7 +28,7 @@ from torch import nn
 from titan_core._registry import Registry
 from titan_core.callbacks import Callbacks
 from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
-from titan_core.data.loader import PackedBatches, path_field
+from titan_core.data.loader import PackedBatches, files_fingerprint, path_field
 from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import PluginError, TitanError, UsageError, call_plugin, is_out_of_memory
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
@@ -341,6 +341,8 @@ class Trainer:
         """This rank's share of the packed training batches, and the validation batches."""
         config, t = self.config, self.config.training
         coords = self.parallel_dims.coordinates(self.topology.rank)
+        #: The training files' count and bytes, once (a checkpoint records them for a resume).
+        self.data_files = files_fingerprint(config.data.path) if dataset.reads_path else None
         self.batches: Any
         if self.fake_tensors:  # no values: skip tokenizing the job's stream to find this rank's batch
             self.batches = ZeroBatches(t.local_batch_size, t.seq_len)
@@ -428,6 +430,17 @@ class Trainer:
                 f"names); this run's apply from step {self.step + 1}: " + ", ".join(changed)
             )
         changed = _changes(meta.get("data") or {}, resumed["data"], "")
+        saved_files = meta.get("data_files")
+        if (
+            not changed
+            and saved_files is not None
+            and self.data_files is not None
+            and saved_files != self.data_files
+        ):
+            changed = [
+                f"the files at data.path: {saved_files['files']} files of {saved_files['bytes']} bytes -> "
+                f"{self.data_files['files']} of {self.data_files['bytes']}"
+            ]
         if changed:
             log.warning(
                 "resuming with another data configuration; the data will not continue where it stopped: "
@@ -1068,6 +1081,7 @@ class _CheckpointSaves:
                 "loss_finite": True,
                 "step": step,
                 **resume_record(t.config, samples),
+                "data_files": t.data_files,
             }
             t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
             t.last_saved = step

@@ -150,6 +150,28 @@ def _walk(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def folder_files(root: Path) -> tuple[list[Path], list[Path]]:
+    """The data files of a folder (``.jsonl``, ``.txt``, ...) and the other files, each sorted."""
+    files, skipped = [], []
+    for p in _walk(root):
+        # Hidden files and folders (.git, .ipynb_checkpoints: Jupyter's copies of the data)
+        # are not data: read, they would train on a second copy of documents or on git's.
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts):
+            (files if p.suffix.lower() in TEXT_SUFFIXES else skipped).append(p)
+    return files, skipped
+
+
+def files_fingerprint(path: str | None) -> dict[str, int] | None:
+    """How many data files ``path`` holds and their bytes (``None``: no local path): what a
+    resume compares, so files added, removed or rewritten since a checkpoint are named (the
+    position it skips to would land in another stream)."""
+    if not path or not os.path.exists(path):
+        return None
+    root = Path(path)
+    files = folder_files(root)[0] if root.is_dir() else [root]
+    return {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+
+
 def read_text_files(path: str | None) -> Iterator[str]:
     """Documents of local files: a ``.jsonl`` line's ``text`` field, or a whole text file.
 
@@ -170,12 +192,7 @@ def read_text_files(path: str | None) -> Iterator[str]:
     if not root.exists():
         raise UsageError(f"data.path: {path!r} does not exist")
     if root.is_dir():
-        files, skipped = [], []
-        for p in _walk(root):
-            # Hidden files and folders (.git, .ipynb_checkpoints: Jupyter's copies of the data)
-            # are not data: read, they would train on a second copy of documents or on git's.
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts):
-                (files if p.suffix.lower() in TEXT_SUFFIXES else skipped).append(p)
+        files, skipped = folder_files(root)
         if not files:
             found = f" (it holds {_some(skipped, root)})" if skipped else ""
             raise UsageError(

@@ -341,3 +341,16 @@ def test_a_resume_spelling_data_path_another_way_is_not_another_data_source(
     monkeypatch.chdir(tmp_path)
     rows(config_in(tmp_path / "run", **{**text, "debug.max_steps": None, "data.path": "corpus.jsonl"}))
     assert not [w for w in warnings.seen if "another data configuration" in w]
+
+
+def test_a_resume_after_the_data_files_changed_says_so(tmp_path: Path, warnings: Warnings) -> None:
+    """The same data.path, a file added: the skip to the checkpoint's position lands elsewhere."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "b.jsonl").write_text("\n".join(f'{{"text": "document {i} on hills"}}' for i in range(400)))
+    text = {"data.dataset": "text", "data.path": str(folder)}
+    rows(config_in(tmp_path / "run", **{**text, "debug.max_steps": 3}))
+    (folder / "a.jsonl").write_text('{"text": "a new first document"}\n')
+    rows(config_in(tmp_path / "run", **text))
+    (message,) = [w for w in warnings.seen if "another data configuration" in w]
+    assert "the files at data.path: 1 files of" in message and "-> 2 of" in message
