@@ -17,7 +17,7 @@ import os
 import signal
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -577,17 +577,14 @@ class Trainer:
             )
         token = path_field.set("validation.path")  # a folder is listed (and warned of) on first read
         try:
-            first = next(iter(documents(data)), None)
-        except UsageError as exc:  # the dataset names data.*: here it is validation.*
-            text = str(exc)
-            raise UsageError("validation." + text[5:] if text.startswith("data.") else text) from None
+            first = next(iter(_as_validation(documents(data))), None)
         finally:
             path_field.reset(token)
         if first is None:
             raise UsageError(f"validation.dataset = {name!r} yields no documents; check validation.path")
         coords = self.parallel_dims.coordinates(self.topology.rank)
         return PackedBatches(
-            documents=lambda: documents(data),
+            documents=lambda: _as_validation(documents(data)),
             tokenizer=self.tokenizer,
             seq_len=self.config.training.seq_len,
             batch_size=self.config.training.local_batch_size,
@@ -1133,6 +1130,16 @@ def _changes(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str) -> l
     """``prefix + key: saved -> now`` for each key whose value differs (keys ``saved`` lacks:
     recorded by no earlier checkpoint, not compared)."""
     return [f"{prefix}{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
+
+
+def _as_validation(documents: Iterable[str]) -> Iterator[str]:
+    """The validation documents, a dataset's error naming ``validation.*`` (the dataset names the
+    ``data.*`` fields it reads): the first read and a bad line met by a later validation alike."""
+    try:
+        yield from documents
+    except UsageError as exc:
+        text = str(exc)
+        raise UsageError("validation." + text[5:] if text.startswith("data.") else text) from None
 
 
 def _local_path(path: str | None) -> str | None:

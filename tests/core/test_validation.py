@@ -360,3 +360,15 @@ def test_validation_on_a_file_of_the_training_folder_warns(tmp_path: Path) -> No
     train(config, get_registry())
     log = (tmp_path / "out" / "train.log").read_text()
     assert "validation reads part of the training data: validation.path" in log
+
+
+def test_a_bad_line_deep_in_the_validation_data_names_validation_path(tmp_path: Path) -> None:
+    """Met by a later validation (the first read saw a good first line), it said data.path."""
+    corpus = tmp_path / "val.jsonl"
+    good = [f'{{"text": "held out document {i} about rivers"}}' for i in range(300)]
+    corpus.write_text("\n".join([*good, '{"body": "no text"}']))
+    config = with_validation(tmp_path / "out", steps=2)
+    config.validation.dataset, config.validation.path = "text", str(corpus)
+    config.validation.steps = 400  # reads past the good lines
+    with pytest.raises(UsageError, match=r"^validation\.path: .*val\.jsonl:301 is not a JSON object"):
+        train(config, get_registry())
