@@ -2,6 +2,8 @@
 
 from typing import Any, Literal
 
+import attrs
+
 from titan_core.config import field, section
 
 
@@ -31,3 +33,17 @@ class Float8:
     #: Emulate the float8 matmuls in high precision (any device, e.g. CPU tests); numerics of
     #: float8 casts, no speed-up.
     emulate: bool = False
+
+
+def check(config: Any) -> list[str]:
+    """The other fields do nothing with ``float8.enable = False``: a recipe setting them would
+    believe it changed a run it did not change."""
+    f8 = config.float8
+    if f8.enable:
+        return []
+    return [
+        f"float8.{f.name}: {getattr(f8, f.name)!r} does nothing with float8.enable = False; remove it "
+        "from the recipe, or set float8.enable = True"
+        for f in attrs.fields(type(f8))
+        if f.name != "enable" and getattr(f8, f.name) != f.default
+    ]

@@ -48,13 +48,14 @@ def titan_strategies() -> list[Strategy]:
 
 @hookimpl
 def titan_config_sections() -> list[ConfigSection]:
-    from titan_plugins_float8.config import Float8
+    from titan_plugins_float8.config import Float8, check
 
     return [
         ConfigSection(
             "float8",
             Float8,
             "float8 training of linear layers (torchao)",
+            check=check,
             results=("enable", "recipe", "filter_fqns", "emulate"),
         )
     ]

@@ -87,4 +87,17 @@ def check(config: Any) -> list[str]:
             "chooses what each compiled block recomputes); set compile.enable = true, or use "
             "mode 'selective' or 'full'"
         )
+    c = config.compile
+    if not c.enable:  # as the AC fields a mode does not read: a recipe believing it set them
+        errors += [
+            f"compile.{f.name}: {getattr(c, f.name)!r} does nothing with compile.enable = False; remove it "
+            "from the recipe, or set compile.enable = True"
+            for f in attrs.fields(type(c))
+            if f.name != "enable" and getattr(c, f.name) != f.default
+        ]
+    elif ac.mode == "memory_budget" and c.backend != "inductor" and not c.backend.startswith("aot_"):
+        errors.append(
+            f"activation_checkpoint.mode: 'memory_budget' is applied by the AOT partitioner, which "
+            f"compile.backend = {c.backend!r} does not run; use 'inductor' or 'aot_eager'"
+        )
     return errors

@@ -47,6 +47,6 @@ def titan_callbacks() -> list[Callback]:
 
 @hookimpl
 def titan_config_sections() -> list[ConfigSection]:
-    from titan_plugins_profiler.config import Profiler
+    from titan_plugins_profiler.config import Profiler, check
 
-    return [ConfigSection("profiler", Profiler, "torch.profiler traces and memory snapshots")]
+    return [ConfigSection("profiler", Profiler, "torch.profiler traces and memory snapshots", check)]

@@ -134,3 +134,14 @@ def test_a_filter_name_that_matches_no_linear_is_refused_naming_the_linears(tmp_
     message = _refusal(float8_config(tmp_path, **{"float8.filter_fqns": "outptu", "training.steps": 1}))
     assert message.startswith("float8.filter_fqns: 'outptu' is part of no linear layer's name")
     assert "the model's linears: layers.0.attention.wq" in message and "correct the name" in message
+
+
+def test_a_float8_setting_without_float8_enable_is_refused() -> None:
+    from titan_core.config import ConfigError, TrainerConfig, validate
+
+    config = TrainerConfig()
+    config.float8.emulate = True  # does nothing: float8 is off
+    with pytest.raises(ConfigError, match=r"float8.emulate: True does nothing with float8.enable = False"):
+        validate(config, source="r")
+    config.float8.enable = True
+    validate(config, source="r")

@@ -145,6 +145,37 @@ def test_memory_budget_needs_compile_and_a_budget_in_0_1() -> None:
         config.activation_checkpoint.memory_budget = 1.5
 
 
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        # Settings nothing reads were taken without a word (as the AC fields a mode ignores are not).
+        (
+            {"compile.backend": "aot_eager"},
+            "compile.backend: 'aot_eager' does nothing with compile.enable = False",
+        ),
+        ({"compile.autotune": False}, "compile.autotune: False does nothing with compile.enable = False"),
+        (
+            {
+                "compile.enable": True,
+                "compile.backend": "eager",
+                "activation_checkpoint.mode": "memory_budget",
+                "activation_checkpoint.memory_budget": 0.1,
+            },
+            "activation_checkpoint.mode: 'memory_budget' is applied by the AOT partitioner, which "
+            "compile.backend = 'eager' does not run",
+        ),
+    ],
+)
+def test_a_compile_setting_nothing_reads_is_refused(fields: dict, problem: str) -> None:
+    from tests.parallel_harness import apply_overrides
+    from titan_core.config import ConfigError, TrainerConfig, validate
+
+    config = apply_overrides(TrainerConfig(), fields)
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    assert [p for p in info.value.problems if p.startswith(problem)], info.value.problems
+
+
 def _compile_calls(monkeypatch: pytest.MonkeyPatch, device: str, **fields: object) -> list[dict]:
     """The keywords each block's ``torch.compile`` gets from the compile strategy on ``device``."""
     from types import SimpleNamespace

@@ -311,3 +311,25 @@ def test_a_resume_keeps_the_traces_of_the_steps_it_continues(tmp_path: Path) -> 
     # The out-of-memory snapshot is what the resumed attempt was made to fix: kept.
     kept = [f"step_{s:012d}" for s in (1, 2)] + ["step_000000000003_exit", "step_000000000004"]
     assert _names(tmp_path / "memory_snapshot") == kept
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"profile_freq": 5}, "profiler.profile_freq: 5 does nothing here"),
+        ({"memory_snapshot_freq": 2}, "profiler.memory_snapshot_freq: 2 does nothing here"),
+        ({"enable_memory_snapshot": True, "profile_freq": 5}, None),  # snapshots read profile_freq
+        ({"enable_profiling": True, "save_traces_folder": "t"}, None),
+    ],
+)
+def test_a_profiler_setting_nothing_reads_is_refused(fields: dict[str, Any], refused: str | None) -> None:
+    from titan_core.config import ConfigError, TrainerConfig, validate
+
+    config = TrainerConfig()
+    for name, value in fields.items():
+        setattr(config.profiler, name, value)
+    if refused is None:
+        validate(config, source="r")
+        return
+    with pytest.raises(ConfigError, match=refused):
+        validate(config, source="r")
