@@ -25,6 +25,7 @@ __all__ = [
     "Layout",
     "check_data_paths",
     "check_layout",
+    "check_model",
     "microbatches_per_step",
     "model_arg",
     "resolve_model",
@@ -89,17 +90,7 @@ def check_layout(
     ``run_train.sh`` before torchrun starts any process (:func:`titan_core.run.preflight`), so
     the two refuse a layout with the same error."""
     accumulation = microbatches_per_step(config.training, parallel_dims)
-    model = config.model.name
-    spec, tokenizer, model_args = resolve_model(
-        config,
-        registry,
-        parallel_dims,
-        lambda fn, *args: call(
-            lambda: f"{registry.label('models', model)} failed to validate its arguments",
-            fn,
-            *args,
-        ),
-    )
+    spec, tokenizer, model_args = check_model(config, registry, parallel_dims, call)
     strategies = check_strategies(registry, config, parallel_dims, spec, model_args, call)
     check_served(config, registry)
     check_data_paths(config, registry)
@@ -152,6 +143,23 @@ def resolve_model(
             f"{vocab}; use a flavor with a larger vocabulary or a smaller tokenizer (data.tokenizer_path)"
         )
     return spec, tokenizer, model_args
+
+
+def check_model(
+    config: TrainerConfig,
+    registry: Registry,
+    parallel_dims: ParallelDims,
+    call: Callable[..., Any] = lambda what, fn, *args: fn(*args),
+) -> tuple[Any, Any, Any]:
+    """:func:`resolve_model`, the model's ``validate`` run through ``call(what, fn, *args)``
+    (:func:`check_layout`), so a plugin that raises is named as the model's."""
+    label = registry.label("models", config.model.name)
+    return resolve_model(
+        config,
+        registry,
+        parallel_dims,
+        lambda fn, *args: call(lambda: f"{label} failed to validate its arguments", fn, *args),
+    )
 
 
 def check_data_paths(config: TrainerConfig, registry: Registry) -> None:

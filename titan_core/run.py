@@ -175,17 +175,11 @@ def check_model_alone(config: Any, registry: Any) -> None:
     and ``training.seq_len``) under no parallelism: what ``--print-config`` can refuse without
     knowing the launch (a layout's checks need its world size, which the run's process has)."""
     from titan_core.errors import call_plugin
-    from titan_core.layout import resolve_model
+    from titan_core.layout import check_model
     from titan_core.parallel_dims import ParallelDims
 
     alone = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
-    label = registry.label("models", config.model.name)
-    resolve_model(
-        config,
-        registry,
-        alone,
-        lambda fn, *args: call_plugin(lambda: f"{label} failed to validate its arguments", fn, *args),
-    )
+    check_model(config, registry, alone, call_plugin)
 
 
 def check_served(config: Any, registry: Any) -> None:

@@ -76,11 +76,16 @@ def tb_location(dump: str, tb_folder: str) -> str:
     return os.path.join(path, f"{os.path.basename(root) or 'run'}-{digest}")
 
 
+def overlapping(a: str, b: str) -> bool:
+    """Whether two paths resolve to one folder, or one lies inside the other."""
+    x, y = os.path.realpath(a), os.path.realpath(b)
+    return os.path.commonpath([x, y]) in (x, y)
+
+
 def _overlap_problem(tb: str, checkpoints: str) -> str | None:
     """The TensorBoard folder and the checkpoint folder must be apart: a rerun replaces the
     first and keeps the second, which it cannot do to one folder or to one inside the other."""
-    a, b = os.path.realpath(tb), os.path.realpath(checkpoints)
-    if os.path.commonpath([a, b]) not in (a, b):
+    if not overlapping(tb, checkpoints):
         return None
     return (
         f"metrics.save_tb_folder {tb!r} and checkpoint.folder {checkpoints!r} are the same folder or one "

@@ -48,6 +48,7 @@ from titan_core.run import (
 from titan_core.run_folder import (
     RunFolder,
     RunFolderLock,
+    overlapping,
     plugin_outputs,
     plugin_results,
     run_dp,
@@ -341,8 +342,10 @@ class Trainer:
         """This rank's share of the packed training batches, and the validation batches."""
         config, t = self.config, self.config.training
         coords = self.parallel_dims.coordinates(self.topology.rank)
-        #: The training files' count and bytes, once (a checkpoint records them for a resume).
-        self.data_files = files_fingerprint(config.data.path) if dataset.reads_path else None
+        #: The training files' count and bytes, once (a checkpoint records them for a resume;
+        #: without a checkpointer nothing reads them, so the folder is not listed for them).
+        records = dataset.reads_path and self.checkpointer is not None
+        self.data_files = files_fingerprint(config.data.path) if records else None
         self.batches: Any
         if self.fake_tensors:  # no values: skip tokenizing the job's stream to find this rank's batch
             self.batches = ZeroBatches(t.local_batch_size, t.seq_len)
@@ -385,7 +388,7 @@ class Trainer:
         def same_model(step: int, meta: Mapping[str, Any]) -> None:
             saved_model = meta.get("model")
             if saved_model is not None and saved_model != resumed["model"]:
-                changes = self._model_changes(saved_model)
+                changes = self._model_changes(saved_model, resumed["model"])
                 if not changes:  # another spelling of the same model (an override at its default)
                     return
                 raise UsageError(
@@ -464,7 +467,7 @@ class Trainer:
             group.update(own)
             group["lr"] = base * self.schedule(self.scheduler.last_epoch)
 
-    def _model_changes(self, saved: Mapping[str, Any]) -> list[str]:
+    def _model_changes(self, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
         """How the checkpoint's model record differs from this run's, with the model arguments
         that differ once each is built (``rope_theta: 500000 -> 10000.0``); empty when the two
         records build the same model (an override at its default). The records alone when the
@@ -472,7 +475,7 @@ class Trainer:
         from titan_core.initial_weights import _fields
 
         m = self.config.model
-        records = _changes(saved, resume_record(self.config, 0)["model"], "model.")
+        records = _changes(saved, mine, "model.")
         try:
             if saved.get("name") != m.name:
                 return records
@@ -1149,11 +1152,11 @@ def _local_path(path: str | None) -> str | None:
 
 
 def _nested(a: str | None, b: str | None) -> bool:
-    """Whether one of two local paths lies inside the other (a file of the training folder)."""
+    """Whether one of two local paths lies inside the other (a file of the training folder);
+    paths not on this machine (a hub name) are not compared."""
     if a is None or b is None or not (os.path.exists(a) and os.path.exists(b)):
         return False
-    x, y = os.path.realpath(a), os.path.realpath(b)
-    return os.path.commonpath([x, y]) in (x, y)
+    return overlapping(a, b)
 
 
 def _same_file(a: str | None, b: str | None) -> bool:

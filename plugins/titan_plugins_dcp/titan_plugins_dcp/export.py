@@ -32,7 +32,6 @@ _OUTPUTS = re.compile(
     r"^(config\.json|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
     r"tokenizer\.json|tokenizer_config\.json)$"
 )
-_STEP = re.compile(r"^step-(0|[1-9][0-9]*)$")
 #: ``5GB`` (10^9 bytes, as transformers counts) or ``5GiB`` (2^30 bytes).
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -135,6 +134,7 @@ def _checkpoint_folder(path: Path) -> Path:
     A folder the checkpointer would not resume from (damaged data, an unfinished save, a save
     after a non-finite loss: :func:`~titan_plugins_dcp.checkpointer.verify_folder`) is refused
     when named, and passed over (with a warning) when a newer one of a run's folder is it."""
+    from titan_plugins_dcp._folder import scan
     from titan_plugins_dcp.checkpointer import verify_folder
 
     if not path.is_dir():
@@ -143,16 +143,9 @@ def _checkpoint_folder(path: Path) -> Path:
         if (why := verify_folder(str(path))) is not None:
             raise UsageError(f"export: {str(path)!r} cannot be exported: {why}")
         return path
-    steps = sorted(
-        (
-            (int(m.group(1)), p)
-            for p in path.iterdir()
-            if (m := _STEP.match(p.name)) and (p / ".metadata").is_file()
-        ),
-        reverse=True,
-    )
+    steps = [Path(p) for _, p in scan(str(path))[0] if os.path.isfile(os.path.join(p, ".metadata"))]
     skipped = []
-    for _, step in steps:
+    for step in steps:  # newest first
         why = verify_folder(str(step))
         if why is None:
             for name, reason in skipped:
