@@ -36,8 +36,14 @@ EXPECTED = (
 
 
 def error_lines(text: str) -> list[str]:
-    """The ``titan: error:`` lines of ``text``, without torchrun's ``[rankN]:`` prefixes."""
-    return [re.sub(r"^\[rank\d+\]:", "", line) for line in text.splitlines() if "titan: error:" in line]
+    """The ``titan: error:`` lines of ``text``, without torchrun's ``[rankN]:`` prefixes. Ranks
+    share one stderr pipe and a line's newline is written apart from it, so two ranks' lines can
+    run together: each ``titan: error:`` starts a line of its own."""
+    found = []
+    for line in text.splitlines():
+        line = re.sub(r"^\[rank\d+\]:", "", line)
+        found += re.findall(r"titan: error: .*?(?=titan: error: |$)", line)
+    return found
 
 
 def child_exit_codes(stderr: str) -> list[int]:
