@@ -71,6 +71,13 @@ class ModelSpec:
     #: Whether a step can run on fake tensors (shapes only; ``debug.fake_tensors``): ``False``
     #: when shapes depend on values, e.g. how many tokens the router sends to each expert.
     runs_on_fake_tensors: bool = True
+    #: Top-level modules (attribute names) that only the first pipeline stage holds, run before
+    #: the blocks: the token embedding, a learned position table. Later stages set them to
+    #: ``None``. Pipeline parallelism refuses a top-level module with parameters that is neither
+    #: ``layers`` nor named here or in ``last_stage_modules``: every stage would hold a copy.
+    first_stage_modules: tuple[str, ...] = attrs.field(default=("tok_embeddings",), converter=tuple)
+    #: Top-level modules only the last pipeline stage holds, run after the blocks.
+    last_stage_modules: tuple[str, ...] = attrs.field(default=("norm", "output"), converter=tuple)
 
     def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""

@@ -14,7 +14,7 @@ sharing, as the trainer does), fills every parameter and buffer with NaN and run
 ``init_weights``: anything still NaN was never initialised. It checks that sharing survived
 ``init_weights`` and that the ``tied`` pairs share one parameter, compares ``num_params`` with the
 real count, runs a forward pass, and applies the TP plan on a fake mesh (one process) to check
-that every parameter became a DTensor.
+that every parameter became a DTensor and that a forward pass runs under the plan.
 """
 
 from __future__ import annotations
@@ -84,8 +84,7 @@ def check_model_spec(
     declared = spec.num_params(args, True)
     if counted != declared:
         problems.append(f"num_params(args, True) = {declared:,} but the model has {counted:,} parameters")
-    vocab = getattr(args, "vocab_size", None) or (args.get("vocab_size") if isinstance(args, dict) else None)
-    if vocab:
+    if vocab := _vocab_size(args):
         tokens = torch.randint(0, vocab, (batch_size, seq_len))
         try:
             logits = model(tokens)
@@ -99,15 +98,38 @@ def check_model_spec(
             elif not torch.isfinite(logits).all():
                 problems.append("forward returned non-finite logits after init_weights")
     if spec.tp_plan is not None:
-        problems += _check_tp_plan(spec, args, tp_degree)
+        problems += _check_tp_plan(spec, args, tp_degree, batch_size, seq_len * tp_degree)
     if problems:
         raise ModelCheckError(
             f"model {spec.name!r} flavor {flavor!r}:\n" + "\n".join(f"  {p}" for p in problems)
         )
 
 
-def _check_tp_plan(spec: ModelSpec, args: Any, tp: int) -> list[str]:
-    """Apply the TP plan on a one-process fake mesh of ``tp`` ranks; every parameter a DTensor."""
+def _forward_under_tp(model: nn.Module, args: Any, tp: int, batch_size: int, seq_len: int) -> list[str]:
+    """Run one forward pass of the TP-planned ``model`` on CPU. The fake process group moves no
+    data, so the values mean nothing; what it catches is a plan the model's forward cannot run
+    under (a plain tensor meeting a DTensor, a layout the next module does not expect)."""
+    vocab = _vocab_size(args)
+    if not vocab:
+        return []
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for tensor in model.parameters():
+            tensor.to_local().normal_(0.0, 0.02)  # type: ignore[attr-defined]
+        try:
+            model(torch.randint(0, vocab, (batch_size, seq_len)))
+        except Exception as exc:
+            return [f"forward pass failed under tp_plan on a {tp}-rank mesh: {type(exc).__name__}: {exc}"]
+    return []
+
+
+def _vocab_size(args: Any) -> int | None:
+    return getattr(args, "vocab_size", None) or (args.get("vocab_size") if isinstance(args, dict) else None)
+
+
+def _check_tp_plan(spec: ModelSpec, args: Any, tp: int, batch_size: int, seq_len: int) -> list[str]:
+    """Apply the TP plan on a one-process fake mesh of ``tp`` ranks: every parameter a DTensor,
+    and a forward pass that runs under it."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
@@ -128,6 +150,6 @@ def _check_tp_plan(spec: ModelSpec, args: Any, tp: int) -> list[str]:
         plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
         if plain:
             return [f"tp_plan left plain (non-DTensor) parameters: {', '.join(plain[:5])}"]
-        return []
+        return _forward_under_tp(model, args, tp, batch_size, seq_len)
     finally:
         dist.destroy_process_group()

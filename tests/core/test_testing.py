@@ -80,3 +80,23 @@ def test_a_broken_toy_fails_naming_the_problem(bug: str, miscount: int, expected
     with pytest.raises(ModelCheckError) as info:
         check_model_spec(_spec(bug, miscount), "t", tied=TIED)
     assert expected in str(info.value)
+
+
+def _replicate_everything(model: nn.Module, tp_mesh: object, loss_parallel: bool) -> None:
+    """A naive plan: every weight a replicated DTensor, no input or output layouts, so the
+    embedding meets plain token ids and a DTensor weight."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            dt = distribute_tensor(param, tp_mesh, [Replicate()])  # type: ignore[arg-type]
+            module.register_parameter(name, nn.Parameter(dt))
+
+
+def test_a_tp_plan_whose_forward_cannot_run_fails() -> None:
+    """Every parameter a DTensor is not enough: the model must also run under the plan."""
+    spec = attrs.evolve(_spec("untied"), tp_plan=_replicate_everything)
+    with pytest.raises(ModelCheckError) as info:
+        check_model_spec(spec, "t")
+    assert "forward pass failed under tp_plan on a 2-rank mesh" in str(info.value)
+    assert "mixed torch.Tensor and DTensor" in str(info.value)

@@ -36,6 +36,14 @@ def test_flops_per_token_formula() -> None:
     assert flops_per_token(args, 8192) == 6 * non_embedding + 12 * 32 * 32 * 128 * 8192
 
 
+def test_a_tied_output_projection_still_costs_its_flops() -> None:
+    """Tying shares the weight, not the matmul: the output projection runs either way."""
+    args = FLAVORS["debugmodel"]
+    tied = attrs.evolve(args, tie_embeddings=True)
+    assert num_params(tied) == num_params(args) - args.vocab_size * args.dim
+    assert flops_per_token(tied, 2048) == flops_per_token(args, 2048)
+
+
 def build_tiny(seed: int = 0) -> Llama3:
     with torch.device("meta"):
         model = Llama3(TINY)

@@ -59,6 +59,14 @@ def test_flops_count_only_the_active_experts() -> None:
     assert flops_per_token(attrs.evolve(args, top_k=args.top_k + 1), 256) > flops_per_token(args, 256)
 
 
+@pytest.mark.parametrize("flavor", ["debugmodel", "deepseek_v3_debugmodel"])
+def test_a_tied_output_projection_still_costs_its_flops(flavor: str) -> None:
+    args = attrs.evolve(FLAVORS[flavor], tie_embeddings=False)
+    tied = attrs.evolve(args, tie_embeddings=True)
+    assert num_params(tied) == num_params(args) - args.vocab_size * args.dim
+    assert flops_per_token(tied, 256) == flops_per_token(args, 256)
+
+
 def _reference_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     """Token by token: the top-k experts' SwiGLU outputs weighted by renormalised scores."""
     flat = x.reshape(-1, x.shape[-1])

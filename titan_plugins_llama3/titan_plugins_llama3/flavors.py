@@ -92,11 +92,13 @@ def flops_per_token(args: Llama3Args, seq_len: int) -> float:
 
     The attention term is 12 x layers x heads x head_dim x seq_len (forward 2 matmuls of
     2 x seq x head_dim each, backward twice the forward), counting the full square although the
-    mask is causal, as torchtitan and Megatron-LM do, so MFU figures compare directly.
+    mask is causal, as torchtitan and Megatron-LM do, so MFU figures compare directly. A tied
+    output projection shares the embedding's weight but still runs its matmul, so it is counted.
     """
-    return 6 * num_params(args, include_embedding=False) + 12 * args.n_layers * args.n_heads * (
-        args.head_dim * seq_len
-    )
+    tied_output = args.vocab_size * args.dim if args.tie_embeddings else 0
+    return 6 * (
+        num_params(args, include_embedding=False) + tied_output
+    ) + 12 * args.n_layers * args.n_heads * (args.head_dim * seq_len)
 
 
 def check_tp(args: Llama3Args, tp: int) -> None:

@@ -338,14 +338,15 @@ def num_active_params_without_embedding(args: MoEArgs) -> int:
 
 def flops_per_token(args: MoEArgs, seq_len: int) -> float:
     """6 x the active parameters without the embedding table (top-k experts, not all) +
-    attention, as for Llama 3."""
+    attention, as for Llama 3; a tied output projection still runs its matmul and is counted."""
     if args.attention == "mla":
         qk, v = args.qk_nope_head_dim + args.qk_rope_head_dim, args.v_head_dim
         attention = 6 * (args.n_layers + args.n_mtp_layers) * args.n_heads * (qk + v) * seq_len
     else:
         attention = 12 * (args.n_layers + args.n_mtp_layers) * args.n_heads * args.attn_head_dim * seq_len
     mtp_heads = 6 * args.n_mtp_layers * args.vocab_size * args.dim  # the shared output, again
-    return 6 * _counts(args)[1] + attention + mtp_heads
+    tied_output = args.vocab_size * args.dim if args.tie_embeddings else 0
+    return 6 * (_counts(args)[1] + tied_output) + attention + mtp_heads
 
 
 # -- checks ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ tests against a one-process run check this).
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from titan_core.errors import UsageError
@@ -105,6 +106,14 @@ class BatchSharder:
         return inputs[:, idx], labels[:, idx], {**kwargs, "positions": idx}
 
 
+def forward_takes_positions(model: nn.Module) -> bool:
+    """Whether ``model``'s forward accepts the keyword ``positions`` (by name or ``**kwargs``)."""
+    params = inspect.signature(model.forward).parameters.values()
+    return any(
+        p.kind is p.VAR_KEYWORD or (p.name == "positions" and p.kind is not p.POSITIONAL_ONLY) for p in params
+    )
+
+
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     """Shard every batch and replace attention (:func:`check` passed before anything was built;
     only a model without a replaceable ``attention_fn`` is refused here, by its modules)."""
@@ -114,6 +123,13 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     # divide would train on fewer positions than the batch holds, without a word.
     if problems := check(ctx.config, ctx.parallel_dims, ctx.spec, ctx.model_args):
         raise UsageError("; ".join(problems))
+    if not all(forward_takes_positions(part) for part in parts):
+        raise UsageError(
+            f"model {ctx.spec.name!r}: its forward does not take `positions`, the global position "
+            "of each token this rank holds, which context parallel passes so that RoPE or a "
+            "position table sees a shard's real positions (docs/plugins.md, the decoder "
+            "protocol); accept `positions` or set parallelism.cp = 1"
+        )
     cp = ctx.parallel_dims.cp
     seq_len = ctx.config.training.seq_len
     cp_rank = ctx.parallel_dims.coordinates(ctx.topology.rank)["cp"]

@@ -9,7 +9,7 @@ static metadata, and the vote is answered locally with what every stage would vo
 
 The metadata follows titan's decoder protocol (``docs/plugins.md``): the hidden states passed
 between stages are what the token embedding produces on this rank's layout. They are found by
-running a copy of the model without blocks (only ``tok_embeddings``) on the meta device, with
+running a copy of the model without blocks (only its first-stage modules) on the meta device, with
 the model's tensor-parallel plan applied when TP is on, so sequence sharding shows up exactly as
 the real first stage produces it; FSDP mixed precision makes them bfloat16. Nothing is allocated.
 
@@ -64,15 +64,16 @@ class SimulatedPeerStage(PipelineStage):
 
 def hidden_states_meta(ctx: ParallelContext, microbatch: int) -> torch.Tensor:
     """The activation one stage sends the next, as a meta tensor of this rank's local shape."""
+    from titan_plugins_parallel.pipeline import name_contract_breaks, stage_ends
+
     with torch.device("meta"):
         shadow = ctx.spec.build(ctx.model_args)
     for name in list(shadow.layers.keys()):
         del shadow.layers[name]
-    shadow.norm = None
-    shadow.output = None
-    from titan_plugins_parallel.pipeline import name_contract_breaks
-
-    name_contract_breaks(shadow, ctx.spec.name, 0, ctx.state["pp"].num_stages)
+    drop = stage_ends(shadow, ctx.spec)[1]  # the first stage, without its blocks
+    for name in drop:
+        setattr(shadow, name, None)
+    name_contract_breaks(shadow, ctx.spec.name, 0, ctx.state["pp"].num_stages, drop)
     if ctx.parallel_dims.tp > 1 and ctx.spec.tp_plan is not None:
         ctx.spec.tp_plan(shadow, ctx.mesh["tp"], False)
     seq = ctx.config.training.seq_len // ctx.parallel_dims.cp

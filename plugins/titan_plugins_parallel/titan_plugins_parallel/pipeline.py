@@ -2,8 +2,10 @@
 
 The model is split at its transformer blocks (``model.layers``, an ``nn.ModuleDict``): every
 stage is a copy of the (meta) model that keeps a contiguous run of blocks; the first stage also
-keeps ``tok_embeddings``, the last keeps ``norm`` and ``output``, and the others set them to
-``None`` (titan's decoder protocol: a middle stage takes and returns hidden states). Blocks keep
+keeps ``ModelSpec.first_stage_modules`` (``tok_embeddings``), the last ``last_stage_modules``
+(``norm`` and ``output``), and the others set them to ``None`` (titan's decoder protocol: a
+middle stage takes and returns hidden states). Any other top-level module with parameters is
+refused: every stage would hold a copy of it. Blocks keep
 their names, so state-dict keys are the same as in the whole model and a full seed checkpoint
 loads into any stage.
 
@@ -134,28 +136,63 @@ class StagePlan:
         return self.num_stages - 1 in self.ids
 
 
-def _stage_module(model: nn.Module, keep: list[str], first: bool, last: bool) -> nn.Module:
-    """A copy of the meta model with only this stage's blocks (and ends)."""
+def stage_ends(model: nn.Module, spec: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The modules only the first and only the last stage hold (``ModelSpec.first_stage_modules``
+    and ``last_stage_modules``), checked against the built ``model``: each named one exists, and
+    nothing else beside ``layers`` holds parameters, since every stage would get a copy of it,
+    only one copy would train, and a checkpoint could keep another."""
+    first, last = tuple(spec.first_stage_modules), tuple(spec.last_stage_modules)
+    children = dict(model.named_children())
+    for field, names in (("first_stage_modules", first), ("last_stage_modules", last)):
+        if missing := [n for n in names if n not in children]:
+            raise UsageError(
+                f"ModelSpec.{field} names {', '.join(missing)}, but model {spec.name!r} has no such "
+                f"module (its top-level modules: {', '.join(children)}); name the modules its "
+                "pipeline stages drop as the model calls them (docs/plugins.md)"
+            )
+    stray = [f"parameter {n}" for n, _ in model.named_parameters(recurse=False)]
+    stray += [
+        f"module {n}"
+        for n, m in children.items()
+        if n != "layers" and n not in first + last and next(m.parameters(), None) is not None
+    ]
+    if stray:
+        raise UsageError(
+            f"model {spec.name!r} has the top-level {', '.join(stray)} with parameters that "
+            "pipeline parallelism would copy to every stage (only one copy would train): name "
+            "such a module in ModelSpec.first_stage_modules (used before the blocks, like a "
+            "position table) or last_stage_modules (after them), or move it into a block "
+            "(docs/plugins.md); or set parallelism.pp = 1"
+        )
+    return first, last
+
+
+def _stage_module(model: nn.Module, keep: list[str], drop: tuple[str, ...]) -> nn.Module:
+    """A copy of the meta model with only this stage's blocks, its ``drop`` ends set to None."""
     stage = copy.deepcopy(model)
     for name in list(stage.layers.keys()):
         if name not in keep:
             del stage.layers[name]
-    if not first:
-        stage.tok_embeddings = None
-    if not last:
-        stage.norm = None
-        stage.output = None
+    for name in drop:
+        setattr(stage, name, None)
     return stage
 
 
-def name_contract_breaks(stage: nn.Module, model: str, stage_id: int, num_stages: int) -> None:
+def stage_drops(ends: tuple[tuple[str, ...], tuple[str, ...]], first: bool, last: bool) -> tuple[str, ...]:
+    """The end modules a stage that is (or is not) the first and the last sets to None."""
+    head, tail = ends
+    return (() if first else head) + (() if last else tail)
+
+
+def name_contract_breaks(
+    stage: nn.Module, model: str, stage_id: int, num_stages: int, dropped: tuple[str, ...]
+) -> None:
     """Make a stage's forward that calls a module this stage dropped fail naming the contract.
 
     The model's own code raises there (``'NoneType' object is not callable``), inside the
     schedule, far from the cause: its forward does not skip the ``None`` ends (docs/plugins.md).
     Every other error of the model's passes through unchanged."""
     forward = stage.forward
-    dropped = [n for n in ("tok_embeddings", "norm", "output") if getattr(stage, n, None) is None]
 
     @functools.wraps(forward)  # keeps the signature the schedule inspects (``input_tokens``)
     def forward_of_stage(*args: Any, **kwargs: Any) -> Any:
@@ -282,9 +319,12 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     n_micro = microbatches(ctx.config, num_stages)
     runs = split_layers(names, num_stages)
     ids = stage_ids_of(_pp_rank(ctx), pp, per_rank, cls.__name__ in _V_SCHEDULES)
-    stages = [_stage_module(model, runs[i], i == 0, i == num_stages - 1) for i in ids]
-    for stage, sid in zip(stages, ids, strict=True):
-        name_contract_breaks(stage, ctx.spec.name, sid, num_stages)
+    ends = stage_ends(model, ctx.spec)
+    stages = []
+    for sid in ids:
+        drop = stage_drops(ends, sid == 0, sid == num_stages - 1)
+        stages.append(_stage_module(model, runs[sid], drop))
+        name_contract_breaks(stages[-1], ctx.spec.name, sid, num_stages, drop)
 
     plan = StagePlan(ids, num_stages)
     ctx.state["pp"] = plan

@@ -66,6 +66,30 @@ def test_seq_len_must_split_into_two_chunks_per_rank() -> None:
         cp_module.apply([], ctx)  # type: ignore[arg-type]
 
 
+def test_a_model_whose_forward_takes_no_positions_is_refused() -> None:
+    """CP passes each rank's global ``positions``; a forward without them would fail at step 1
+    inside torchrun with a bare TypeError (or, ignoring them, train on wrong positions)."""
+
+    class NoPositions(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return tokens
+
+    class TakesThem(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor, **kwargs: object) -> torch.Tensor:
+            return tokens
+
+    config = TrainerConfig()
+    config.training.seq_len = 32
+    ctx = SimpleNamespace(
+        config=config, parallel_dims=SimpleNamespace(cp=2), spec=SimpleNamespace(name="gpt2"), model_args=None
+    )
+    expected = r"model 'gpt2'.*forward does not take `positions`.*parallelism.cp = 1"
+    with pytest.raises(UsageError, match=expected):
+        cp_module.apply([NoPositions()], ctx)  # type: ignore[arg-type]
+    assert cp_module.forward_takes_positions(TakesThem())
+    assert not cp_module.forward_takes_positions(NoPositions())
+
+
 @pytest.fixture
 def reference_rows(tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path) -> list[dict]:
     """Step records (loss, grad norm) of one process from the seed checkpoint."""

@@ -68,12 +68,16 @@ def test_microbatches_must_divide_the_local_batch() -> None:
         pipeline.microbatches(config, num_stages=2)
 
 
+#: ``ModelSpec``'s default pipeline ends.
+FIRST, LAST = ("tok_embeddings",), ("norm", "output")
+
+
 def _ctx(config: TrainerConfig, pp: int, rank: int, n_layers: int = 4) -> SimpleNamespace:
     from titan_plugins_llama3.flavors import Llama3Args
 
     args = Llama3Args(dim=32, n_layers=n_layers, n_heads=4, vocab_size=64, max_seq_len=16)
     dims = SimpleNamespace(pp=pp, coordinates=lambda r: {"pp": r})
-    spec = SimpleNamespace(name="llama3")
+    spec = SimpleNamespace(name="llama3", first_stage_modules=FIRST, last_stage_modules=LAST)
     topology = SimpleNamespace(rank=rank)
     calls: list = []
     return SimpleNamespace(
@@ -115,6 +119,56 @@ def test_stages_keep_their_blocks_names_and_ends() -> None:
         firsts.append(stages[0])
     assert firsts[0].tok_embeddings is not None and firsts[1].tok_embeddings is None
     assert firsts[0].output is None and stages[1].output is not None  # rank 1's stage 3 is last
+
+
+def _with_position_table(ctx: SimpleNamespace):
+    """A GPT-2-style model: a learned position table beside the token embedding, at top level."""
+    import torch
+
+    model = _meta_model(ctx)
+    with torch.device("meta"):
+        model.pos_embeddings = torch.nn.Embedding(16, ctx.model_args.dim)
+    return model
+
+
+def test_a_top_level_module_the_spec_does_not_place_is_refused() -> None:
+    """A module beside ``layers`` and the declared ends would be copied to every stage, where only
+    the first stage's copy trains and a checkpoint may keep another's untrained one."""
+    import torch
+
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    with pytest.raises(UsageError, match=r"model 'llama3'.*pos_embeddings.*every stage.*first_stage_modules"):
+        pipeline.apply([_with_position_table(_ctx(config, pp=2, rank=1))], _ctx(config, pp=2, rank=1))
+    ctx = _ctx(config, pp=2, rank=0)
+    model = _meta_model(ctx)
+    model.scale = torch.nn.Parameter(torch.ones(1, device="meta"))  # a parameter of the model itself
+    with pytest.raises(UsageError, match=r"model 'llama3'.*parameter scale.*every stage"):
+        pipeline.apply([model], ctx)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_declared_first_stage_modules_live_on_the_first_stage_only(rank: int) -> None:
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    ctx = _ctx(config, pp=2, rank=rank)
+    ctx.spec.first_stage_modules = ("tok_embeddings", "pos_embeddings")
+    (stage,) = pipeline.apply([_with_position_table(ctx)], ctx)
+    held = {
+        n for n in ("tok_embeddings", "pos_embeddings", "norm", "output") if getattr(stage, n) is not None
+    }
+    assert held == ({"tok_embeddings", "pos_embeddings"} if rank == 0 else {"norm", "output"})
+    names = {n for n, _ in stage.named_parameters()}
+    assert ("pos_embeddings.weight" in names) == (rank == 0)
+
+
+def test_a_declared_stage_module_the_model_lacks_is_refused() -> None:
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    ctx = _ctx(config, pp=2, rank=0)
+    ctx.spec.last_stage_modules = ("ln_f", "output")  # a typo or another model's name
+    with pytest.raises(UsageError, match=r"last_stage_modules names ln_f.*model 'llama3' has no such module"):
+        pipeline.apply([_meta_model(ctx)], ctx)
 
 
 def test_too_few_blocks_for_the_stages() -> None:
