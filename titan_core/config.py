@@ -350,7 +350,9 @@ class Training:
     #: Learning rate at the end of decay, as a fraction of ``lr``; the schedule stays there
     #: after ``steps`` (a resumed run with more steps never goes below it).
     min_lr_factor: float = field(default=0.1, validator=in_range(0, 1))
-    #: AdamW weight decay.
+    #: AdamW weight decay, on every parameter unless the model's ``ModelSpec.param_groups``
+    #: says otherwise; the Llama 3 and MoE models define none, so norms and embeddings decay too
+    #: (torchtitan's convention; Megatron-LM exempts norms and biases).
     weight_decay: float = field(default=0.1, validator=[finite, non_negative])
     #: AdamW beta1, in [0, 1).
     beta1: float = field(default=0.9, validator=in_range(0, 1, hi_open=True))
@@ -426,8 +428,9 @@ class Validation:
     path: str | None = None
     #: Steps between validations (the last step always validates).
     freq: int = field(default=100, validator=positive)
-    #: Batches per validation, each ``training.local_batch_size`` sequences per data-parallel
-    #: rank; every validation reads the same batches, so values are comparable across steps.
+    #: Global batches per validation (``training.global_batch_size`` sequences, read in the
+    #: training step's microbatches), so the validation set does not change with the split of
+    #: the batch; every validation reads the same batches, so values are comparable across steps.
     steps: int = field(default=10, validator=positive)
 
 
@@ -658,6 +661,15 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
             "debug.deterministic_warn_only: has no effect without debug.deterministic = True; "
             "set both, or neither"
         )
+    for name, values in config.sections().items():
+        problems += _not_utf8(attrs.asdict(values, recurse=False), name)
+    c = config.checkpoint
+    if c.load_only and not c.enable:
+        problems.append(
+            "checkpoint.load_only: has no effect with checkpoint.enable = False (no checkpoint is "
+            "read or written); set checkpoint.enable = True to resume without saving, or leave "
+            "load_only False (initial weights come from checkpoint.initial_load_path either way)"
+        )
     t = config.training
     problems += optimizer_problems(t)
     if t.global_batch_size is not None and t.global_batch_size % t.local_batch_size:
@@ -681,6 +693,27 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
     if problems:
         raise ConfigError(problems, source)
     return config
+
+
+def _not_utf8(value: Any, where: str) -> list[str]:
+    """A ``where: ...`` line for each string that UTF-8 cannot encode (a path of undecodable
+    bytes, which ``os.fsdecode`` turns into surrogates, or a lone surrogate): config.toml, and
+    the logs, are UTF-8, so the run could not record what it ran."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return [
+                f"{where}: {value!r} is not valid UTF-8 (a path of undecodable bytes, or a lone "
+                "surrogate); titan records its config as UTF-8 TOML: rename the file or folder, "
+                "or give the text in UTF-8"
+            ]
+        return []
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _not_utf8(v, f"{where}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _not_utf8(v, f"{where}[{i}]")]
+    return []
 
 
 #: The largest float32 (``torch.finfo(torch.float32).max``): parameters and AdamW's state are

@@ -97,6 +97,21 @@ def check_layout(
     return Layout(spec, tokenizer, model_args, strategies, accumulation)
 
 
+def model_arguments(spec: Any, config: TrainerConfig, tokenizer: Any) -> Any:
+    """The model's arguments for ``config.model``, the BOS id filled in from ``tokenizer`` when
+    the model asks for it (``bos_id`` present and ``None``); a bad flavor or override is one
+    error naming its field. Training and ``titan export`` build the same arguments."""
+    m = config.model
+    try:
+        model_args = spec.flavor(m.flavor, m.overrides)
+        if model_arg(model_args, "bos_id", _ABSENT) is None and tokenizer is not None:
+            model_args = spec.flavor(m.flavor, {**m.overrides, "bos_id": tokenizer.bos_id})
+    except LookupError as exc:
+        field = "model.overrides" if m.flavor in spec.flavors else "model.flavor"
+        raise UsageError(f"{field}: {exc}") from None
+    return model_args
+
+
 def resolve_model(
     config: TrainerConfig,
     registry: Registry,
@@ -109,15 +124,7 @@ def resolve_model(
     trainer and run_train.sh's check before torchrun (:func:`titan_core.run.preflight`) share it."""
     spec = registry.get("models", config.model.name, what="model")
     tokenizer = load_tokenizer(config.data.tokenizer_path)
-    try:
-        model_args = spec.flavor(config.model.flavor, config.model.overrides)
-        if model_arg(model_args, "bos_id", _ABSENT) is None:  # the model asks for the BOS id
-            model_args = spec.flavor(
-                config.model.flavor, {**config.model.overrides, "bos_id": tokenizer.bos_id}
-            )
-    except LookupError as exc:
-        field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
-        raise UsageError(f"{field}: {exc}") from None
+    model_args = model_arguments(spec, config, tokenizer)
     bos = model_arg(model_args, "bos_id", _ABSENT)
     if bos not in (_ABSENT, None) and tokenizer.bos_id is not None and bos != tokenizer.bos_id:
         # The document mask starts a document at the model's bos_id; the loader frames each one

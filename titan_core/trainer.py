@@ -37,6 +37,7 @@ from titan_core.log import attach_file, capture, detach_file, get_logger, setup_
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import ParallelContext, apply_strategies, cross_entropy_loss
+from titan_core.records import ModelSpec
 from titan_core.run import (
     apply_backend_settings,
     check_launch,
@@ -388,7 +389,7 @@ class Trainer:
         def same_model(step: int, meta: Mapping[str, Any]) -> None:
             saved_model = meta.get("model")
             if saved_model is not None and saved_model != resumed["model"]:
-                changes = self._model_changes(saved_model, resumed["model"])
+                changes = model_changes(self.spec, saved_model, resumed["model"])
                 if not changes:  # another spelling of the same model (an override at its default)
                     return
                 raise UsageError(
@@ -426,6 +427,12 @@ class Trainer:
                 f"resuming with other optimizer settings; this run's apply from step {self.step + 1}: "
                 + ", ".join(changed)
             )
+        changed = _changes(meta.get("compute") or {}, resumed["compute"], "")
+        if changed:
+            log.warning(
+                f"resuming with another compute precision; this run's applies from step {self.step + 1}: "
+                + ", ".join(changed)
+            )
         changed = _changes(meta.get("results") or {}, resumed["results"], "")
         if changed:
             log.warning(
@@ -433,17 +440,8 @@ class Trainer:
                 f"names); this run's apply from step {self.step + 1}: " + ", ".join(changed)
             )
         changed = _changes(meta.get("data") or {}, resumed["data"], "")
-        saved_files = meta.get("data_files")
-        if (
-            not changed
-            and saved_files is not None
-            and self.data_files is not None
-            and saved_files != self.data_files
-        ):
-            changed = [
-                f"the files at data.path: {saved_files['files']} files of {saved_files['bytes']} bytes -> "
-                f"{self.data_files['files']} of {self.data_files['bytes']}"
-            ]
+        if not changed:
+            changed = _files_changes(meta.get("data_files"), self.data_files)
         if changed:
             log.warning(
                 "resuming with another data configuration; the data will not continue where it stopped: "
@@ -466,28 +464,6 @@ class Trainer:
         for group, own, base in zip(self.optimizer.param_groups, fresh, fresh_base_lrs, strict=True):
             group.update(own)
             group["lr"] = base * self.schedule(self.scheduler.last_epoch)
-
-    def _model_changes(self, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
-        """How the checkpoint's model record differs from this run's, with the model arguments
-        that differ once each is built (``rope_theta: 500000 -> 10000.0``); empty when the two
-        records build the same model (an override at its default). The records alone when the
-        checkpoint's no longer builds (another family, a flavor this titan lacks)."""
-        from titan_core.initial_weights import _fields
-
-        m = self.config.model
-        records = _changes(saved, mine, "model.")
-        try:
-            if saved.get("name") != m.name:
-                return records
-            old = _fields(self.spec.flavor(saved.get("flavor"), saved.get("overrides") or {}))
-            new = _fields(self.spec.flavor(m.flavor, m.overrides))
-        except Exception:
-            return records
-        if old is None or new is None:
-            return records
-        built = json.loads(json.dumps({"old": old, "new": new}, default=str))
-        differ = _changes(built["old"], built["new"], "")
-        return [*records, f"arguments that differ: {', '.join(differ)}"] if differ else []
 
     def _steps_field(self) -> str:
         """The setting that ends this run: ``debug.max_steps`` when it cuts ``training.steps``."""
@@ -532,8 +508,9 @@ class Trainer:
 
             os.makedirs(config.job.dump_folder, exist_ok=True)
             if records:
-                with open(os.path.join(config.job.dump_folder, "config.toml"), "w") as f:
-                    f.write(render(config))
+                text = render(config)  # rendered first: a failure leaves no empty config.toml
+                with open(os.path.join(config.job.dump_folder, "config.toml"), "w", encoding="utf-8") as f:
+                    f.write(text)
             attach_file(os.path.join(config.job.dump_folder, LOG_FILE), append=self.step > 0)
         else:
             detach_file()
@@ -597,6 +574,7 @@ class Trainer:
             shuffle_buffer=0,
             name=label,
             repeat_warning="validation.steps",
+            batches_per_step=self.accumulation,
         )
 
     def _param_groups(self) -> list[dict[str, Any]]:
@@ -740,7 +718,7 @@ class Trainer:
                 switch(enabled)
 
     def validate(self) -> dict[str, float]:
-        """Mean validation loss over ``validation.steps`` batches (all DP ranks) and perplexity.
+        """Mean validation loss over ``validation.steps`` global batches and perplexity.
 
         A forward without gradients: the trainer's own, or the ``evaluate`` of a strategy's
         replacement step (pipeline parallel runs its schedule forward only). A replacement
@@ -759,7 +737,10 @@ class Trainer:
         for part in self.parts:
             part.eval()
         try:
-            for inputs, labels in itertools.islice(iter(self.val_batches), self.config.validation.steps):
+            # A validation step reads one global batch, in the training step's microbatches, so
+            # the validation set does not change with the split of the batch (accumulation).
+            batches = self.config.validation.steps * self.accumulation
+            for inputs, labels in itertools.islice(iter(self.val_batches), batches):
                 inputs = inputs.to(self.device, non_blocking=True)
                 labels = labels.to(self.device, non_blocking=True)
                 if replaced and evaluate is None:
@@ -778,7 +759,7 @@ class Trainer:
             with torch.no_grad():
                 for buffer, saved in buffers:
                     buffer.copy_(saved)
-        value = float(mean_over_dp(total / self.config.validation.steps, self.ctx))
+        value = float(mean_over_dp(total / batches, self.ctx))
         perplexity = math.exp(min(value, 700))
         return {"validation/loss": round(value, 5), "validation/perplexity": round(perplexity, 3)}
 
@@ -1113,6 +1094,14 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
             "eps": t.eps,
             "max_norm": t.max_norm,  # the clipping each later step applies
         },
+        # How steps compute: another precision changes every later loss.
+        "compute": {
+            "training.dtype": t.dtype,
+            # Read only in bfloat16 (how one device gets it).
+            "training.single_device_mixed_precision": (
+                t.single_device_mixed_precision if t.dtype == "bfloat16" else None
+            ),
+        },
         "data": {
             "data.dataset": d.dataset,
             "data.path": _local_path(d.path),
@@ -1127,6 +1116,47 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
         },
         "samples": samples,
     }
+
+
+def model_changes(spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
+    """How a checkpoint's model record (``resume_record``'s ``model``) differs from ``mine``,
+    with the model arguments that differ once each is built (``rope_theta: 500000 -> 10000.0``);
+    empty when the two records build the same model (an override at its default). The records
+    alone when the checkpoint's no longer builds (another family, a flavor this titan lacks).
+    A resume and ``titan export`` decide alike."""
+    from titan_core.initial_weights import _fields
+
+    records = _changes(saved, mine, "model.")
+    try:
+        if saved.get("name") != mine.get("name"):
+            return records
+        old = _fields(spec.flavor(saved.get("flavor"), saved.get("overrides") or {}))
+        new = _fields(spec.flavor(mine.get("flavor"), mine.get("overrides") or {}))
+    except Exception:
+        return records
+    if old is None or new is None:
+        return records
+    built = json.loads(json.dumps({"old": old, "new": new}, default=str))
+    differ = _changes(built["old"], built["new"], "")
+    return [*records, f"arguments that differ: {', '.join(differ)}"] if differ else []
+
+
+def _files_changes(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
+    """How the data files differ from the checkpoint's record of them (``files_fingerprint``),
+    comparing what both records hold (an earlier titan recorded no digest)."""
+    if saved is None or now is None:
+        return []
+    if (saved.get("files"), saved.get("bytes")) != (now["files"], now["bytes"]):
+        return [
+            f"the files at data.path: {saved.get('files')} files of {saved.get('bytes')} bytes -> "
+            f"{now['files']} of {now['bytes']}"
+        ]
+    if "digest" in saved and saved["digest"] != now["digest"]:
+        return [
+            f"the files at data.path were renamed or rewritten (the same {now['files']} files of "
+            f"{now['bytes']} bytes, other names or content)"
+        ]
+    return []
 
 
 def _changes(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str) -> list[str]:

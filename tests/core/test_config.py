@@ -107,6 +107,35 @@ def test_checks_across_fields_run_once_after_the_recipe() -> None:
     ]
 
 
+def test_a_string_that_is_not_utf8_is_refused_naming_the_field() -> None:
+    """A path of undecodable bytes (``os.fsdecode``'s surrogate escapes) or a lone surrogate
+    cannot be written into config.toml: the run stopped with a UnicodeEncodeError traceback after
+    creating its folder, leaving an empty config.toml."""
+    import os
+
+    config = TrainerConfig()
+    config.data.path = os.fsdecode(b"bad/d\xff")
+    config.job.description = "lone \ud800 surrogate"
+    config.model.overrides = {"note": "x\udcff"}
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    fields = [p.split(":")[0] for p in info.value.problems]
+    assert fields == ["job.description", "model.overrides.note", "data.path"]
+    assert "is not valid UTF-8" in info.value.problems[2] and "rename" in info.value.problems[2]
+
+
+def test_load_only_without_checkpointing_is_refused() -> None:
+    """With checkpointing off nothing is loaded or saved: ``load_only`` did nothing, silently."""
+    config = TrainerConfig()
+    config.checkpoint.load_only = True
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    (problem,) = info.value.problems
+    assert problem.startswith("checkpoint.load_only: has no effect with checkpoint.enable = False")
+    config.checkpoint.enable = True
+    validate(config, source="r")
+
+
 @pytest.mark.parametrize("field", ["pp_microbatches", "pp_stages_per_rank"])
 def test_a_pipeline_setting_without_pipeline_parallel_is_refused_naming_the_field(field: str) -> None:
     """Only the pipeline strategy reads them, and only with pp > 1: with pp = 1 a run exited 0

@@ -52,6 +52,24 @@ def test_validation_loss_is_the_models_loss_on_the_validation_batches(tmp_path: 
     assert {"validation/loss", "validation/perplexity", "train/loss", "train/lr"} <= set(tags)
 
 
+def test_validation_reads_the_same_sequences_however_the_batch_is_split(tmp_path: Path) -> None:
+    """A validation step is one global batch: shrinking the microbatch to fit memory (more
+    gradient accumulation, same global batch) must not change the validation set or its loss."""
+    losses = {}
+    for local in (4, 2, 1):
+        config = with_validation(tmp_path / str(local))
+        config.training.local_batch_size, config.training.global_batch_size = local, 4
+        config.data.shuffle_buffer = 0
+        history = train(config, get_registry())
+        losses[local] = [(r["loss"], r.get("validation/loss")) for r in history]
+    for local in (2, 1):
+        for (train_a, val_a), (train_b, val_b) in zip(losses[4], losses[local], strict=True):
+            assert train_b == pytest.approx(train_a, rel=1e-5)
+            assert (val_a is None) == (val_b is None)
+            if val_a is not None:
+                assert val_b == pytest.approx(val_a, rel=1e-5)
+
+
 def test_validation_leaves_training_unchanged(tmp_path: Path) -> None:
     plain = tiny_llama3(tmp_path / "plain", 4)
     without = [r["loss"] for r in train(plain, get_registry())]
@@ -129,13 +147,14 @@ def test_a_replaced_step_validates_with_its_evaluate_or_its_step(tmp_path: Path,
     try:
         rows = trainer.train()
         with torch.no_grad():
-            batches = itertools.islice(iter(trainer.val_batches), 2)
-            expected = sum(float(cross_entropy_loss(trainer.parts[0](i), lab)) for i, lab in batches) / 2
+            # validation.steps = 2 global batches of 2 microbatches each
+            batches = itertools.islice(iter(trainer.val_batches), 4)
+            expected = sum(float(cross_entropy_loss(trainer.parts[0](i), lab)) for i, lab in batches) / 4
     finally:
         trainer.close()
     assert "replaced" in trainer.ctx.applied
     assert rows[-1]["validation/loss"] == pytest.approx(expected, rel=1e-4)
-    assert ReplacedStepWithEvaluate.evaluated == (4 if step is ReplacedStepWithEvaluate else 0)
+    assert ReplacedStepWithEvaluate.evaluated == (8 if step is ReplacedStepWithEvaluate else 0)
 
 
 def test_validation_on_other_files(tmp_path: Path) -> None:

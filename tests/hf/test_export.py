@@ -278,3 +278,67 @@ def test_a_recipe_with_another_tokenizer_is_refused(
     line = error_line(capsys)
     assert "was trained with data.tokenizer_path None, but recipe 'layout' gives" in line
     assert not (tmp_path / "tok_other").exists()
+
+
+def test_a_document_masked_run_exports(tmp_path: Path) -> None:
+    """The model asks for the BOS id (document_mask): export fills it in from the run's tokenizer,
+    as training does; it said "the tokenizer has none"."""
+    dump = _train(tmp_path / "dm", **{"model.overrides": {**TITAN_OVERRIDES, "document_mask": True}})
+    assert export(dump / "checkpoint", "--to", "hf", tmp_path / "hf") == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["bos_token_id"] == 0
+
+
+def test_an_override_at_its_default_is_the_same_model(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume accepts it (the built arguments are equal); export did not."""
+    same = {**TITAN_OVERRIDES, "rope_theta": 500000}  # the flavor's default, as an int
+    module = write_recipe_module(tmp_path / "recipes", {"model.overrides": same}, name="hf_same_theta")
+    monkeypatch.syspath_prepend(str(tmp_path / "recipes"))
+    step = run / "checkpoint" / "step-2"
+    assert export(step, "--to", "hf", tmp_path / "hf", "--recipe", "layout", "--module", module) == 0
+
+
+def test_a_step_linking_out_of_the_checkpoint_folder_is_skipped(
+    run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """A resume loads only from the checkpoint folder; export of the run's folder skips such a
+    link as a resume does, and exports the newest step inside."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(run / "checkpoint" / "step-2", outside)
+    meta = json.loads((outside / "meta.json").read_text())
+    (outside / "meta.json").write_text(json.dumps({**meta, "step": 9}))
+    (copy / "checkpoint" / "step-9").symlink_to(outside)
+    capsys.readouterr()
+    assert export(copy / "checkpoint", "--to", "hf", tmp_path / "hf") == 0
+    captured = capsys.readouterr()
+    assert "skipped step-9: it links to" in captured.err and "outside" in captured.err
+    assert "exported " + str(copy / "checkpoint" / "step-2") in captured.out
+
+
+@pytest.mark.parametrize(
+    ("line", "new", "message"),
+    [
+        (r"^flavor = .*$", "flavor = 3", "model.flavor: expected a string, got int 3"),
+        (r"^# tokenizer_path = .*$", 'tokenizer_path = ["x"]', "data.tokenizer_path: expected a string"),
+        (r"^overrides = .*$", 'overrides = "n_layers=2"', "model.overrides: expected a table"),
+    ],
+)
+def test_a_config_toml_field_of_the_wrong_type_is_one_error_naming_it(
+    run: Path, tmp_path: Path, capsys: Any, line: str, new: str, message: str
+) -> None:
+    """export read config.toml raw: a string where overrides go was a ValueError traceback, a
+    list for tokenizer_path a TypeError."""
+    import re
+
+    dump = tmp_path / "dump"
+    shutil.copytree(run / "checkpoint", dump / "checkpoint")
+    text, n = re.subn(line, new, (run / "config.toml").read_text(), count=1, flags=re.M)
+    assert n == 1
+    (dump / "config.toml").write_text(text)
+    capsys.readouterr()
+    assert export(dump / "checkpoint", "--to", "hf", tmp_path / "hf") == 2
+    error = error_line(capsys)
+    assert error.startswith(f"titan: error: export: {dump / 'config.toml'}: ") and message in error

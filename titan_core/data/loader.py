@@ -161,15 +161,39 @@ def folder_files(root: Path) -> tuple[list[Path], list[Path]]:
     return files, skipped
 
 
-def files_fingerprint(path: str | None) -> dict[str, int] | None:
-    """How many data files ``path`` holds and their bytes (``None``: no local path): what a
-    resume compares, so files added, removed or rewritten since a checkpoint are named (the
-    position it skips to would land in another stream)."""
+#: Bytes read from each end of every data file for the fingerprint: a rewrite or a reorder of
+#: the lines shows there, and a corpus of many large files is not read whole at start-up.
+_SAMPLE_BYTES = 4096
+
+
+def files_fingerprint(path: str | None) -> dict[str, Any] | None:
+    """How many data files ``path`` holds, their bytes, and a digest of their names (relative,
+    in reading order), sizes and first and last 4 KiB (``None``: no local path): what a resume
+    compares, so files added, removed, renamed or rewritten since a checkpoint are named (the
+    position it skips to would land in another stream). Times are left out: a copy of the same
+    files is the same data."""
+    import hashlib
+
     if not path or not os.path.exists(path):
         return None
     root = Path(path)
     files = folder_files(root)[0] if root.is_dir() else [root]
-    return {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    digest = hashlib.sha256()
+    total = 0
+    for file in files:
+        size = file.stat().st_size
+        total += size
+        name = file.relative_to(root).as_posix() if root.is_dir() else ""
+        digest.update(f"{name}\0{size}\0".encode("utf-8", "surrogateescape"))
+        try:
+            with open(file, "rb") as f:
+                digest.update(f.read(_SAMPLE_BYTES))
+                if size > _SAMPLE_BYTES:
+                    f.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
+                    digest.update(f.read(_SAMPLE_BYTES))
+        except OSError:
+            digest.update(b"unreadable")  # the reader names the file when it gets there
+    return {"files": len(files), "bytes": total, "digest": digest.hexdigest()[:16]}
 
 
 def read_text_files(path: str | None) -> Iterator[str]:
@@ -353,6 +377,9 @@ class PackedBatches:
     #: the same batches from the start, so a restart repeats batches within one validation).
     #: ``None``: the data restarts silently (training's corpus repeats, as documented).
     repeat_warning: str | None = None
+    #: Batches one unit of ``repeat_warning`` reads (a validation step reads the microbatches
+    #: of one global batch), for the bound the warning gives.
+    batches_per_step: int = 1
     _repeat_warned: bool = attrs.field(default=False, init=False, repr=False)
 
     def _sequences(self) -> Iterator[list[int]]:
@@ -417,14 +444,19 @@ class PackedBatches:
         for a sequence after the pass's last, so a request that fits the data never warns)."""
         self._repeat_warned = True
         batches = sequences // self.batch_size
+        per = self.batches_per_step
+        fits = batches // per
+        bound = (
+            f"Lower {self.repeat_warning} to at most {fits}, or add documents" if fits else "Add documents"
+        )
         _log().warning(
             f"{self.repeat_warning} asks for more batches than {self.name} holds: one pass gives "
             f"{sequences} sequences of training.seq_len={self.seq_len} + 1 tokens"
             + (f" on data-parallel rank {self.dp_rank}" if self.dp_degree > 1 else "")
             + f", {batches} distinct batch{'es' if batches != 1 else ''} of "
-            f"training.local_batch_size={self.batch_size}; the batches after those repeat them, so "
-            f"their documents count more than once. Lower {self.repeat_warning} to at most {batches}, "
-            "or add documents",
+            f"training.local_batch_size={self.batch_size}"
+            + (f" ({per} per step, one global batch)" if per > 1 else "")
+            + f"; the batches after those repeat them, so their documents count more than once. {bound}",
             distinct_batches=batches,
         )
 

@@ -192,7 +192,13 @@ def damaged_file(found: Usable, rank: int, peers: Peers) -> str | None:
     disk: what :meth:`_checksums` computed at the save, so the two cannot disagree on which
     pieces there are (a check rebuilt from the saved list alone would pass a file that grew,
     or one the list leaves out, without comparing it)."""
-    if not found.checksums:  # written by an earlier titan
+    if not found.checksums:  # written by an earlier titan (or its record edited)
+        if rank == 0:
+            log.warning(
+                "checkpoint data not checked: its meta.json records no CRC-32 checksums (a save of "
+                "an earlier titan, or an edited record), so damage on disk would go unseen",
+                path=found.path,
+            )
         return None
     files = found.checksums.get("files") or {}
     chunk = int(found.checksums.get("chunk_bytes", CHUNK_BYTES))

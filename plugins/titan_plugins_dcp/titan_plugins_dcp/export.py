@@ -23,9 +23,12 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from titan_core.errors import UsageError
+
+if TYPE_CHECKING:
+    from titan_core.config import TrainerConfig
 
 #: Files this command writes; ``--overwrite`` removes these (and only these) from OUT_DIR first.
 _OUTPUTS = re.compile(
@@ -76,15 +79,17 @@ def run(args: argparse.Namespace) -> int:
     max_shard = _parse_size(args.max_shard_size)
     out = Path(args.out_dir)
     _check_out_dir(out, args.overwrite)
-    model, data, source = _model_section(checkpoint, args)
-
     from titan_core import get_registry
+    from titan_core.layout import model_arguments
 
     registry = get_registry(set(getattr(args, "disable_plugin", None) or []))
-    spec = registry.get("models", model["name"], what="model")
-    try:
-        model_args = spec.flavor(model["flavor"], model["overrides"])
-    except LookupError as exc:
+    run_config, source = _run_config(checkpoint, args, registry)
+    model = run_config.model
+    spec = registry.get("models", model.name, what="model")
+    tokenizer = _tokenizer(run_config.data.tokenizer_path)
+    try:  # the BOS id filled in from the tokenizer, as training does (document_mask)
+        model_args = model_arguments(spec, run_config, tokenizer)
+    except UsageError as exc:
         raise UsageError(f"export: the model of {source}: {exc}") from None
     adapter = spec.state_dict_adapter
     if adapter is None:
@@ -92,15 +97,14 @@ def run(args: argparse.Namespace) -> int:
             f"export: model {spec.name!r} has no Hugging Face adapter (ModelSpec.state_dict_adapter), "
             "so it cannot be written as a Hugging Face model"
         )
-    described = f"{spec.name}/{model['flavor']}" + (
-        f" with overrides {model['overrides']}" if model["overrides"] else ""
+    described = f"{spec.name}/{model.flavor}" + (
+        f" with overrides {model.overrides}" if model.overrides else ""
     )
     state = _load_model(checkpoint, spec, model_args, f"{described} (from {source})")
-    _check_saved_model(checkpoint, model, data, source)  # same shapes: the same model, too?
+    _check_saved_model(checkpoint, spec, run_config, source)  # same shapes: the same model, too?
     hf_state = adapter.to_hf(state, model_args)
     config = dict(adapter.hf_config(model_args))
     config["torch_dtype"] = args.dtype
-    tokenizer = _tokenizer(data)
     if tokenizer is not None:
         config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
 
@@ -134,7 +138,7 @@ def _checkpoint_folder(path: Path) -> Path:
     A folder the checkpointer would not resume from (damaged data, an unfinished save, a save
     after a non-finite loss: :func:`~titan_plugins_dcp.checkpointer.verify_folder`) is refused
     when named, and passed over (with a warning) when a newer one of a run's folder is it."""
-    from titan_plugins_dcp._folder import scan
+    from titan_plugins_dcp._folder import inspect, scan
     from titan_plugins_dcp.checkpointer import verify_folder
 
     if not path.is_dir():
@@ -143,10 +147,11 @@ def _checkpoint_folder(path: Path) -> Path:
         if (why := verify_folder(str(path))) is not None:
             raise UsageError(f"export: {str(path)!r} cannot be exported: {why}")
         return path
-    steps = [Path(p) for _, p in scan(str(path))[0] if os.path.isfile(os.path.join(p, ".metadata"))]
+    steps = [(n, Path(p)) for n, p in scan(str(path))[0] if os.path.isfile(os.path.join(p, ".metadata"))]
     skipped = []
-    for step in steps:  # newest first
-        why = verify_folder(str(step))
+    for number, step in steps:  # newest first; what a resume skips (a link out of the folder, too)
+        found = inspect(number, str(step), str(path))
+        why = found if isinstance(found, str) else verify_folder(str(step))
         if why is None:
             for name, reason in skipped:
                 print(f"titan: warning: export: skipped {name}: {reason}", file=sys.stderr)
@@ -182,36 +187,37 @@ def _same_tokenizer(a: str | None, b: str | None) -> bool:
     return first is not None and first == content(b)
 
 
-def _check_saved_model(checkpoint: Path, model: dict[str, Any], data: dict[str, Any], source: str) -> None:
+def _check_saved_model(checkpoint: Path, spec: Any, config: TrainerConfig, source: str) -> None:
     """Refuse to describe the weights as another model than the one they were trained as: the
-    run's record in ``meta.json`` (when there is one) must name the model ``source`` gives, or
-    config.json would say another ``rope_theta`` or ``norm_eps`` over the same shapes; and the
-    tokenizer, or the export would pair the weights with another one."""
+    run's record in ``meta.json`` (when there is one) must build the model ``source`` gives (a
+    resume's rule: an override at its default is the same model), or config.json would say
+    another ``rope_theta`` or ``norm_eps`` over the same shapes; and the tokenizer, or the export
+    would pair the weights with another one."""
+    from titan_core.trainer import model_changes, resume_record
+
     try:
         meta = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))["meta"]
         saved = meta["model"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # no record (another tool's checkpoint, an earlier titan's): shapes are checked
-    trained_with = (meta.get("data") or {}).get("data.tokenizer_path", data.get("tokenizer_path"))
-    if not _same_tokenizer(trained_with, data.get("tokenizer_path")):
+    given_tokenizer = config.data.tokenizer_path
+    trained_with = (meta.get("data") or {}).get("data.tokenizer_path", given_tokenizer)
+    if not _same_tokenizer(trained_with, given_tokenizer):
         raise UsageError(
             f"export: {checkpoint} was trained with data.tokenizer_path {trained_with!r}, but {source} "
-            f"gives {data.get('tokenizer_path')!r}: the export would pair the weights with another "
+            f"gives {given_tokenizer!r}: the export would pair the weights with another "
             "tokenizer; export with the recipe that trained them, or without --recipe"
         )
-    given = json.loads(json.dumps(model, default=str))
-    if not isinstance(saved, dict) or saved == given:
+    if not isinstance(saved, dict):
         return
-    changes = [
-        f"model.{key}: {saved.get(key)!r} -> {given.get(key)!r}"
-        for key in ("name", "flavor", "overrides")
-        if saved.get(key) != given.get(key)
-    ]
-    raise UsageError(
-        f"export: {checkpoint} was saved by another model than {source} describes ({'; '.join(changes)}), "
-        "so config.json would describe the weights wrongly; export with the recipe that trained them "
-        "(--recipe NAME [--module MOD]), or without --recipe to read the run's config.toml"
-    )
+    changes = model_changes(spec, saved, resume_record(config, 0)["model"])
+    if changes:
+        raise UsageError(
+            f"export: {checkpoint} was saved by another model than {source} describes "
+            f"({'; '.join(changes)}), so config.json would describe the weights wrongly; export "
+            "with the recipe that trained them (--recipe NAME [--module MOD]), or without --recipe "
+            "to read the run's config.toml"
+        )
 
 
 def _parse_size(text: str) -> int:
@@ -232,38 +238,36 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
         )
 
 
-def _model_section(checkpoint: Path, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """``model`` (name, flavor, overrides) and ``data`` sections of the run, and where they came from."""
+def _run_config(checkpoint: Path, args: argparse.Namespace, registry: Any) -> tuple[TrainerConfig, str]:
+    """The run's config (its ``model`` and ``data``, what export reads) and where it came from:
+    the recipe given, or the run's ``config.toml`` read by the recipe's rules (a field of the
+    wrong type is one error naming it, as in a recipe)."""
+    from titan_core.config import ConfigError, from_dict
+
     if args.module and not args.recipe:
         raise UsageError("export: --module needs --recipe NAME (the recipe to take from the module)")
     if args.recipe:
-        from titan_core import get_registry
-        from titan_core.config import to_dict
         from titan_core.recipes import call_recipe, find_recipe
 
         if args.module and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # as `titan run --module` does
-        registry = get_registry(set(getattr(args, "disable_plugin", None) or []))
-        data = to_dict(call_recipe(find_recipe(registry, args.recipe, args.module)))
-        source = f"recipe {args.recipe!r}"
-    else:
-        found = next((p / "config.toml" for p in checkpoint.parents if (p / "config.toml").is_file()), None)
-        if found is None:
-            raise UsageError(
-                f"export: no config.toml in the folders above {str(checkpoint)!r} (training writes it into "
-                "job.dump_folder); name the model with --recipe NAME [--module MOD]"
-            )
-        data = _read_toml(found)
-        source = str(found)
+        return call_recipe(find_recipe(registry, args.recipe, args.module)), f"recipe {args.recipe!r}"
+    found = next((p / "config.toml" for p in checkpoint.parents if (p / "config.toml").is_file()), None)
+    if found is None:
+        raise UsageError(
+            f"export: no config.toml in the folders above {str(checkpoint)!r} (training writes it into "
+            "job.dump_folder); name the model with --recipe NAME [--module MOD]"
+        )
+    data = _read_toml(found)
     model = data.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("name"), str):
-        raise UsageError(f"export: {source} has no [model] section with a name; is it titan's config.toml?")
-    section = {
-        "name": model["name"],
-        "flavor": str(model.get("flavor", "debugmodel")),
-        "overrides": dict(model.get("overrides") or {}),
-    }
-    return section, dict(data.get("data") or {}), source
+        raise UsageError(f"export: {found} has no [model] section with a name; is it titan's config.toml?")
+    # Only the sections export reads: another section's field (a plugin's not installed here)
+    # is not export's to judge.
+    try:
+        return from_dict({k: data[k] for k in ("model", "data") if k in data}), str(found)
+    except ConfigError as exc:
+        raise UsageError(f"export: {found}: " + "; ".join(exc.problems)) from None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -332,12 +336,12 @@ def _load_model(checkpoint: Path, spec: Any, model_args: Any, described: str) ->
     return state
 
 
-def _tokenizer(data: dict[str, Any]) -> Any:
+def _tokenizer(tokenizer_path: str | None) -> Any:
     """The run's tokenizer (``data.tokenizer_path``, or titan's bundled one), or None if gone."""
     from titan_core.data.loader import load_tokenizer
 
     try:
-        return load_tokenizer(data.get("tokenizer_path"))
+        return load_tokenizer(tokenizer_path)
     except UsageError as exc:
         print(f"titan: warning: export: the run's tokenizer is not copied: {exc}", file=sys.stderr)
         return None

@@ -387,6 +387,30 @@ def test_validation_steps_beyond_the_data_warns_once_naming_the_distinct_batches
     assert "Lower validation.steps to at most 2" in event
 
 
+@pytest.mark.parametrize(
+    ("per_step", "advice"), [(2, "Lower validation.steps to at most 1"), (3, "Add documents")]
+)
+def test_the_repeat_warning_bounds_validation_steps_of_several_microbatches(
+    per_step: int, advice: str
+) -> None:
+    """Under gradient accumulation a validation step reads one global batch of ``per_step``
+    microbatches: the bound the warning gives counts steps, not microbatches."""
+    import itertools
+
+    from structlog.testing import capture_logs
+
+    texts = ["a short document about rain.", "and one about bread."]
+    window = _tokens(texts) // 2  # two sequences in one pass
+    loader = _val_loader(
+        texts, window - 1, name="validation.dataset 'text'", repeat_warning="validation.steps"
+    )
+    loader.batches_per_step = per_step
+    with capture_logs() as logs:
+        list(itertools.islice(iter(loader), 2 * per_step))
+    (warning,) = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert f"({per_step} per step, one global batch)" in warning and advice in warning
+
+
 def test_validation_steps_that_fit_the_data_and_training_repeats_do_not_warn() -> None:
     import itertools
 

@@ -469,6 +469,20 @@ def test_a_data_file_grown_past_its_saved_pieces_is_damaged(tmp_path: Path, even
     )
 
 
+def test_a_checkpoint_recording_no_checksums_loads_with_a_warning(tmp_path: Path, events: Events) -> None:
+    """An earlier titan's save (or an edited record) has no CRC-32s: it loads, but not silently
+    as if its data had been checked."""
+    ck, data = _saved_in_pieces(tmp_path)
+    meta_path = data.parent / "meta.json"
+    record = json.loads(meta_path.read_text())
+    del record["checksums"]
+    meta_path.write_text(json.dumps(record))
+    fresh = Run(seed=7)
+    assert ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0] == 4
+    (unchecked,) = [f for level, e, f in events.lines if level == "warning" and "not checked" in e]
+    assert unchecked["path"].endswith("step-4")
+
+
 def test_a_data_file_without_a_saved_checksum_is_damaged(tmp_path: Path, events: Events) -> None:
     """Every data file DCP's index points into is compared, as every one was checksummed at the
     save: one the saved record leaves out was not compared at all (a check comparing nothing)."""

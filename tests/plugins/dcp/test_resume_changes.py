@@ -68,6 +68,15 @@ def test_a_resume_applies_this_runs_optimizer_settings_and_says_so(
     assert "training.beta2: 0.95 -> 0.99" in message
 
 
+def test_a_resume_in_another_precision_says_so(tmp_path: Path, warnings: Warnings) -> None:
+    """``training.dtype`` changes every later loss (bf16 autocast against fp32), as ``lr`` does."""
+    rows(config_in(tmp_path, **{"debug.max_steps": 2}))
+    rows(config_in(tmp_path, **{"debug.max_steps": 3, "training.dtype": "bfloat16"}))
+    (message,) = [w for w in warnings.seen if "precision" in w]
+    assert "resuming with another compute precision; this run's applies from step 3" in message
+    assert "training.dtype: 'float32' -> 'bfloat16'" in message
+
+
 def test_a_resume_into_another_model_of_the_same_shapes_is_refused(tmp_path: Path) -> None:
     first = rows(config_in(tmp_path, **{"debug.max_steps": 3}))
     before = {name: (tmp_path / name).read_text() for name in ("run.json", "metrics.jsonl")}
@@ -354,3 +363,43 @@ def test_a_resume_after_the_data_files_changed_says_so(tmp_path: Path, warnings:
     rows(config_in(tmp_path / "run", **text))
     (message,) = [w for w in warnings.seen if "another data configuration" in w]
     assert "the files at data.path: 1 files of" in message and "-> 2 of" in message
+
+
+@pytest.mark.parametrize("change", ["renamed", "rewritten at the same size"])
+def test_a_resume_after_data_files_were_renamed_or_rewritten_says_so(
+    tmp_path: Path, warnings: Warnings, change: str
+) -> None:
+    """Files are read in sorted path order: a rename reorders the stream, a rewrite of the same
+    size changes it; the count and bytes alone stayed the same, so neither was named."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in ("a", "b"):
+        lines = (f'{{"text": "document {i} of {name} on hills"}}' for i in range(200))
+        (folder / f"{name}.jsonl").write_text("\n".join(lines))
+    text = {"data.dataset": "text", "data.path": str(folder)}
+    rows(config_in(tmp_path / "run", **{**text, "debug.max_steps": 3}))
+    if change == "renamed":
+        (folder / "a.jsonl").rename(folder / "c.jsonl")
+    else:
+        b = folder / "b.jsonl"
+        b.write_text(b.read_text().replace("hills", "slihl"))
+    rows(config_in(tmp_path / "run", **text))
+    (message,) = [w for w in warnings.seen if "another data configuration" in w]
+    assert "the files at data.path were renamed or rewritten (the same 2 files of" in message
+
+
+def test_a_resume_of_unchanged_or_copied_data_files_says_nothing(tmp_path: Path, warnings: Warnings) -> None:
+    """The same content at the same names (a copy keeps them; times may change) is the same data."""
+    import shutil
+    import time
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("\n".join(f'{{"text": "document {i} on hills"}}' for i in range(400)))
+    text = {"data.dataset": "text", "data.path": str(folder)}
+    rows(config_in(tmp_path / "run", **{**text, "debug.max_steps": 3}))
+    time.sleep(0.01)
+    shutil.copyfile(folder / "a.jsonl", tmp_path / "a.jsonl")
+    (tmp_path / "a.jsonl").replace(folder / "a.jsonl")  # a new file, new times, same bytes
+    rows(config_in(tmp_path / "run", **text))
+    assert not [w for w in warnings.seen if "another data configuration" in w]
