@@ -9,8 +9,9 @@
 #                 with MODULE, CONFIG is required.
 #   CONFIG        recipe name; default llama3_debugmodel (only without MODULE).
 #   COMM_BACKEND  empty (torchrun, real communication) or "fake": one plain process standing
-#                 for one rank of an NGPU-rank job, limited to one step unless the recipe sets
-#                 debug.max_steps (docs/debugging.md).
+#                 for one rank of an NGPU-rank job (NGPU then required), limited to one step
+#                 unless the recipe sets debug.max_steps (docs/debugging.md). An argument
+#                 --comm-backend fake selects the same mode.
 # Further arguments go to `python -m titan_core.train` (e.g. --dump-folder DIR); with --print-config
 # (or --help) one plain process prints and exits, without torchrun.
 #
@@ -41,6 +42,10 @@ visible_cuda_devices() {
   fi
 }
 
+# Whether NGPU came from the user: under the fake backend it is the logical world size, which
+# the default (the visible devices) cannot know.
+ngpu_given=0
+[ -n "${NGPU:-}" ] && ngpu_given=1
 if [ -z "${NGPU:-}" ]; then
   NGPU=$(visible_cuda_devices)
   [ "${NGPU}" -gt 0 ] 2>/dev/null || NGPU=1
@@ -106,7 +111,11 @@ launch_check() {
     "${NGPU}" "${args[@]}" "$@" || exit "$?"
 }
 
-case "${COMM_BACKEND:-}" in
+backend=${COMM_BACKEND:-}
+# `--comm-backend fake` is the pure fake mode too: one plain process for one step, never torchrun
+# (which would start NGPU processes that each refuse to run alone).
+[ -z "${backend}" ] && [ "${cli_backend}" = fake ] && backend=fake
+case "${backend}" in
   "" | default)
     if [ "${wants_help}" = 1 ] || [ "${prints_config}" = 1 ]; then
       exec python -m titan_core.train "${args[@]}" "$@"
@@ -126,6 +135,10 @@ case "${COMM_BACKEND:-}" in
       die "COMM_BACKEND=fake and --comm-backend ${cli_backend} ask for two different backends;" \
         "for ${cli_backend} unset COMM_BACKEND (hybrid mode runs under torchrun, docs/debugging.md)"
     fi
+    [ "${ngpu_given}" = 1 ] || [ "${wants_help}" = 1 ] || [ "${prints_config}" = 1 ] \
+      || die "the fake comm backend needs NGPU, the logical world size of the job this process" \
+        "stands for (the product of the recipe's parallel degrees), e.g. NGPU=8; the launcher's" \
+        "default NGPU=${NGPU} (the visible CUDA devices, or 1) says nothing of the recipe's job"
     # One process stands for one rank of the NGPU-rank job: no torchrun, no peers. The process
     # checks its launch contract itself before building anything (exit 2 on an error).
     export LOCAL_RANK=0

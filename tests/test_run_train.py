@@ -152,6 +152,44 @@ def test_fake_backend_runs_one_process_for_one_step(tmp_path: Path) -> None:
     assert [r["step"] for r in steps] == [1]  # the recipe asks for 2; pure fake stops after 1
 
 
+def launch_args(folder: Path, overrides: dict, *args: str, **env: str | None) -> subprocess.CompletedProcess:
+    """``./run_train.sh ARGS`` with the tiny recipe; an ``env`` value of ``None`` unsets it."""
+    module = write_recipe_module(folder, {"training.steps": 2, **overrides})
+    full_env = child_env(folder, MODULE=module, CONFIG="layout")
+    full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full_env.get("PATH", "")])
+    for key, value in env.items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    return subprocess.run(
+        [str(SCRIPT), *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [((), {"COMM_BACKEND": "fake"}), (("--comm-backend", "fake"), {}), (("--comm-backend=fake",), {})],
+)
+def test_pure_fake_without_ngpu_is_refused(tmp_path: Path, args: tuple[str, ...], env: dict) -> None:
+    """NGPU is the logical world size there: the launcher's default (visible GPUs, or 1) would
+    size another job than the recipe's without a word."""
+    result = launch_args(tmp_path, {"parallelism.dp_shard": 2}, *args, NGPU=None, **env)
+    line = one_error_line(result, "run_train.sh: error: ")
+    assert "the fake comm backend needs NGPU, the logical world size" in line
+
+
+@pytest.mark.slow
+def test_comm_backend_flag_fake_runs_as_comm_backend_fake_does(tmp_path: Path) -> None:
+    """``--comm-backend fake`` through the launcher is the pure fake mode: one plain process
+    (not torchrun) for one step, as with COMM_BACKEND=fake."""
+    result = launch_args(tmp_path, {"parallelism.dp_shard": 2}, "--comm-backend", "fake", NGPU="2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [r for r in log_records(result.stdout) if r.get("event") == "step"]
+    assert [r["step"] for r in steps] == [1]
+    assert "torchrun" not in result.stderr and "ChildFailedError" not in result.stderr
+
+
 def test_other_comm_backend_values_point_to_the_hybrid_flag(tmp_path: Path) -> None:
     result = launch(tmp_path, {}, COMM_BACKEND="real_pp_fake_spmd")
     assert result.returncode == 2

@@ -49,6 +49,20 @@ def _refuse_disabled_core(registry: Any) -> None:
             )
 
 
+def _check_torch_distributed_debug() -> None:
+    """``TORCH_DISTRIBUTED_DEBUG`` set to anything but OFF/INFO/DETAIL (any case) makes ``import
+    torch`` raise a ValueError, wherever titan first imports it (a strategy, the trainer)."""
+    from titan_core.errors import UsageError
+
+    name = "TORCH_DISTRIBUTED_DEBUG"
+    value = os.environ.get(name)
+    if value is not None and value.upper() not in ("OFF", "INFO", "DETAIL"):
+        raise UsageError(
+            f"{name}={value!r}: torch accepts only OFF, INFO or DETAIL (any case); set one of "
+            "them or unset it"
+        )
+
+
 def _check_log_format() -> None:
     """``TITAN_LOG_FORMAT`` is ``json``, ``console`` or unset: another value would be ignored."""
     from titan_core.errors import UsageError
@@ -64,10 +78,12 @@ def _check_log_format() -> None:
 
 def check_environment(registry: Any) -> None:
     """What every ``titan`` process refuses before its command runs (``titan`` and
-    ``run_train.sh``'s check before torchrun alike): a disabled core, an unknown log format."""
+    ``run_train.sh``'s check before torchrun alike): a disabled core, an unknown log format, a
+    ``TORCH_DISTRIBUTED_DEBUG`` that ``import torch`` would fail on."""
     _refuse_disabled_core(registry)
     _refuse_unknown_disabled(registry)
     _check_log_format()
+    _check_torch_distributed_debug()
 
 
 def _imported_names(source: str) -> set[str]:

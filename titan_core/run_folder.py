@@ -22,6 +22,11 @@ LOCK_NAME = ".titan.lock"
 
 def _folder_problem(path: str, what: str) -> str | None:
     """Why ``path`` cannot be a folder this run writes into, or ``None``."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return (
+            f"{what}: {path!r} is a link to {os.readlink(path)!r}, which does not exist; create "
+            "its target or choose another path"
+        )
     if os.path.exists(path) and not os.path.isdir(path):
         return f"{what}: {path!r} exists and is not a folder; choose another path"
     try:
@@ -38,6 +43,11 @@ def _writable_folder_problem(path: str, what: str) -> str | None:
     probe = path
     while not os.path.lexists(probe) and os.path.dirname(probe) not in ("", probe):
         probe = os.path.dirname(probe)
+    if os.path.islink(probe) and not os.path.exists(probe):
+        return (
+            f"{what}: {probe!r} is a link to {os.readlink(probe)!r}, which does not exist; create "
+            "its target or choose another path"
+        )
     if os.path.lexists(probe) and not os.path.isdir(probe):
         if probe == path:
             return f"{what}: {path!r} exists and is not a folder; choose another path"

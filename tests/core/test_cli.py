@@ -319,6 +319,17 @@ def test_a_recipe_that_calls_sys_exit_is_one_clear_error(tmp_path: Path) -> None
             {"TITAN_DISABLE_PLUGINS": "memroy, profiler"},
             "TITAN_DISABLE_PLUGINS='memroy, profiler': no plugin named memroy; plugins: comm, core,",
         ),
+        # torch raises its ValueError on `import torch`, deep inside the run or a strategy.
+        (
+            ["run", "--recipe", "llama3_debugmodel", "--print-config"],
+            {"TORCH_DISTRIBUTED_DEBUG": "bogus"},
+            "TORCH_DISTRIBUTED_DEBUG='bogus': torch accepts only OFF, INFO or DETAIL",
+        ),
+        (
+            ["run", "--recipe", "llama3_debugmodel"],
+            {"TORCH_DISTRIBUTED_DEBUG": ""},
+            "TORCH_DISTRIBUTED_DEBUG=''",
+        ),
     ],
 )
 def test_an_environment_or_option_titan_cannot_honour_is_refused(

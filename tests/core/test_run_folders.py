@@ -352,3 +352,15 @@ def test_a_start_over_removes_only_the_event_files_of_its_tensorboard_folder(tmp
     train(config, get_registry())  # the same run over
     assert (tmp_path / "tb" / "notes.txt").read_text() == "mine" and (tmp_path / "tb" / "plots").is_dir()
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_tensorboard_folder_that_is_a_dangling_link_says_so(tmp_path: Path) -> None:
+    """It said "exists and is not a folder" of a path that does not exist."""
+    config = tiny_llama3(tmp_path / "run", 2)
+    config.metrics.enable_tensorboard = True
+    (tmp_path / "tb").symlink_to(tmp_path / "gone")
+    config.metrics.save_tb_folder = str(tmp_path / "tb")
+    with pytest.raises(
+        UsageError, match=r"metrics.save_tb_folder: .*tb' is a link to .*gone', which does not exist"
+    ):
+        train(config, get_registry())

@@ -298,7 +298,9 @@ def analyze(
                 "missing_dumps": missing,
                 "unreadable_dumps": corrupt,
                 "collective": collective,
-                "waiting": waiting if behind else [],
+                # Without every member's dump, the ranks at the last collective may be waiting
+                # for one that left none.
+                "waiting": waiting if (behind or missing or corrupt) else [],
                 "behind": behind,
                 "behind_last": {r: per_rank[r]["last"] for r in behind},
                 "mismatch": mismatch,
@@ -389,6 +391,15 @@ def format_report(result: dict[str, Any], folder: str) -> str:
             lines.append(f"  MISMATCH at {_collective_text(g['collective'])}: ranks {g['mismatch']}")
         elif g["stuck"]:
             lines.append(f"  STUCK in {_collective_text(g['collective'])}: ranks {g['stuck']}")
+        elif g["missing_dumps"] or g["unreadable_dumps"]:
+            at = ", ".join(map(str, g["waiting"]))
+            absent = sorted(g["missing_dumps"] + g["unreadable_dumps"])
+            noun = "rank" if len(absent) == 1 else "ranks"
+            lines.append(
+                f"  ranks {at} (those with a dump) at {_collective_text(g['collective'])}; "
+                f"{noun} {', '.join(map(str, absent))} left none"
+                + (" readable" if g["unreadable_dumps"] else "")
+            )
         else:
             lines.append(f"  all members at {_collective_text(g['collective'])}")
         if g["unreadable_dumps"]:

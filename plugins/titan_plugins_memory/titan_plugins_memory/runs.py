@@ -111,9 +111,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def warn_only(run: str) -> bool | None:
-    """Whether the run's ``config.toml`` has ``debug.deterministic_warn_only = true``; ``None``
-    when the run has no ``config.toml`` (nothing to tell it by)."""
+def run_config(run: str) -> dict[str, Any] | None:
+    """The run's ``config.toml`` as a dict; ``None`` when the run has none (nothing to tell it by)."""
     path = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "config.toml")
     if not os.path.exists(path):
         return None
@@ -124,17 +123,44 @@ def warn_only(run: str) -> bool | None:
         raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     try:
         import tomllib
-    except ImportError:  # Python 3.10: the one line is enough
-        section = re.search(rb"^\[debug\](.*?)(^\[|\Z)", raw, re.S | re.M)
-        return bool(section and re.search(rb"^deterministic_warn_only\s*=\s*true", section.group(1), re.M))
+    except ImportError:  # Python 3.10: the top-level scalars of each section are enough
+        return _sections_of(raw.decode(errors="replace"))
     try:
-        debug = tomllib.loads(raw.decode()).get("debug", {})
+        return tomllib.loads(raw.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(
             f"{path}: cannot be read as TOML ({exc}); it is the run's config, which --rtol/--atol "
-            "checks for debug.deterministic_warn_only: restore it from the run"
+            "checks (debug.deterministic_warn_only, comm.backend): restore it from the run"
         ) from None
+
+
+def _sections_of(text: str) -> dict[str, Any]:
+    """``[section]`` / ``key = true|false|"string"`` lines of a config.toml (no tomllib)."""
+    config: dict[str, Any] = {}
+    section: dict[str, Any] = config
+    for line in text.splitlines():
+        if m := re.fullmatch(r"\[(\w+)\]\s*", line):
+            section = config.setdefault(m.group(1), {})
+        elif m := re.fullmatch(r'(\w+)\s*=\s*(true|false|"[^"]*")\s*', line):
+            value = m.group(2)
+            section[m.group(1)] = value == "true" if value in ("true", "false") else value.strip('"')
+    return config
+
+
+def warn_only(run: str) -> bool | None:
+    """Whether the run's ``config.toml`` has ``debug.deterministic_warn_only = true``; ``None``
+    when the run has no ``config.toml``."""
+    config = run_config(run)
+    if config is None:
+        return None
+    debug = config.get("debug", {})
     return bool(isinstance(debug, dict) and debug.get("deterministic_warn_only", False))
+
+
+def pure_fake(run: str) -> bool:
+    """Whether the run was made under the pure fake comm backend (``comm.backend = 'fake'``)."""
+    comm = (run_config(run) or {}).get("comm", {})
+    return isinstance(comm, dict) and comm.get("backend") == "fake"
 
 
 def _labels(runs: list[str]) -> list[str]:
@@ -191,7 +217,12 @@ def compare_runs(
                 rel = diff / abs(r) if r else (0.0 if diff == 0 else math.inf)
                 if diff > largest["abs"] or largest["step"] is None:
                     largest.update({"abs": diff, "rel": rel, "step": step, "value": v, "ref": r})
-                if asserting and not _close(v, r, rtol_, atol_):
+                if asserting and not _close(v, r, rtol_, atol_) and not math.isfinite(diff):
+                    failures.append(
+                        f"{labels[i]}: {m} at step {step} is {v:.6g}, the reference {labels[0]} has "
+                        f"{r:.6g}: a value that is not finite compares equal to nothing"
+                    )
+                elif asserting and not _close(v, r, rtol_, atol_):
                     failures.append(
                         f"{labels[i]}: {m} at step {step} is {v:.6g}, the reference {labels[0]} has {r:.6g} "
                         f"(|diff| {diff:.3g} > atol {atol_:g} + rtol {rtol_:g} * |ref|)"
@@ -321,6 +352,13 @@ def run(args: argparse.Namespace) -> int:
                 )
             if loose is None and os.path.exists(r):  # a missing run is read_metrics' error
                 unchecked.append(r)
+            if pure_fake(r):
+                raise UsageError(
+                    f"{r}: a pure fake run (comm.backend = 'fake'): its losses are no training "
+                    "values (fake tensors carry no numbers, and one process stood for one rank of "
+                    "a simulated job); compare real runs, or leave out --rtol/--atol to only look "
+                    "at the curves"
+                )
     result = compare_runs(args.runs, metrics, args.rtol, args.atol)
     for r in unchecked:
         print(

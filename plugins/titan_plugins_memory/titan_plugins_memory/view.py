@@ -396,7 +396,7 @@ def _titan_html(titan: dict[str, Any]) -> str:
 _GENERATOR = "<meta name='generator' content='titan memory view'>"
 
 
-def _check_output(output: str) -> None:
+def _check_output(output: str, given: bool = True) -> None:
     """Refuse to replace a file that is not a page of this command (``-o my_recipe.py`` turned a
     recipe into HTML), and to create folders for ``-o``."""
     folder = os.path.dirname(os.path.abspath(output))
@@ -412,17 +412,23 @@ def _check_output(output: str) -> None:
                 ours = _GENERATOR in f.read(4096)
         except OSError:
             ours = False
-        if not ours:
+        if not ours and given:
             raise UsageError(
                 f"-o {output}: the file exists and is not a page titan memory view wrote; give a new "
                 "path, or remove the file first"
+            )
+        if not ours:
+            raise UsageError(
+                f"the page beside the snapshot, {output}, exists and is not a page titan memory view "
+                "wrote; give -o PATH for the page, or move the file"
             )
 
 
 def write_html(snapshot_path: str, output: str | None = None, top: int = 20) -> str:
     """Write the page beside the snapshot (or at ``output``); returns its path."""
+    given = output is not None
     output = output or os.path.splitext(snapshot_path)[0] + ".html"
-    _check_output(output)
+    _check_output(output, given)
     snapshot = load_snapshot(snapshot_path)
     try:
         page = render_html(snapshot, snapshot_path, top)

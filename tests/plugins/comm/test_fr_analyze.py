@@ -100,6 +100,13 @@ def test_mismatch_stuck_and_missing_dumps(tmp_path: Path) -> None:
     result = run_titan("fr", "analyze", str(tmp_path / "missing"))
     assert "never completed #4 all_reduce" in result.stdout.splitlines()[1]
     assert "no dump from ranks [3]" in result.stdout
+    # The world group's barrier completed on the ranks that left a dump; rank 3 may be behind,
+    # so they are not "all members".
+    assert "all members at" not in result.stdout
+    assert "ranks 0, 1, 2 (those with a dump) at #1 barrier [[1]]; rank 3 left none" in result.stdout
+    data = json.loads(run_titan("fr", "analyze", str(tmp_path / "missing"), "--json").stdout)
+    world = next(g for g in data["process_groups"] if g["name"] == "0")
+    assert world["waiting"] == [0, 1, 2] and world["missing_dumps"] == [3] and not world["ok"]
 
 
 def test_no_dumps_is_one_clear_line(tmp_path: Path) -> None:

@@ -86,6 +86,32 @@ def test_refuses_deterministic_warn_only_runs_when_asserting(tmp_path: Path) -> 
     assert run_titan("compare", str(ref), str(loose)).returncode == 0  # looking is fine
 
 
+def test_refuses_pure_fake_runs_when_asserting(tmp_path: Path) -> None:
+    """A pure fake run logs NaN losses (fake tensors carry no numbers) or one simulated rank's:
+    "nan against nan, |diff| inf" said nothing of why."""
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    fake = write_run(tmp_path / "fake", [float("nan")] * 5, NORMS)
+    with open(fake / "config.toml", "a") as f:
+        f.write('\n[comm]\nbackend = "fake"\n')
+    result = run_titan("compare", str(ref), str(fake), "--rtol", "1e-4")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert f"{fake}: a pure fake run (comm.backend = 'fake')" in line and "compare real runs" in line
+    assert run_titan("compare", str(ref), str(fake)).returncode == 0  # looking is fine
+
+
+def test_a_value_that_is_not_finite_fails_saying_so(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", [float("nan"), *LOSSES[1:]], NORMS)
+    other = write_run(tmp_path / "other", [float("nan"), *LOSSES[1:]], NORMS)
+    result = run_titan("compare", str(ref), str(other), "--rtol", "1e-4")
+    assert result.returncode == 1
+    assert (
+        "loss at step 1 is nan, the reference ref has nan: a value that is not finite"
+        in result.stdout + result.stderr
+    )
+    assert "|diff| inf" not in result.stdout + result.stderr
+
+
 def test_bad_run_folder_is_one_line(tmp_path: Path) -> None:
     ref = write_run(tmp_path / "ref", LOSSES, NORMS)
     result = run_titan("compare", str(ref), str(tmp_path / "nowhere"))

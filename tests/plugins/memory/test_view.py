@@ -204,6 +204,12 @@ def test_the_page_replaces_only_its_own_earlier_page(tmp_path: Path) -> None:
     for _ in range(2):  # its own page is rewritten
         assert run_titan("memory", "view", str(snapshot)).returncode == 0
     assert (tmp_path / "snap.html").read_text().startswith("<!doctype html>")
+    # Without -o the page goes beside the snapshot: a user's file there is named as that page.
+    (tmp_path / "snap.html").write_text("my notes\n")
+    result = run_titan("memory", "view", str(snapshot))
+    assert result.returncode == 2 and "titan: error: -o " not in result.stderr
+    assert f"the page beside the snapshot, {tmp_path / 'snap.html'}, exists and is not" in result.stderr
+    assert "give -o PATH" in result.stderr and (tmp_path / "snap.html").read_text() == "my notes\n"
 
 
 @pytest.mark.parametrize(
