@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
+import pytest
 
 from tests.conftest import REPO
 from titan_core import hookspecs
@@ -81,3 +84,73 @@ def test_the_hook_examples_that_define_a_hook_run_and_their_records_build() -> N
         for record in records:
             if name == "titan_config_sections":
                 assert attrs.has(record.cls) and record.cls() is not None  # its defaults validate
+
+
+# -- the docs' recipes, followed one page after another in one folder ---------------------------------
+
+DOC_PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+
+
+def _python_blocks(page: str) -> list[str]:
+    text = (REPO / page).read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+def _recipe(page: str, name: str) -> object:
+    """Recipe ``name`` from the python block of ``page`` that defines it."""
+    (block,) = [b for b in _python_blocks(page) if f"def {name}(" in b]
+    namespace: dict = {}
+    exec(compile(block, f"{page}:{name}", "exec"), namespace)
+    return namespace[name]
+
+
+def _modules_written(page: str) -> set[str]:
+    """The recipe module files a page has its reader write: a python block headed by the file's
+    name (``# NAME.py`` or a docstring ``\"\"\"NAME.py: ...``), and ``titan recipes copy X NAME.py``."""
+    import re
+
+    names = set()
+    for block in _python_blocks(page):
+        if m := re.match(r'(?:# |""")([\w/]+\.py)\b', block.lstrip()):
+            names.add(m.group(1))
+    names |= set(re.findall(r"titan recipes copy \S+ (\S+\.py)", (REPO / page).read_text()))
+    return names
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting_started.md"])
+def test_the_debug_recipe_runs_after_the_quickstart_in_one_folder(
+    page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``my_debug_recipe`` kept the quickstart's dump folder: run after it, it was refused as
+    another run's outputs (it trains 4 steps, not 30)."""
+    from titan_core.run_folder import RunFolder
+    from titan_plugins_llama3.recipes import llama3_debugmodel
+
+    monkeypatch.chdir(tmp_path)
+    quickstart = llama3_debugmodel()
+    Path(quickstart.job.dump_folder).mkdir(parents=True)
+    RunFolder(quickstart, dp=1, overwrite=False, is_writer=True).claim(is_logging_rank=True)
+    config = _recipe(page, "my_debug_recipe")()
+    RunFolder(config, dp=1, overwrite=False, is_writer=True)  # refused: UsageError
+    assert config.job.dump_folder != quickstart.job.dump_folder
+
+
+def test_the_seed_examples_runs_keep_their_own_metrics() -> None:
+    """The seed example's two runs from the seed shared ./outputs/seed: the second (another
+    layout, the same run) replaced the first one's metrics.jsonl."""
+    page = "docs/checkpointing.md"
+    names = ("llama3_seed", "llama3_from_seed", "llama3_from_seed_fsdp2")
+    folders = [_recipe(page, name)().job.dump_folder for name in names]
+    assert len(set(folders)) == 3, folders
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting_started.md", "docs/checkpointing.md"])
+def test_a_pages_recipe_modules_have_names_no_other_page_gives_other_contents(page: str) -> None:
+    """``my_recipes.py`` held checkpointing.md's recipes in one page and profiling.md's in
+    another: a reader following both in one folder replaced the first (or ``titan recipes copy``
+    refused the existing file)."""
+    mine = _modules_written(page)
+    assert mine, page
+    for other in DOC_PAGES:
+        if other != page:
+            assert not mine & _modules_written(other) - {"my_project/recipes.py"}, (page, other)

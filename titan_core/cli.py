@@ -147,9 +147,12 @@ def _command_name(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(registry: Any) -> argparse.ArgumentParser:
+    # No abbreviated options (``--comm-b``): run_train.sh and other wrappers read the arguments
+    # by their full names, and would see another run than the one titan starts.
     parser = argparse.ArgumentParser(
         prog="titan",
         description="titan: pre-train language models with plugins for models and parallelism.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="store_true", help="print titan's version and exit")
     parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME", help=DISABLE_HELP)
@@ -159,7 +162,9 @@ def build_parser(registry: Any) -> argparse.ArgumentParser:
     for name in conflicts:  # listed, and refused when given (_main), naming both plugins
         sub.add_parser(name, help="(refused: provided by two plugins)", add_help=False)
     for name, command in commands.items():
-        child = sub.add_parser(name, help=command.help, description=command.description or command.help)
+        child = sub.add_parser(
+            name, help=command.help, description=command.description or command.help, allow_abbrev=False
+        )
         child.add_argument(
             "--disable-plugin", action="append", default=argparse.SUPPRESS, metavar="NAME", help=DISABLE_HELP
         )

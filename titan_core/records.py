@@ -352,6 +352,17 @@ class Checkpointer:
     #: before ``checkpoint.initial_load_path`` loads a folder, which a resume's own checks do
     #: not cover.
     verify: Callable[[str, int, int], str | None] | None = None
+    #: What it writes inside ``checkpoint.folder``, as glob patterns of the entries at its top
+    #: (``"step-[0-9]"``: a step folder, its unfinished saves). ``--overwrite`` removes only
+    #: these from the checkpoint folder: whatever else a user keeps there (notes, an exported
+    #: model, another tool's files) stays. Make them match no name a user would choose. Empty:
+    #: titan cannot tell the checkpointer's files from others, and refuses ``--overwrite`` over
+    #: a checkpoint folder that holds anything (removing nothing would leave stale checkpoints
+    #: that a later run resumes from).
+    outputs: tuple[str, ...] = attrs.field(
+        default=(),
+        validator=lambda _i, _a, v: _output_patterns(v, "Checkpointer.outputs", "checkpoint.folder"),
+    )
 
 
 @attrs.frozen
@@ -396,11 +407,12 @@ def _field_paths(value: Any) -> None:
         )
 
 
-def _output_patterns(value: Any) -> None:
+def _output_patterns(value: Any, what: str = "outputs", folder: str = "the dump folder") -> None:
+    # A bare string would be read as its letters; a '/' or '..' would reach outside ``folder``.
     bad = [p for p in value if not isinstance(p, str) or not p.strip("./") or "/" in p]
     if isinstance(value, str) or bad:
         raise TypeError(
-            f"outputs: expected a tuple of file or folder name patterns at the top of the dump folder "
+            f"{what}: expected a tuple of file or folder name patterns at the top of {folder} "
             f"(like 'my_report_rank*.json': no '/', not '.' or '..'), got {value!r}"
         )
 

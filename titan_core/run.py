@@ -272,15 +272,16 @@ def preflight(argv: list[str], processes: int) -> int:
         # check writes nothing).
         parallel_dims = ParallelDims.from_config(config.parallelism, processes)
         check_layout(config, registry, parallel_dims, call_plugin)
-        if not args.overwrite:  # --overwrite: the run removes the earlier outputs itself
-            # Reads run.json and decides as the run's first process will; writes nothing.
-            RunFolder(
-                config,
-                dp=run_dp(config, registry, parallel_dims),
-                overwrite=False,
-                is_writer=False,
-                outputs=plugin_outputs(registry),
-            )
+        # Reads run.json and decides as the run's first process will, writes nothing: with
+        # --overwrite, whether it may remove the earlier outputs (the first process removes them).
+        RunFolder(
+            config,
+            dp=run_dp(config, registry, parallel_dims),
+            overwrite=args.overwrite,
+            is_writer=False,
+            outputs=plugin_outputs(registry),
+            registry=registry,
+        )
     except TitanError as exc:
         return report_error(exc)
     return 0

@@ -166,19 +166,31 @@ def _lock(folder: str, what: str, other: str) -> int:
     return fd
 
 
-def _empty(folder: str) -> None:
-    """Remove what ``folder`` holds but titan's lock file (this run holds it), then the folder if
-    that leaves it empty."""
+def _split(folder: str, patterns: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The entries of ``folder`` (titan's lock file aside) that ``patterns`` match, and the
+    others, sorted by name."""
+    import fnmatch
+
+    mine: list[str] = []
+    others: list[str] = []
+    for name in sorted(_entries(folder)):
+        (mine if any(fnmatch.fnmatchcase(name, p) for p in patterns) else others).append(name)
+    return mine, others
+
+
+def _remove_entries(folder: str, names: list[str]) -> None:
+    """Remove ``names`` from ``folder`` (a link itself, never what it points to), then the folder
+    if that leaves it empty."""
     import contextlib
     import shutil
 
-    for name in _entries(folder):
+    for name in names:
         path = os.path.join(folder, name)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
-        else:
+        elif os.path.lexists(path):
             os.remove(path)
-    with contextlib.suppress(OSError):  # it holds the lock
+    with contextlib.suppress(OSError):  # other entries stay, or titan's lock file
         os.rmdir(folder)
 
 
@@ -315,8 +327,10 @@ class RunFolder:
       of the same run, e.g. after a crash without checkpoints);
     - takes over a folder holding only a seed checkpoint of the same model;
     - otherwise stops with one error naming the differences and the fixes (another folder, or
-      ``--overwrite``, which deletes the earlier run's outputs, checkpoints and what plugins
-      declare (``Callback.outputs``, ``RunOption.outputs``) included, first).
+      ``--overwrite``, which first deletes the earlier run's outputs: its files, the entries of
+      its checkpoint folder that the checkpointer declares its own (``Checkpointer.outputs``),
+      and what plugins declare (``Callback.outputs``, ``RunOption.outputs``); anything else a
+      user keeps in these folders stays).
 
     Nothing of two different runs is ever mixed in one folder. All ranks read ``run.json`` before
     any writes it, so they decide alike.
@@ -330,13 +344,17 @@ class RunFolder:
         overwrite: bool,
         is_writer: bool,
         outputs: list[str] | None = None,
+        registry: Any = None,
     ) -> None:
         """``dp``: the run's data-parallel degree (with the local batch, the sequences of a step);
-        ``None`` for a backend that simulates peers (:func:`identity`)."""
+        ``None`` for a backend that simulates peers (:func:`identity`). ``registry``: where the
+        checkpointer of ``checkpoint.backend`` says what it writes (``Checkpointer.outputs``);
+        without one, ``--overwrite`` removes nothing from a checkpoint folder."""
         self.config = config
         self.dp = dp
         #: Glob patterns of what plugins write at the top of the folder (:func:`plugin_outputs`).
         self.outputs = outputs or []
+        self.registry = registry
         self.dump = config.job.dump_folder
         self.is_writer = is_writer
         self.prior = self._read_prior()
@@ -344,12 +362,23 @@ class RunFolder:
         self.restart = False
         self.resumed = False
         if self.prior is not None and overwrite:
+            # Every process checks (and run_train.sh's check before any starts): a refusal is the
+            # same on all of them, and comes before the first process has removed anything.
+            self._check_overwrite(self.prior)
             if is_writer:
-                self._remove(self.prior, checkpoints=True)
+                removed, kept = self._remove(self.prior, checkpoints=True)
                 from titan_core.log import get_logger
 
+                # What went from the checkpoint folder and what stayed, by name: the user sees
+                # that their own files there were left alone.
+                named: dict[str, str] = {}
+                if removed or kept:
+                    named["checkpoint_folder"] = self._prior_checkpoints(self.prior)[1]
+                    named["checkpoints_removed"] = ", ".join(removed) or "none"
+                if kept:
+                    named["checkpoint_entries_kept"] = f"{', '.join(kept)} (not written by the checkpointer)"
                 get_logger("titan.run_folder").warning(
-                    "--overwrite: removed the previous run's outputs", dump_folder=self.dump
+                    "--overwrite: removed the previous run's outputs", dump_folder=self.dump, **named
                 )
             self.prior = None
         if self.prior is None:
@@ -446,42 +475,82 @@ class RunFolder:
             json.dump(record, f, indent=2)
         return self.resumed
 
-    def _remove(self, prior: dict[str, Any], *, checkpoints: bool) -> None:
-        import shutil
-
+    def _prior_checkpoints(self, prior: dict[str, Any]) -> tuple[str, str]:
+        """The earlier run's ``checkpoint.folder`` as it named it, and its path."""
         checkpoint_folder = prior.get("checkpoint_folder") or self.config.checkpoint.folder
-        ck_path = os.path.join(self.dump, checkpoint_folder)
-        if checkpoints and os.path.isdir(ck_path) and not inside(ck_path, self.dump):
+        return checkpoint_folder, os.path.join(self.dump, checkpoint_folder)
+
+    def _checkpointer_outputs(self) -> tuple[str, ...]:
+        """``Checkpointer.outputs`` of ``checkpoint.backend`` (looked up only when a checkpoint
+        folder holds something: a run without checkpoints may name a backend not installed)."""
+        if self.registry is None:
+            return ()
+        record = self.registry.get("checkpointers", self.config.checkpoint.backend, what="checkpoint.backend")
+        return tuple(record.outputs)
+
+    def _check_overwrite(self, prior: dict[str, Any]) -> None:
+        """Refuse an ``--overwrite`` that would delete what is not the earlier run's, before
+        anything is removed; reads only."""
+        checkpoint_folder, ck_path = self._prior_checkpoints(prior)
+        if not os.path.isdir(ck_path):
+            return
+        if not inside(ck_path, self.dump):
             # Outside the dump folder (absolute, "..", a link out) it may hold another run's
-            # checkpoints, or be an ancestor of this folder: refused before anything is removed.
+            # checkpoints, or be an ancestor of this folder.
             raise UsageError(
                 f"--overwrite: checkpoint.folder {checkpoint_folder!r} ({os.path.realpath(ck_path)}) is "
                 f"outside job.dump_folder {self.dump!r}, and titan deletes nothing outside the dump "
                 "folder (another run may share it, or it holds this one); remove the checkpoints "
                 "there yourself, or set checkpoint.folder to a new folder"
             )
+        entries = sorted(_entries(ck_path))
+        if entries and not self._checkpointer_outputs():
+            # Removing everything would delete the user's files there; removing nothing would
+            # leave the earlier run's checkpoints for a later run of this folder to resume from.
+            backend = self.config.checkpoint.backend
+            label = (
+                self.registry.label("checkpointers", backend)
+                if self.registry is not None
+                else f"checkpoint.backend {backend!r}"
+            )
+            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+            raise UsageError(
+                f"--overwrite: checkpoint.folder {checkpoint_folder!r} ({ck_path}) holds {shown}, and "
+                f"{label} does not say which files are its own (Checkpointer.outputs), so titan "
+                "removes nothing there; remove them yourself, or give this run a new folder "
+                "(--dump-folder DIR)"
+            )
+
+    def _remove(self, prior: dict[str, Any], *, checkpoints: bool) -> tuple[list[str], list[str]]:
+        """Remove the earlier run's files (``checkpoints``: ``--overwrite``, its checkpoints and
+        what plugins declare too, after :meth:`_check_overwrite`); returns the entries of the
+        checkpoint folder removed and those kept (not the checkpointer's)."""
+        import shutil
+
+        ck_path = self._prior_checkpoints(prior)[1]
         names = [RUN_FILE, *RUN_FILES]
         tb_folder = prior.get("tb_folder") or self.config.metrics.save_tb_folder
-        folders = []
         # Only the event files go, inside the dump folder too: whatever else a user keeps there
         # (or a checkpoint folder an earlier titan let overlap it) is not the run's to delete.
         self._remove_events(tb_location(self.dump, tb_folder))
-        if checkpoints:  # the run's own, inside the dump folder (checked above)
-            folders.append(checkpoint_folder)
         for name in names:
             path = os.path.join(self.dump, name)
             if os.path.isfile(path):
                 os.remove(path)
-        for name in folders:
-            path = os.path.join(self.dump, name)
-            if os.path.isdir(path) and os.path.realpath(path) != os.path.realpath(self.dump):
-                _empty(path)
+        removed: list[str] = []
+        kept: list[str] = []
+        if checkpoints and os.path.isdir(ck_path) and inside(ck_path, self.dump):
+            # Only what the checkpointer declares its own: a user's notes or exported model there
+            # stay (with none declared, _check_overwrite refused an occupied folder).
+            removed, kept = _split(ck_path, self._checkpointer_outputs() if _entries(ck_path) else ())
+            _remove_entries(ck_path, removed)
         if checkpoints:  # --overwrite: what plugins wrote goes too (their records' outputs)
             for path in _declared_paths(self.dump, self.outputs):
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path)
                 elif os.path.lexists(path):
                     os.remove(path)
+        return removed, kept
 
     @staticmethod
     def _remove_events(folder: str) -> None:

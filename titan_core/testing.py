@@ -14,7 +14,9 @@ sharing, as the trainer does), fills every parameter and buffer with NaN and run
 ``init_weights``: anything still NaN was never initialised. It checks that sharing survived
 ``init_weights`` and that the ``tied`` pairs share one parameter, compares ``num_params`` with the
 real count, runs a forward pass, and applies the TP plan on a fake mesh (one process) to check
-that every parameter became a DTensor and that a forward pass runs under the plan.
+that every parameter became a DTensor and that a forward pass runs under the plan. Both forwards
+must return plain logits of shape ``(batch, seq, vocab_size)``: under the plan (called with
+``loss_parallel=False``) that means gathered over the vocabulary and the sequence.
 """
 
 from __future__ import annotations
@@ -91,10 +93,8 @@ def check_model_spec(
         except Exception as exc:
             problems.append(f"forward pass failed: {type(exc).__name__}: {exc}")
         else:
-            if tuple(logits.shape) != (batch_size, seq_len, vocab):
-                problems.append(
-                    f"forward returned shape {tuple(logits.shape)}, expected {(batch_size, seq_len, vocab)}"
-                )
+            if problem := _logits_problem(logits, (batch_size, seq_len, vocab), "forward without tp_plan"):
+                problems.append(problem)
             elif not torch.isfinite(logits).all():
                 problems.append("forward returned non-finite logits after init_weights")
     if spec.tp_plan is not None:
@@ -108,7 +108,9 @@ def check_model_spec(
 def _forward_under_tp(model: nn.Module, args: Any, tp: int, batch_size: int, seq_len: int) -> list[str]:
     """Run one forward pass of the TP-planned ``model`` on CPU. The fake process group moves no
     data, so the values mean nothing; what it catches is a plan the model's forward cannot run
-    under (a plain tensor meeting a DTensor, a layout the next module does not expect)."""
+    under (a plain tensor meeting a DTensor, a layout the next module does not expect), and one
+    whose logits are not whole on every rank: collectives still give their outputs the right
+    shapes, so a plan that leaves them split shows in the shape."""
     vocab = _vocab_size(args)
     if not vocab:
         return []
@@ -117,10 +119,52 @@ def _forward_under_tp(model: nn.Module, args: Any, tp: int, batch_size: int, seq
         for tensor in model.parameters():
             tensor.to_local().normal_(0.0, 0.02)  # type: ignore[attr-defined]
         try:
-            model(torch.randint(0, vocab, (batch_size, seq_len)))
+            logits = model(torch.randint(0, vocab, (batch_size, seq_len)))
         except Exception as exc:
             return [f"forward pass failed under tp_plan on a {tp}-rank mesh: {type(exc).__name__}: {exc}"]
-    return []
+    which = f"forward under tp_plan on a {tp}-rank mesh"
+    problem = _logits_problem(logits, (batch_size, seq_len, vocab), which, tp)
+    return [problem] if problem else []
+
+
+def _logits_problem(logits: Any, expected: tuple[int, int, int], which: str, tp: int = 1) -> str | None:
+    """Why ``logits`` are not the plain ``(batch, seq, vocab_size)`` tensor the trainer's loss
+    takes (a vocabulary- or sequence-sharded rest of a TP plan trains on the wrong classes or
+    tokens, or fails only at the first step), or ``None``."""
+    from torch.distributed.tensor import DTensor
+
+    want = f"expected (batch, seq, vocab_size) = {expected}"
+    if isinstance(logits, DTensor):
+        # check_model_spec calls the plan with loss_parallel=False: only loss parallel's context
+        # takes DTensor logits; without it the loss fails at the first step (mixed Tensor and
+        # DTensor).
+        return (
+            f"{which} returned a DTensor ({', '.join(map(repr, logits.placements))}) although "
+            "tp_plan was called with loss_parallel=False, where the loss takes plain logits; "
+            "give the output projection use_local_output=True and output_layouts=Replicate() "
+            "when loss_parallel is False"
+        )
+    if not isinstance(logits, torch.Tensor):
+        return f"{which} returned {type(logits).__name__}, not a logits tensor; {want}"
+    shape = tuple(logits.shape)
+    if shape == expected:
+        return None
+    batch, seq, vocab = expected
+    got = f"{which} returned shape {shape}, {want}"
+    if tp > 1 and shape == (batch, seq, vocab // tp):
+        return (
+            f"{got}: the output projection's plan leaves the logits sharded over the vocabulary "
+            f"(each rank holds vocab_size / {tp}), so the loss would see the wrong classes; use a "
+            "plan that gathers them when loss_parallel is False (output_layouts=Replicate(), "
+            "as titan_core.blocks.tp_plan_ends does)"
+        )
+    if tp > 1 and shape == (batch, seq // tp, vocab):
+        return (
+            f"{got}: the plan leaves the logits sharded over the sequence (each rank holds seq / "
+            f"{tp} positions), so the loss would see the wrong tokens; gather the sequence at the "
+            "output projection (ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()))"
+        )
+    return got
 
 
 def _vocab_size(args: Any) -> int | None:

@@ -152,6 +152,7 @@ class Trainer:
             overwrite=overwrite,
             is_writer=first,
             outputs=plugin_outputs(registry),
+            registry=registry,
         )
         if overwrite:  # no process writes before the first one has removed the replaced outputs
             self._wait_for_every_process()
@@ -439,7 +440,14 @@ class Trainer:
                 "resuming with other settings of plugin sections (fields their ConfigSection.results "
                 f"names); this run's apply from step {self.step + 1}: " + ", ".join(changed)
             )
-        changed = _changes(meta.get("data") or {}, resumed["data"], "")
+        saved_data = meta.get("data") or {}
+        changed = _changes(saved_data, resumed["data"], "")
+        moved = _changes(saved_data, {"data.path": resumed["data"]["data.path"]}, "")
+        if moved and changed == moved and _same_files(meta.get("data_files"), self.data_files):
+            # Only the path moved (a copy, another mount): the same files, by names, sizes and
+            # both ends of each, are the same stream.
+            log.info("data.path moved; it holds the files the checkpoint recorded", change=moved[0])
+            changed = []
         if not changed:
             changed = _files_changes(meta.get("data_files"), self.data_files)
         if changed:
@@ -1157,6 +1165,11 @@ def _files_changes(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | Non
             f"{now['bytes']} bytes, other names or content)"
         ]
     return []
+
+
+def _same_files(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> bool:
+    """Whether two ``files_fingerprint`` records, both with a digest, describe the same files."""
+    return saved is not None and now is not None and "digest" in saved and dict(saved) == dict(now)
 
 
 def _changes(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str) -> list[str]:

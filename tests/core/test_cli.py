@@ -341,3 +341,12 @@ def test_an_environment_or_option_titan_cannot_honour_is_refused(
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr and "invalid choice" not in result.stderr
+
+
+@pytest.mark.parametrize("argv", [("--comm-b", "fake"), ("--print-conf",), ("--recip", "llama3_debugmodel")])
+def test_abbreviated_options_are_refused(argv: tuple[str, ...]) -> None:
+    """argparse took ``--comm-b fake`` for ``--comm-backend fake``, but run_train.sh (and any
+    wrapper reading the arguments) sees no ``--comm-backend``: one spelling for every reader."""
+    result = run_titan("run", "--recipe", "llama3_debugmodel", *argv, "--print-config")
+    assert result.returncode == 2, result.stdout[-300:]
+    assert f"unrecognized arguments: {argv[0]}" in result.stderr and "Traceback" not in result.stderr

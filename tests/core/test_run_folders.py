@@ -364,3 +364,153 @@ def test_a_tensorboard_folder_that_is_a_dangling_link_says_so(tmp_path: Path) ->
         UsageError, match=r"metrics.save_tb_folder: .*tb' is a link to .*gone', which does not exist"
     ):
         train(config, get_registry())
+
+
+# -- --overwrite and the checkpoint folder: only what the checkpointer wrote goes ---------------------
+
+
+def _checkpointed(dump: Path, steps: int, *, enable: bool = True, lr: float | None = None) -> object:
+    config = tiny_llama3(dump, steps)
+    config.checkpoint.enable = enable
+    config.checkpoint.interval = steps
+    if lr is not None:
+        config.training.lr = lr
+    return config
+
+
+def _user_entries(folder: Path) -> None:
+    """What a user keeps in a checkpoint folder beside titan's step folders."""
+    (folder / "notes.txt").write_text("mine")
+    (folder / "exported").mkdir()
+    (folder / "exported" / "model.safetensors").write_text("weights")
+    (folder / "step-3-hf").mkdir()  # an export named after its step: not a checkpoint of titan's
+    (folder / "step-3-hf" / "config.json").write_text("{}")
+    (folder / "step-006").mkdir()  # a name the DCP checkpointer never writes (a leading zero)
+
+
+USER_ENTRIES = ["exported", "notes.txt", "step-006", "step-3-hf"]
+
+
+@pytest.mark.parametrize("enable", [True, False], ids=["checkpointing", "no-checkpointing"])
+def test_overwrite_removes_only_the_checkpointers_entries_from_the_checkpoint_folder(
+    tmp_path: Path, enable: bool
+) -> None:
+    """--overwrite emptied checkpoint.folder whole (a user's notes, another tool's files, an
+    exported model), even for a new run that saves no checkpoint."""
+    train(_checkpointed(tmp_path, 3), get_registry())
+    ckpt = tmp_path / "checkpoint"
+    (ckpt / "step-7.tmp").mkdir()  # an interrupted save's leftovers: the checkpointer's own
+    (ckpt / "step-2.old").mkdir()
+    _user_entries(ckpt)
+    train(_checkpointed(tmp_path, 2, enable=enable, lr=1e-3), get_registry(), overwrite=True)
+    left = sorted(p.name for p in ckpt.iterdir() if p.name != ".titan.lock")
+    assert left == sorted((["step-2"] if enable else []) + USER_ENTRIES)
+    assert (ckpt / "exported" / "model.safetensors").read_text() == "weights"
+    assert (ckpt / "notes.txt").read_text() == "mine"
+    log = (tmp_path / "train.log").read_text()
+    (line,) = [ln for ln in log.splitlines() if "--overwrite" in ln]
+    assert "step-3" in line and "step-7.tmp" in line and "step-2.old" in line
+    assert "not written by the checkpointer" in line
+    assert all(name in line for name in USER_ENTRIES)
+
+
+def _toy_checkpointer_registry(**fields: object) -> object:
+    """titan's plugins and a third party's checkpointer ``toy`` (DCP's build) with ``fields``."""
+    from tests.conftest import plugin_module
+    from titan_core import Checkpointer
+    from titan_core._registry import Registry
+    from titan_plugins_dcp.plugin import _build
+
+    registry = Registry().load_entry_points()
+    toy = Checkpointer("toy", _build, **fields)  # type: ignore[arg-type]
+    registry.register(plugin_module("toy", titan_checkpointers=[toy]), "toy")
+    return registry
+
+
+@pytest.mark.parametrize("enable", [True, False], ids=["checkpointing", "no-checkpointing"])
+def test_overwrite_is_refused_when_the_checkpointer_does_not_say_what_it_wrote(
+    tmp_path: Path, enable: bool
+) -> None:
+    """Removing nothing would leave stale checkpoints a later run resumes from; removing all
+    deletes the user's files: one error, before anything is removed."""
+    registry = _toy_checkpointer_registry()
+    train(_checkpointed(tmp_path, 2), registry)
+    ckpt = tmp_path / "checkpoint"
+    _user_entries(ckpt)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    other = _checkpointed(tmp_path, 2, enable=enable, lr=1e-3)
+    other.checkpoint.backend = "toy"
+    with pytest.raises(UsageError) as info:
+        train(other, registry, overwrite=True)
+    message = str(info.value)
+    assert "does not say which files" in message and "removes nothing there" in message
+    assert "checkpoint.folder" in message and str(ckpt) in message
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing removed, nothing written
+
+
+def test_a_checkpointer_that_declares_outputs_has_them_removed(tmp_path: Path) -> None:
+    registry = _toy_checkpointer_registry(outputs=("step-[0-9]",))
+    train(_checkpointed(tmp_path, 2), registry)
+    _user_entries(tmp_path / "checkpoint")
+    other = _checkpointed(tmp_path, 2, enable=False, lr=1e-3)
+    other.checkpoint.backend = "toy"
+    train(other, registry, overwrite=True)
+    left = sorted(p.name for p in (tmp_path / "checkpoint").iterdir() if p.name != ".titan.lock")
+    assert left == USER_ENTRIES
+
+
+def test_overwrite_of_an_empty_checkpoint_folder_needs_no_declared_outputs(tmp_path: Path) -> None:
+    registry = _toy_checkpointer_registry()
+    train(tiny_llama3(tmp_path, 2), registry)
+    other = _checkpointed(tmp_path, 2, lr=1e-3)
+    other.checkpoint.backend = "toy"
+    train(other, registry, overwrite=True)
+    assert (tmp_path / "checkpoint" / "step-2").is_dir()
+
+
+def test_the_launch_check_refuses_that_overwrite_before_any_process_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run_train.sh's check (``preflight``) skipped --overwrite runs: the refusal came from every
+    torchrun worker instead of once, before any started."""
+    from tests.conftest import plugin_module
+    from titan_core import Recipe, _registry
+    from titan_core.run import preflight
+
+    registry = _toy_checkpointer_registry()
+    train(_checkpointed(tmp_path, 2), registry)
+
+    def recipe() -> object:
+        config = _checkpointed(tmp_path, 2, lr=1e-3)
+        config.checkpoint.backend = "toy"
+        return config
+
+    registry.register(plugin_module("recipes", titan_recipes=[Recipe("other", recipe)]), "recipes")
+    monkeypatch.setattr(_registry, "_default", registry)
+    monkeypatch.setattr(_registry, "get_registry", lambda disabled=None: _registry._default)
+    assert preflight(["--recipe", "other", "--overwrite"], 1) == UsageError.exit_code
+    err = capsys.readouterr().err
+    assert err.startswith("titan: error:") and "does not say which files" in err, err
+    assert (tmp_path / "checkpoint" / "step-2").is_dir() and (tmp_path / "run.json").is_file()
+
+
+def test_the_dcp_checkpointer_declares_only_the_names_it_writes() -> None:
+    import fnmatch
+
+    patterns = get_registry().get("checkpointers", "dcp").outputs
+    ours = ["step-0", "step-3", "step-120", "step-3.tmp", "step-120.old", "step-0.tmp"]
+    others = [*USER_ENTRIES, "step-03", "step-3.tmp.bak", "step-", "steps", "step-x", "notes-step-3"]
+    assert all(any(fnmatch.fnmatchcase(n, p) for p in patterns) for n in ours)
+    assert not [n for n in others if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+@pytest.mark.parametrize("pattern", ["", "step-1/meta.json", "..", "/abs", 3])
+def test_a_checkpointers_outputs_stay_at_the_top_of_its_folder(pattern: object) -> None:
+    from titan_core import Checkpointer
+
+    with pytest.raises(
+        TypeError, match=r"Checkpointer\.outputs: expected a tuple of file or folder name patterns"
+    ):
+        Checkpointer("toy", print, outputs=(pattern,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Checkpointer\.outputs: expected"):
+        Checkpointer("toy", print, outputs="step-*")  # type: ignore[arg-type]

@@ -100,3 +100,77 @@ def test_a_tp_plan_whose_forward_cannot_run_fails() -> None:
         check_model_spec(spec, "t")
     assert "forward pass failed under tp_plan on a 2-rank mesh" in str(info.value)
     assert "mixed torch.Tensor and DTensor" in str(info.value)
+
+
+def _plan_with_output(output: str) -> object:
+    """A toy plan whose forward runs, with the output projection's style chosen by ``output``:
+    ``gathered`` (sound), or one that leaves the logits split or a DTensor on every rank."""
+
+    def plan(model: nn.Module, tp_mesh: object, loss_parallel: bool) -> None:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        styles = {
+            "gathered": ColwiseParallel(output_layouts=Replicate()),
+            "vocab_sharded": ColwiseParallel(),  # Shard(-1), handed back as the local shard
+            "seq_sharded": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(1)),
+            "dtensor": ColwiseParallel(output_layouts=Replicate(), use_local_output=False),
+        }
+        parallelize_module(
+            model,
+            tp_mesh,  # type: ignore[arg-type]
+            {
+                "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+                "layers.0": ColwiseParallel(
+                    output_layouts=Shard(1) if output == "seq_sharded" else Replicate()
+                ),
+                "output": styles[output],
+            },
+        )
+
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (
+            "vocab_sharded",
+            "forward under tp_plan on a 2-rank mesh returned shape (2, 32, 16), expected (batch, seq, "
+            "vocab_size) = (2, 32, 32): the output projection's plan leaves the logits sharded over "
+            "the vocabulary",
+        ),
+        (
+            "seq_sharded",
+            "forward under tp_plan on a 2-rank mesh returned shape (2, 16, 32), expected (batch, seq, "
+            "vocab_size) = (2, 32, 32): the plan leaves the logits sharded over the sequence",
+        ),
+        ("dtensor", "forward under tp_plan on a 2-rank mesh returned a DTensor (Replicate())"),
+    ],
+)
+def test_a_tp_plan_whose_logits_are_not_whole_plain_tensors_fails(output: str, expected: str) -> None:
+    """The forward under the plan runs, but its logits are not the plain (batch, seq, vocab_size)
+    tensor the loss takes: split over the vocabulary or the sequence, the loss would be taken
+    over the wrong classes or tokens; a DTensor fails only at the first step."""
+    untied = _spec("untied", miscount=32 * 8)  # counts its own output weight: no other problem
+    check_model_spec(attrs.evolve(untied, tp_plan=_plan_with_output("gathered")), "t")
+    with pytest.raises(ModelCheckError) as info:
+        check_model_spec(attrs.evolve(untied, tp_plan=_plan_with_output(output)), "t")
+    message = str(info.value)
+    assert expected in message
+    assert "output_layouts=Replicate()" in message  # what to change
+    assert "forward without tp_plan" not in message  # the plain forward is sound
+
+
+def test_a_plain_forward_of_the_wrong_shape_fails_naming_it() -> None:
+    """Logits that are not (batch, seq, vocab_size): say it is the forward without the plan."""
+
+    class Cut(_Toy):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return super().forward(tokens)[..., :-1]
+
+    spec = attrs.evolve(_spec("none"), build=lambda a: Cut(a.vocab_size, a.dim, "none"))
+    with pytest.raises(ModelCheckError) as info:
+        check_model_spec(spec, "t", tied=TIED)
+    expected = "forward without tp_plan returned shape (2, 16, 31), expected (batch, seq, vocab_size)"
+    assert f"{expected} = (2, 16, 32)" in str(info.value)

@@ -315,6 +315,8 @@ def test_a_step_linking_out_of_the_checkpoint_folder_is_skipped(
     assert export(copy / "checkpoint", "--to", "hf", tmp_path / "hf") == 0
     captured = capsys.readouterr()
     assert "skipped step-9: it links to" in captured.err and "outside" in captured.err
+    # What to do is export's own: a training field would not help here.
+    assert "initial_load_path" not in captured.err and "export that folder by its path" in captured.err
     assert "exported " + str(copy / "checkpoint" / "step-2") in captured.out
 
 
@@ -342,3 +344,42 @@ def test_a_config_toml_field_of_the_wrong_type_is_one_error_naming_it(
     assert export(dump / "checkpoint", "--to", "hf", tmp_path / "hf") == 2
     error = error_line(capsys)
     assert error.startswith(f"titan: error: export: {dump / 'config.toml'}: ") and message in error
+
+
+def test_a_document_masked_run_whose_tokenizer_is_gone_says_the_tokenizer_is_missing(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """The model needs the BOS id, which only the run's tokenizer holds: the one error names the
+    missing tokenizer file, not the model's bos_id check."""
+    tokenizer = tmp_path / "tok.json"
+    tokenizer.write_bytes(load_tokenizer(None).backend.to_str().encode())
+    dump = _train(
+        tmp_path / "dm",
+        **{
+            "model.overrides": {**TITAN_OVERRIDES, "document_mask": True},
+            "data.tokenizer_path": str(tokenizer),
+        },
+    )
+    tokenizer.unlink()
+    capsys.readouterr()
+    assert export(dump / "checkpoint", "--to", "hf", tmp_path / "hf") == 2
+    line = error_line(capsys)
+    assert line.startswith("titan: error: export:"), line
+    assert "tokenizer" in line and str(tokenizer) in line and "data.tokenizer_path" in line
+    assert not (tmp_path / "hf").exists()
+
+
+def test_exported_weights_get_the_permissions_of_the_other_files(run: Path, tmp_path: Path) -> None:
+    """safetensors writes its files readable by their owner alone; a model folder shared with a
+    team (or served by another user) must be readable as config.json is."""
+    import os
+
+    out = tmp_path / "hf"
+    old = os.umask(0o022)
+    try:
+        assert export(run / "checkpoint" / "step-2", "--to", "hf", out, "--max-shard-size", "100KB") == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert len([n for n in modes if n.endswith(".safetensors")]) > 1
+    assert set(modes.values()) == {0o644}, modes

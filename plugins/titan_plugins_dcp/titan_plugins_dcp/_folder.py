@@ -85,8 +85,15 @@ def scan(folder: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
     return steps, ignored
 
 
-def inspect(step: int, path: str, folder: str) -> Usable | str:
-    """The folder as a :class:`Usable` checkpoint, or why it is not one (one phrase).
+def inspect(
+    step: int,
+    path: str,
+    folder: str,
+    *,
+    elsewhere: str = "name another checkpoint with checkpoint.initial_load_path",
+) -> Usable | str:
+    """The folder as a :class:`Usable` checkpoint, or why it is not one (one phrase);
+    ``elsewhere`` says how to use a checkpoint that lies outside ``folder`` instead.
 
     Checks, without reading tensors: the folder lies inside ``folder`` (no link out of it),
     ``meta.json`` is complete and names this step, ``.metadata`` unpickles, and every data file
@@ -96,7 +103,7 @@ def inspect(step: int, path: str, folder: str) -> Usable | str:
     if os.path.commonpath([real, root]) != root:
         return (
             f"it links to {real}, outside {folder}: checkpoints are loaded only from the "
-            "checkpoint folder; name another checkpoint with checkpoint.initial_load_path"
+            f"checkpoint folder; {elsewhere}"
         )
     meta_path = os.path.join(path, META_FILE)
     if not os.path.isfile(meta_path):

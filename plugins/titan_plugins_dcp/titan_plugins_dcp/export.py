@@ -80,17 +80,26 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
     _check_out_dir(out, args.overwrite)
     from titan_core import get_registry
-    from titan_core.layout import model_arguments
+    from titan_core.layout import model_arg, model_arguments
 
     registry = get_registry(set(getattr(args, "disable_plugin", None) or []))
     run_config, source = _run_config(checkpoint, args, registry)
     model = run_config.model
     spec = registry.get("models", model.name, what="model")
-    tokenizer = _tokenizer(run_config.data.tokenizer_path)
+    tokenizer, missing = _tokenizer(run_config.data.tokenizer_path)
     try:  # the BOS id filled in from the tokenizer, as training does (document_mask)
         model_args = model_arguments(spec, run_config, tokenizer)
     except UsageError as exc:
         raise UsageError(f"export: the model of {source}: {exc}") from None
+    if missing is not None and model_arg(model_args, "bos_id", 0) is None:
+        # The model's BOS id came from the tokenizer in training: without it, another model.
+        raise UsageError(
+            f"export: the model of {source} takes its BOS id from the run's tokenizer "
+            f"(document_mask), which cannot be read ({str(missing).split('; ')[0]}); put the "
+            "tokenizer the run trained with back at that path"
+        )
+    if missing is not None:
+        print(f"titan: warning: export: the run's tokenizer is not copied: {missing}", file=sys.stderr)
     adapter = spec.state_dict_adapter
     if adapter is None:
         raise UsageError(
@@ -150,7 +159,7 @@ def _checkpoint_folder(path: Path) -> Path:
     steps = [(n, Path(p)) for n, p in scan(str(path))[0] if os.path.isfile(os.path.join(p, ".metadata"))]
     skipped = []
     for number, step in steps:  # newest first; what a resume skips (a link out of the folder, too)
-        found = inspect(number, str(step), str(path))
+        found = inspect(number, str(step), str(path), elsewhere="export that folder by its path")
         why = found if isinstance(found, str) else verify_folder(str(step))
         if why is None:
             for name, reason in skipped:
@@ -336,15 +345,14 @@ def _load_model(checkpoint: Path, spec: Any, model_args: Any, described: str) ->
     return state
 
 
-def _tokenizer(tokenizer_path: str | None) -> Any:
-    """The run's tokenizer (``data.tokenizer_path``, or titan's bundled one), or None if gone."""
+def _tokenizer(tokenizer_path: str | None) -> tuple[Any, UsageError | None]:
+    """The run's tokenizer (``data.tokenizer_path``, or titan's bundled one), or None and why."""
     from titan_core.data.loader import load_tokenizer
 
     try:
-        return load_tokenizer(tokenizer_path)
+        return load_tokenizer(tokenizer_path), None
     except UsageError as exc:
-        print(f"titan: warning: export: the run's tokenizer is not copied: {exc}", file=sys.stderr)
-        return None
+        return None, exc
 
 
 # -- outputs ---------------------------------------------------------------------------------------
@@ -373,13 +381,22 @@ def _write_safetensors(state: dict[str, Any], out: Path, dtype: str, max_shard: 
             size = 0
         shards[-1][name] = tensor
         size += nbytes
+    # safetensors creates its files readable by their owner alone; give them the mode any other
+    # file of the folder gets (the umask's), so a shared model folder is readable as a whole.
+    umask = os.umask(0)
+    os.umask(umask)
+
+    def save(shard: dict[str, torch.Tensor], file: str) -> None:
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        os.chmod(out / file, 0o666 & ~umask)
+
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        save(shards[0], "model.safetensors")
         return ["model.safetensors"]
     names = [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     weight_map: dict[str, str] = {}
     for file, shard in zip(names, shards, strict=True):
-        save_file(shard, str(out / file), metadata={"format": "pt"})
+        save(shard, file)
         weight_map.update(dict.fromkeys(shard, file))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

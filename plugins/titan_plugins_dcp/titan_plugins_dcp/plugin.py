@@ -37,6 +37,15 @@ def _export(args: argparse.Namespace) -> int:
     return run(args)
 
 
+#: What the checkpointer writes in ``checkpoint.folder`` (``_folder``'s names): ``step-N`` with
+#: ``N`` in plain digits, no leading zero, and the ``step-N.tmp`` / ``step-N.old`` of a save in
+#: progress. Globs cannot say "digits only", so a name must start and end with a digit: a user's
+#: ``step-3-hf`` export or ``step-006`` copy matches none, and ``--overwrite`` leaves it.
+OUTPUTS = tuple(
+    f"step-{number}{suffix}" for suffix in ("", ".tmp", ".old") for number in ("[0-9]", "[1-9]*[0-9]")
+)
+
+
 @hookimpl
 def titan_checkpointers() -> list[Checkpointer]:
     return [
@@ -47,6 +56,7 @@ def titan_checkpointers() -> list[Checkpointer]:
             "schedule and step; seed checkpoints",
             launch_check=_launch_check,
             verify=_verify,
+            outputs=OUTPUTS,
         )
     ]
 

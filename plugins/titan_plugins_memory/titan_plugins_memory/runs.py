@@ -157,10 +157,17 @@ def warn_only(run: str) -> bool | None:
     return bool(isinstance(debug, dict) and debug.get("deterministic_warn_only", False))
 
 
-def pure_fake(run: str) -> bool:
-    """Whether the run was made under the pure fake comm backend (``comm.backend = 'fake'``)."""
+def simulated_peers(run: str) -> str | None:
+    """The run's ``comm.backend`` when it is one whose runs simulate peers (its record's
+    ``simulates_peers``: the fake backends, or a third party's), else ``None``."""
     comm = (run_config(run) or {}).get("comm", {})
-    return isinstance(comm, dict) and comm.get("backend") == "fake"
+    name = comm.get("backend") if isinstance(comm, dict) else None
+    if not isinstance(name, str):
+        return None
+    from titan_core import get_registry
+
+    record = get_registry().records("comm_backends").get(name.lower())
+    return name if record is not None and record.simulates_peers else None
 
 
 def _labels(runs: list[str]) -> list[str]:
@@ -352,12 +359,12 @@ def run(args: argparse.Namespace) -> int:
                 )
             if loose is None and os.path.exists(r):  # a missing run is read_metrics' error
                 unchecked.append(r)
-            if pure_fake(r):
+            if backend := simulated_peers(r):
                 raise UsageError(
-                    f"{r}: a pure fake run (comm.backend = 'fake'): its losses are no training "
-                    "values (fake tensors carry no numbers, and one process stood for one rank of "
-                    "a simulated job); compare real runs, or leave out --rtol/--atol to only look "
-                    "at the curves"
+                    f"{r}: made under comm.backend = {backend!r}, which simulates peers: its "
+                    "losses are no training values (its processes stood for ranks of a simulated "
+                    "job, whose collectives moved no data; fake tensors carry no numbers at all); "
+                    "compare real runs, or leave out --rtol/--atol to only look at the curves"
                 )
     result = compare_runs(args.runs, metrics, args.rtol, args.atol)
     for r in unchecked:

@@ -13,7 +13,8 @@ CUDA and is not used so that CPU runs work too.
 
 The model supplies the hooks (titan's decoder protocol): attention modules call
 ``self.attention_fn(q, k, v)`` on ``(batch, heads, seq, head_dim)`` tensors, and the model's
-forward accepts ``positions`` (the global position of each local token, for RoPE).
+forward names a ``positions`` parameter (the global position of each local token, for RoPE;
+``**kwargs`` alone is refused, since it can take them unread).
 
 Gradients: each rank's loss is the mean over its own tokens; FSDP reduces gradients over
 ``dp_shard_cp`` with an average, and the all-gather's backward sums every rank's contribution
@@ -107,11 +108,13 @@ class BatchSharder:
 
 
 def forward_takes_positions(model: nn.Module) -> bool:
-    """Whether ``model``'s forward accepts the keyword ``positions`` (by name or ``**kwargs``)."""
-    params = inspect.signature(model.forward).parameters.values()
-    return any(
-        p.kind is p.VAR_KEYWORD or (p.name == "positions" and p.kind is not p.POSITIONAL_ONLY) for p in params
-    )
+    """Whether ``model``'s forward names a ``positions`` parameter that takes a keyword.
+
+    ``**kwargs`` alone does not count: it accepts the keyword and may never read it, and RoPE
+    would then use each shard's local positions, silently wrong. Positional-only does not count
+    either: the batch transform passes ``positions`` as a keyword."""
+    param = inspect.signature(model.forward).parameters.get("positions")
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
@@ -125,10 +128,11 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
         raise UsageError("; ".join(problems))
     if not all(forward_takes_positions(part) for part in parts):
         raise UsageError(
-            f"model {ctx.spec.name!r}: its forward does not take `positions`, the global position "
-            "of each token this rank holds, which context parallel passes so that RoPE or a "
-            "position table sees a shard's real positions (docs/plugins.md, the decoder "
-            "protocol); accept `positions` or set parallelism.cp = 1"
+            f"model {ctx.spec.name!r}: its forward does not take a named `positions` argument "
+            "(`**kwargs` alone does not count: it can swallow them unread): context parallel "
+            "shards the sequence, so each rank's RoPE or position table needs the global "
+            "positions of the tokens it holds, passed as `positions=` (docs/plugins.md, the "
+            "decoder protocol); add a `positions` parameter and use it, or set parallelism.cp = 1"
         )
     cp = ctx.parallel_dims.cp
     seq_len = ctx.config.training.seq_len

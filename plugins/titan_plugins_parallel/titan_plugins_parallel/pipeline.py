@@ -136,11 +136,41 @@ class StagePlan:
         return self.num_stages - 1 in self.ids
 
 
+def stage_end_problems(spec: Any) -> list[str]:
+    """What the spec's stage ends show wrong without a model: ``layers`` named as an end (its
+    blocks are split across the stages, and a stage drops its ends whole), and a module named in
+    both lists, which every stage would drop (each one is not first or not last), so the model
+    would train without it."""
+    first, last = tuple(spec.first_stage_modules), tuple(spec.last_stage_modules)
+    problems = [
+        f"ModelSpec.{field} names layers, the blocks of model {spec.name!r}, which pipeline "
+        "parallelism splits across the stages (a stage drops its ends whole); remove layers from "
+        "it, and name only the modules before the blocks (first_stage_modules) or after them "
+        "(last_stage_modules)"
+        for field, names in (("first_stage_modules", first), ("last_stage_modules", last))
+        if "layers" in names
+    ]
+    if both := [n for n in first if n in last]:
+        it = "it" if len(both) == 1 else "them"
+        problems.append(
+            f"ModelSpec.first_stage_modules and last_stage_modules both name {', '.join(both)} of "
+            f"model {spec.name!r}: pipeline parallelism would drop {it} from every stage (a stage "
+            "that is not the first drops the first-stage modules, one that is not the last the "
+            f"last-stage ones), so the model would train without {it}; name {it} in one list "
+            "only: first_stage_modules if the model calls it before the blocks, "
+            "last_stage_modules if after them (docs/plugins.md)"
+        )
+    return problems
+
+
 def stage_ends(model: nn.Module, spec: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The modules only the first and only the last stage hold (``ModelSpec.first_stage_modules``
-    and ``last_stage_modules``), checked against the built ``model``: each named one exists, and
-    nothing else beside ``layers`` holds parameters, since every stage would get a copy of it,
-    only one copy would train, and a checkpoint could keep another."""
+    and ``last_stage_modules``), checked against the built ``model``: the spec's ends are sound
+    (:func:`stage_end_problems`), each named one exists, and nothing else beside ``layers`` holds
+    parameters, since every stage would get a copy of it, only one copy would train, and a
+    checkpoint could keep another."""
+    if problems := stage_end_problems(spec):
+        raise UsageError(problems[0])
     first, last = tuple(spec.first_stage_modules), tuple(spec.last_stage_modules)
     children = dict(model.named_children())
     for field, names in (("first_stage_modules", first), ("last_stage_modules", last)):
@@ -271,6 +301,7 @@ def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, m
         problems.append(_too_few_blocks(blocks, pp, per_rank))
     if model_arg(model_args, "tie_embeddings", False):
         problems.append(_TIED)
+    problems += stage_end_problems(spec)  # the spec alone shows them: refuse before launch
     try:
         n_micro = microbatches(config, num_stages)
     except UsageError as exc:

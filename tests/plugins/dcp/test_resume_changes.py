@@ -403,3 +403,38 @@ def test_a_resume_of_unchanged_or_copied_data_files_says_nothing(tmp_path: Path,
     (tmp_path / "a.jsonl").replace(folder / "a.jsonl")  # a new file, new times, same bytes
     rows(config_in(tmp_path / "run", **text))
     assert not [w for w in warnings.seen if "another data configuration" in w]
+
+
+def test_a_resume_reading_an_identical_copy_at_another_path_says_nothing(
+    tmp_path: Path, warnings: Warnings
+) -> None:
+    """The corpus moved (another disk, another mount): the same files at another data.path are the
+    same stream, so the resume continues it without calling it another data source."""
+    import shutil
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("\n".join(f'{{"text": "document {i} on hills"}}' for i in range(400)))
+    text = {"data.dataset": "text", "debug.max_steps": 3}
+    rows(config_in(tmp_path / "run", **{**text, "data.path": str(folder)}))
+    shutil.copytree(folder, tmp_path / "moved")
+    resumed = rows(
+        config_in(tmp_path / "run", **{**text, "debug.max_steps": None, "data.path": str(tmp_path / "moved")})
+    )
+    assert min(resumed) == 4
+    assert not [w for w in warnings.seen if "another data configuration" in w]
+
+
+def test_a_resume_reading_other_files_at_another_path_says_so(tmp_path: Path, warnings: Warnings) -> None:
+    """Another data.path with other content is named with both paths."""
+    for name in ("corpus", "other"):
+        (tmp_path / name).mkdir()
+        lines = (f'{{"text": "document {i} of {name}"}}' for i in range(400))
+        (tmp_path / name / "a.jsonl").write_text("\n".join(lines))
+    text = {"data.dataset": "text", "debug.max_steps": 3}
+    rows(config_in(tmp_path / "run", **{**text, "data.path": str(tmp_path / "corpus")}))
+    rows(
+        config_in(tmp_path / "run", **{**text, "debug.max_steps": None, "data.path": str(tmp_path / "other")})
+    )
+    (message,) = [w for w in warnings.seen if "another data configuration" in w]
+    assert "data.path" in message and "corpus" in message and "other" in message

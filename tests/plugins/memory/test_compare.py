@@ -86,17 +86,20 @@ def test_refuses_deterministic_warn_only_runs_when_asserting(tmp_path: Path) -> 
     assert run_titan("compare", str(ref), str(loose)).returncode == 0  # looking is fine
 
 
-def test_refuses_pure_fake_runs_when_asserting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["fake", "real_pp_fake_spmd"])
+def test_refuses_runs_of_simulated_peers_when_asserting(tmp_path: Path, backend: str) -> None:
     """A pure fake run logs NaN losses (fake tensors carry no numbers) or one simulated rank's:
-    "nan against nan, |diff| inf" said nothing of why."""
+    "nan against nan, |diff| inf" said nothing of why. A hybrid run's losses are numbers, but
+    its data-parallel and tensor-parallel collectives moved nothing: no training values either."""
     ref = write_run(tmp_path / "ref", LOSSES, NORMS)
     fake = write_run(tmp_path / "fake", [float("nan")] * 5, NORMS)
     with open(fake / "config.toml", "a") as f:
-        f.write('\n[comm]\nbackend = "fake"\n')
+        f.write(f'\n[comm]\nbackend = "{backend}"\n')
     result = run_titan("compare", str(ref), str(fake), "--rtol", "1e-4")
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
-    assert f"{fake}: a pure fake run (comm.backend = 'fake')" in line and "compare real runs" in line
+    assert f"{fake}: made under comm.backend = '{backend}', which simulates peers" in line
+    assert "compare real runs" in line
     assert run_titan("compare", str(ref), str(fake)).returncode == 0  # looking is fine
 
 

@@ -75,7 +75,7 @@ def test_a_model_whose_forward_takes_no_positions_is_refused() -> None:
             return tokens
 
     class TakesThem(torch.nn.Module):
-        def forward(self, tokens: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
             return tokens
 
     config = TrainerConfig()
@@ -83,11 +83,45 @@ def test_a_model_whose_forward_takes_no_positions_is_refused() -> None:
     ctx = SimpleNamespace(
         config=config, parallel_dims=SimpleNamespace(cp=2), spec=SimpleNamespace(name="gpt2"), model_args=None
     )
-    expected = r"model 'gpt2'.*forward does not take `positions`.*parallelism.cp = 1"
+    expected = r"model 'gpt2'.*forward does not take a named `positions` argument.*parallelism.cp = 1"
     with pytest.raises(UsageError, match=expected):
         cp_module.apply([NoPositions()], ctx)  # type: ignore[arg-type]
     assert cp_module.forward_takes_positions(TakesThem())
     assert not cp_module.forward_takes_positions(NoPositions())
+
+
+def test_a_forward_that_takes_positions_only_through_kwargs_is_refused() -> None:
+    """``**kwargs`` swallows ``positions`` and the forward may never read them: RoPE would then
+    use positions 0..n-1 of the shard on every CP rank, and training would go on, silently wrong."""
+
+    class Swallows(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor, **kwargs: object) -> torch.Tensor:
+            return tokens
+
+    class KeywordOnly(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor, *, positions: torch.Tensor | None = None) -> torch.Tensor:
+            return tokens
+
+    class NamedAndKwargs(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor, positions: object = None, **kwargs: object) -> torch.Tensor:
+            return tokens
+
+    class PositionalOnly(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor, positions: object = None, /) -> torch.Tensor:
+            return tokens  # CP passes positions as a keyword: this one cannot take it
+
+    config = TrainerConfig()
+    config.training.seq_len = 32
+    ctx = SimpleNamespace(
+        config=config, parallel_dims=SimpleNamespace(cp=2), spec=SimpleNamespace(name="gpt2"), model_args=None
+    )
+    expected = r"model 'gpt2'.*named `positions` argument.*\*\*kwargs.*shards the sequence.*RoPE.*global"
+    with pytest.raises(UsageError, match=expected):
+        cp_module.apply([Swallows()], ctx)  # type: ignore[arg-type]
+    assert not cp_module.forward_takes_positions(Swallows())
+    assert not cp_module.forward_takes_positions(PositionalOnly())
+    assert cp_module.forward_takes_positions(KeywordOnly())
+    assert cp_module.forward_takes_positions(NamedAndKwargs())
 
 
 @pytest.fixture

@@ -171,6 +171,36 @@ def test_a_declared_stage_module_the_model_lacks_is_refused() -> None:
         pipeline.apply([_meta_model(ctx)], ctx)
 
 
+def test_a_module_named_in_both_stage_lists_is_refused() -> None:
+    """A module in both lists is dropped by every stage that is not first and every one that is
+    not last, so by all of them: the model would train without it, without a word."""
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    ctx = _ctx(config, pp=2, rank=0)
+    ctx.spec.first_stage_modules = ("tok_embeddings", "norm")
+    expected = r"first_stage_modules and last_stage_modules both name norm of model 'llama3'.*one list only"
+    with pytest.raises(UsageError, match=expected):
+        pipeline.apply([_meta_model(ctx)], ctx)
+    # Refused before launch too: the spec alone shows it.
+    problems = pipeline.check(config, SimpleNamespace(pp=2), ctx.spec, ctx.model_args)
+    assert any("both name norm" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("field", ["first_stage_modules", "last_stage_modules"])
+def test_the_blocks_named_as_a_stage_end_are_refused(field: str) -> None:
+    """``layers`` is split across the stages; as an end, every stage but one would drop all its
+    blocks."""
+    config = TrainerConfig()
+    config.training.local_batch_size = 4
+    ctx = _ctx(config, pp=2, rank=0)
+    setattr(ctx.spec, field, (*getattr(ctx.spec, field), "layers"))
+    expected = rf"ModelSpec.{field} names layers, the blocks of model 'llama3'.*splits across the stages"
+    with pytest.raises(UsageError, match=expected):
+        pipeline.apply([_meta_model(ctx)], ctx)
+    problems = pipeline.check(config, SimpleNamespace(pp=2), ctx.spec, ctx.model_args)
+    assert any(f"ModelSpec.{field} names layers" in p for p in problems), problems
+
+
 def test_too_few_blocks_for_the_stages() -> None:
     config = TrainerConfig()
     config.training.local_batch_size = 4
@@ -192,7 +222,8 @@ def _check(layout: dict[str, Any], pp: int = 2, **model: Any) -> list[str]:
     args = Llama3Args(
         **{"dim": 32, "n_layers": 4, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16, **model}
     )
-    return pipeline.check(config, SimpleNamespace(pp=pp), SimpleNamespace(name="llama3"), args)
+    spec = SimpleNamespace(name="llama3", first_stage_modules=FIRST, last_stage_modules=LAST)
+    return pipeline.check(config, SimpleNamespace(pp=pp), spec, args)
 
 
 @pytest.mark.parametrize(
