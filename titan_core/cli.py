@@ -146,13 +146,21 @@ def _command_name(argv: Sequence[str]) -> str | None:
     return None
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options (``--comm-b``): run_train.sh and other wrappers read the arguments
+    by their full names, and would see another run than the one titan starts. A class rather
+    than a flag, because ``add_subparsers`` makes its parsers of the parent's class: a plugin
+    command's own subcommands (``titan memory compare``) refuse them too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(registry: Any) -> argparse.ArgumentParser:
-    # No abbreviated options (``--comm-b``): run_train.sh and other wrappers read the arguments
-    # by their full names, and would see another run than the one titan starts.
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="titan",
         description="titan: pre-train language models with plugins for models and parallelism.",
-        allow_abbrev=False,
     )
     parser.add_argument("--version", action="store_true", help="print titan's version and exit")
     parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME", help=DISABLE_HELP)
@@ -162,9 +170,7 @@ def build_parser(registry: Any) -> argparse.ArgumentParser:
     for name in conflicts:  # listed, and refused when given (_main), naming both plugins
         sub.add_parser(name, help="(refused: provided by two plugins)", add_help=False)
     for name, command in commands.items():
-        child = sub.add_parser(
-            name, help=command.help, description=command.description or command.help, allow_abbrev=False
-        )
+        child = sub.add_parser(name, help=command.help, description=command.description or command.help)
         child.add_argument(
             "--disable-plugin", action="append", default=argparse.SUPPRESS, metavar="NAME", help=DISABLE_HELP
         )

@@ -494,16 +494,23 @@ class RunFolder:
         checkpoint_folder, ck_path = self._prior_checkpoints(prior)
         if not os.path.isdir(ck_path):
             return
+        entries = sorted(_entries(ck_path))
         if not inside(ck_path, self.dump):
             # Outside the dump folder (absolute, "..", a link out) it may hold another run's
-            # checkpoints, or be an ancestor of this folder.
-            raise UsageError(
-                f"--overwrite: checkpoint.folder {checkpoint_folder!r} ({os.path.realpath(ck_path)}) is "
-                f"outside job.dump_folder {self.dump!r}, and titan deletes nothing outside the dump "
-                "folder (another run may share it, or it holds this one); remove the checkpoints "
-                "there yourself, or set checkpoint.folder to a new folder"
-            )
-        entries = sorted(_entries(ck_path))
+            # checkpoints, or be an ancestor of this folder: titan removes nothing there. Only
+            # checkpoints there stand in the way (others' files are no run's to replace); with
+            # no declared outputs, anything there may be one.
+            patterns = self._checkpointer_outputs() if entries else ()
+            theirs = _split(ck_path, patterns)[0] if patterns else entries
+            if theirs:
+                shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+                raise UsageError(
+                    f"--overwrite: checkpoint.folder {checkpoint_folder!r} ({os.path.realpath(ck_path)}) "
+                    f"is outside job.dump_folder {self.dump!r} and holds {shown}, and titan deletes "
+                    "nothing outside the dump folder (another run may share it, or it holds this "
+                    "one); remove those yourself, or give this run a new folder (--dump-folder DIR)"
+                )
+            return
         if entries and not self._checkpointer_outputs():
             # Removing everything would delete the user's files there; removing nothing would
             # leave the earlier run's checkpoints for a later run of this folder to resume from.

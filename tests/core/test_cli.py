@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -350,3 +351,25 @@ def test_abbreviated_options_are_refused(argv: tuple[str, ...]) -> None:
     result = run_titan("run", "--recipe", "llama3_debugmodel", *argv, "--print-config")
     assert result.returncode == 2, result.stdout[-300:]
     assert f"unrecognized arguments: {argv[0]}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_abbreviated_options_of_a_plugins_nested_subcommand_are_refused(tmp_path: Path) -> None:
+    """Only the top parser and the command parsers refused them: ``titan memory compare A B --js``
+    (a plugin's own subcommand, built by its ``configure``) still took ``--js`` for ``--json``."""
+    from tests.conftest import plugin_module
+    from titan_core import Command
+    from titan_core._registry import Registry
+    from titan_core.cli import build_parser
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        nested = parser.add_subparsers(dest="toy_command").add_parser("show")
+        nested.add_argument("--verbose", action="store_true")
+
+    registry = Registry()
+    registry.register(plugin_module("toy", titan_commands=[Command("toy", "a toy", configure, print)]), "toy")
+    parser = build_parser(registry)
+    assert parser.parse_args(["toy", "show", "--verbose"]).verbose
+    with pytest.raises(SystemExit):
+        parser.parse_args(["toy", "show", "--verb"])
+    result = run_titan("memory", "compare", "a.json", "b.json", "--js", cwd=tmp_path)
+    assert result.returncode == 2 and "unrecognized arguments: --js" in result.stderr, result.stderr

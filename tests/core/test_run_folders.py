@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -292,6 +293,13 @@ def test_overwrite_deletes_no_checkpoint_folder_outside_the_dump_folder(tmp_path
         train(other, get_registry(), overwrite=True)
     assert sorted(p.name for p in root.iterdir()) == before
     assert (tmp_path / "run" / "run.json").is_file()  # refused before anything was removed
+    # As the error advises, the user removes the checkpoints there: the overwrite then runs
+    # (an empty or emptied folder of others' files was refused all the same).
+    for step in root.glob("step-*"):
+        shutil.rmtree(step)
+    train(other, get_registry(), overwrite=True)
+    assert (root / "other_runs_file.txt").read_text() == "keep me"
+    assert steps_in(tmp_path / "run") == [1, 2]
 
 
 def test_a_local_batch_that_changes_the_global_batch_is_another_run(tmp_path: Path) -> None:
@@ -500,6 +508,9 @@ def test_the_dcp_checkpointer_declares_only_the_names_it_writes() -> None:
     patterns = get_registry().get("checkpointers", "dcp").outputs
     ours = ["step-0", "step-3", "step-120", "step-3.tmp", "step-120.old", "step-0.tmp"]
     others = [*USER_ENTRIES, "step-03", "step-3.tmp.bak", "step-", "steps", "step-x", "notes-step-3"]
+    # copies a user makes beside a step (a glob's '*' matched their middle)
+    others += ["step-1-v2", "step-10-best", "step-1.old2", "step-2_copy0", "step-1 (2).tmp"]
+    ours += ["step-9", "step-10", "step-123456789012"]
     assert all(any(fnmatch.fnmatchcase(n, p) for p in patterns) for n in ours)
     assert not [n for n in others if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 

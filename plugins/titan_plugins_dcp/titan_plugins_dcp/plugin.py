@@ -39,10 +39,13 @@ def _export(args: argparse.Namespace) -> int:
 
 #: What the checkpointer writes in ``checkpoint.folder`` (``_folder``'s names): ``step-N`` with
 #: ``N`` in plain digits, no leading zero, and the ``step-N.tmp`` / ``step-N.old`` of a save in
-#: progress. Globs cannot say "digits only", so a name must start and end with a digit: a user's
+#: progress. Globs have no "digits only", and a ``*`` would also match a user's ``step-1-v2``
+#: copy, so there is one pattern per number of digits (up to 10^18 steps): a user's
 #: ``step-3-hf`` export or ``step-006`` copy matches none, and ``--overwrite`` leaves it.
 OUTPUTS = tuple(
-    f"step-{number}{suffix}" for suffix in ("", ".tmp", ".old") for number in ("[0-9]", "[1-9]*[0-9]")
+    f"step-{number}{suffix}"
+    for suffix in ("", ".tmp", ".old")
+    for number in ("[0-9]", *("[1-9]" + "[0-9]" * more for more in range(1, 18)))
 )
 
 
