@@ -10,11 +10,16 @@ it, so that a change of inductor options is measured before it goes into a model
   matmuls (so that only the Triton templates are searched);
 - ``tma``: default tiles with ``kernel_options={"USE_TMA": True}`` (Hopper's tensor memory
   accelerator for the loads);
-- ``autotune_tma``: both.
+- ``autotune_tma``: both;
+- ``varlen``: not flex attention but Flash Attention's variable-length kernel
+  (``torch.nn.attention.varlen.varlen_attn``, torch >= 2.10) on the same documents, each packed
+  document one causal sequence (the candidate replacement kernel: the same masking, exact per
+  document rather than at flex's 128-token block granularity).
 
-Prints one JSON line per (shape, variant) with the forward and forward+backward milliseconds
-(median over 20 calls after 3), the mask's share of computed blocks and the build time of the
-mask; and the compile wall time of each variant.
+``FLEX_TUNE_VARIANTS=block,varlen`` runs only the named variants. Prints one JSON line per
+(shape, variant) with the forward and forward+backward milliseconds (median over 20 calls after
+3), the mask's share of computed blocks and the build time of the mask; and the compile wall
+time of each variant.
 """
 
 from __future__ import annotations
@@ -79,7 +84,11 @@ def measure(shape: str) -> None:
 
     q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
     grad = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    # FLEX_TUNE_VARIANTS=block,varlen: only those (the 8B tile search takes minutes).
+    chosen = os.environ.get("FLEX_TUNE_VARIANTS", ",".join([*VARIANTS, "varlen"])).split(",")
     for name, (options, kernel_options) in VARIANTS.items():
+        if name not in chosen:
+            continue
         torch._dynamo.reset()
 
         def attend(q: Any, k: Any, v: Any, m: Any, ko: Any = kernel_options) -> Any:
@@ -102,6 +111,68 @@ def measure(shape: str) -> None:
         record["mask_blocks_share"] = round(kv_blocks / causal_blocks, 3)
         record["mask_build_ms"] = round(build_ms, 3)
         print(json.dumps(record), flush=True)
+    if "varlen" in chosen:
+        torch._dynamo.reset()
+        flex = torch.compile(flex_attention, dynamic=False)
+        with torch.no_grad():
+            reference = flex(q, k, v, block_mask=mask, enable_gqa=True)
+        row = _varlen(tokens, bos, q, k, v, grad, reference)
+        print(json.dumps({"shape": shape, "variant": "varlen", **row}), flush=True)
+
+
+def _varlen(tokens: Any, bos: int, q: Any, k: Any, v: Any, grad: Any, reference: Any) -> dict[str, Any]:
+    """Flash Attention's varlen kernel on the documents of ``tokens``: fwd and fwd+bwd ms, and
+    its largest difference from flex attention's output ``reference`` (the same masking)."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as exc:
+        return {"error": f"ImportError: {exc}"}
+    batch, seq = tokens.shape
+    starts = (tokens == bos).clone()
+    starts[:, 0] = True  # every row starts a sequence, whatever its first token
+    flat = torch.nonzero(starts.flatten()).flatten().to(torch.int32)
+    cu = torch.cat([flat, torch.tensor([batch * seq], device=flat.device, dtype=torch.int32)])
+    lengths = cu[1:] - cu[:-1]
+    max_len = int(lengths.max())
+
+    def packed(x: Any) -> Any:  # (batch, heads, seq, dim) -> (batch * seq, heads, dim)
+        return x.detach().transpose(1, 2).reshape(batch * seq, x.shape[1], x.shape[3]).requires_grad_()
+
+    qp, kp, vp = packed(q), packed(k), packed(v)
+    gp = grad.transpose(1, 2).reshape(batch * seq, grad.shape[1], grad.shape[3])
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    row: dict[str, Any] = {"documents": int(lengths.numel()), "max_document": max_len}
+    row["mean_document"] = round(batch * seq / lengths.numel(), 1)
+    for gqa in (True, False):
+        kk, vv = (
+            (kp, vp)
+            if gqa
+            else (
+                kp.detach().repeat_interleave(q.shape[1] // k.shape[1], 1).requires_grad_(),
+                vp.detach().repeat_interleave(q.shape[1] // k.shape[1], 1).requires_grad_(),
+            )
+        )
+        extra = {"enable_gqa": True} if gqa and "enable_gqa" in params else {}
+
+        def attend(kk: Any = kk, vv: Any = vv, extra: dict[str, Any] = extra) -> Any:
+            return varlen_attn(qp, kk, vv, cu, cu, max_len, max_len, **causal, **extra)
+
+        try:
+            out = attend()
+            out.backward(gp)
+            torch.cuda.synchronize()
+            flat_ref = reference.transpose(1, 2).reshape(out.shape)
+            row["max_abs_diff_vs_flex"] = round(float((out.detach() - flat_ref).abs().max()), 5)
+            with torch.no_grad():
+                fwd = _median_ms(attend)
+            both = _median_ms(lambda attend=attend: attend().backward(gp))
+            row["gqa" if gqa else "kv_copied"] = {"fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3)}
+        except Exception as exc:  # GQA may need torch >= 2.12's enable_gqa: try with copies too
+            row["gqa" if gqa else "kv_copied"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return row
 
 
 def main(argv: list[str]) -> int:
