@@ -88,3 +88,28 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
         return True
     return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _CPU_OOM)
+
+
+def write_failure(path: str, exc: OSError, *, what: str, kept: str = "") -> TitanError:
+    """One error for a file of the run that cannot be written (a full disk or quota, a file-size
+    limit, a read-only or vanished folder): ``cannot write <what> to <path>: <why>``, then
+    ``kept`` (what is still intact) and what to do. The caller raises it ``from None``: the
+    ``OSError`` alone says neither which file nor what to change."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why, fix = (
+            f"the disk is full ({exc.strerror})",
+            "Free space on that disk, or point job.dump_folder at one with room",
+        )
+    elif exc.errno == errno.EFBIG:
+        why, fix = (
+            exc.strerror,
+            "Raise the file-size limit (ulimit -f), or point job.dump_folder at another disk",
+        )
+    else:
+        why, fix = exc.strerror or str(exc), "Make the folder writable again (permissions, mount)"
+    return TitanError(
+        f"cannot write {what} to {path}: {why}{'; ' + kept if kept else ''}. {fix}, "
+        "then run again (with checkpointing on, the same command resumes from the last checkpoint)"
+    )

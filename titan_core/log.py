@@ -14,6 +14,7 @@ first line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -119,19 +120,37 @@ class _Render:
 
 
 class _FileSink:
-    """Where console copies of the lines go: a buffer until the file is attached, then the file."""
+    """Where console copies of the lines go: a buffer until the file is attached, then the file.
+
+    A line the file cannot take (a full disk) ends the copying, and the error is kept for the
+    trainer to report (:func:`file_failure`): raised here, it would come out of whichever log
+    call wrote the line, a call in the run's own failure handling too."""
 
     def __init__(self) -> None:
         self.capturing = False
         self.buffer: list[str] = []
         self.file: IO[str] | None = None
+        self.path = ""
+        #: The log file's path and the error of the write that failed, until reported.
+        self.failure: tuple[str, OSError] | None = None
 
     def write(self, line: str) -> None:
         if self.file is not None:
-            self.file.write(line + "\n")
-            self.file.flush()
+            try:
+                self.file.write(line + "\n")
+                self.file.flush()
+            except OSError as exc:
+                self.failure = (self.path, exc)
+                self.close()
+                self.capturing = False
         elif len(self.buffer) < 10_000:
             self.buffer.append(line)
+
+    def close(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):  # lines it could not write are lost either way
+                self.file.close()
+        self.file = None
 
 
 _sink = _FileSink()
@@ -144,23 +163,40 @@ def capture() -> None:
 
 
 def attach_file(path: str, *, append: bool = False) -> None:
-    """Write the lines kept since :func:`capture`, and every later one, to ``path``."""
+    """Write the lines kept since :func:`capture`, and every later one, to ``path``; an
+    ``OSError`` (a full disk) leaves no file attached."""
     file = open(path, "a" if append else "w")  # noqa: SIM115 - closed by detach_file
-    for line in _sink.buffer:
-        file.write(line + "\n")
-    file.flush()
+    try:
+        for line in _sink.buffer:
+            file.write(line + "\n")
+        file.flush()
+    except OSError:
+        with contextlib.suppress(OSError):
+            file.close()
+        raise
     _sink.buffer = []
     _sink.file = file
+    _sink.path = path
     _sink.capturing = True
 
 
 def detach_file() -> None:
     """Stop copying lines (closing the log file, dropping lines kept for it)."""
-    if _sink.file is not None:
-        _sink.file.close()
-    _sink.file = None
+    _sink.close()
     _sink.buffer = []
     _sink.capturing = False
+    _sink.failure = None
+
+
+def file_failure() -> Exception | None:
+    """The error to end the run with when the log file could not be written (once), or ``None``."""
+    if _sink.failure is None:
+        return None
+    from titan_core.errors import write_failure
+
+    path, exc = _sink.failure
+    _sink.failure = None
+    return write_failure(path, exc, what="the log")
 
 
 def setup_logging(**context: Any) -> None:

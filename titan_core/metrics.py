@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from titan_core.errors import PluginError
+from titan_core.errors import PluginError, TitanError, write_failure
 from titan_core.log import get_logger
 
 GiB = 1024**3
@@ -220,11 +221,18 @@ _CLOSE_WAIT_S = 10.0
 
 
 class TensorBoardWriter:
-    """Writes every logged row as scalars (``metrics.enable_tensorboard``, logging rank only)."""
+    """Writes every logged row as scalars (``metrics.enable_tensorboard``, logging rank only).
+
+    A write that fails (a full disk, the folder deleted) stops the run with one error naming the
+    folder, raised at the next row by the writer thread's keeper; the thread's own traceback is
+    not printed (:func:`_quiet_tensorboard_threads`).
+    """
 
     def __init__(self, folder: str, resumed_from: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        self.folder = folder
+        _quiet_tensorboard_threads()
         # A resumed run trains the steps after its checkpoint again: TensorBoard drops the
         # interrupted attempt's scalars of those steps (purge_step), as metrics.jsonl does.
         self.writer = SummaryWriter(folder, purge_step=resumed_from + 1 if resumed_from else None)
@@ -241,13 +249,19 @@ class TensorBoardWriter:
     def on_step_end(self, step: int, metrics: dict[str, float], last: bool) -> None:
         if not metrics:
             return
-        for key, value in metrics.items():
-            if key != "step" and isinstance(value, (int, float)):
-                self.writer.add_scalar(_tag(key), value, step)
-        self.writer.flush()
+        try:
+            for key, value in metrics.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(_tag(key), value, step)
+            self.writer.flush()
+        except OSError as exc:  # the writer thread's, raised again here
+            raise write_failure(self.folder, exc, what=f"the TensorBoard scalars of step {step}") from None
 
     def on_train_end(self, step: int) -> None:
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError as exc:
+            raise write_failure(self.folder, exc, what=f"the TensorBoard scalars of step {step}") from None
 
     def on_failure(self, step: int, exc: BaseException) -> None:
         # Rows are flushed as they are logged; closing only ends the writer thread. An exception
@@ -255,23 +269,52 @@ class TensorBoardWriter:
         # so the close gets a bounded wait instead of hanging the failing run's exit.
         import threading
 
-        closer = threading.Thread(target=self.writer.close, name="titan-tensorboard-close", daemon=True)
+        def close() -> None:
+            # A writer whose write failed raises that error again here; the run reports it already.
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+        closer = threading.Thread(target=close, name="titan-tensorboard-close", daemon=True)
         closer.start()
         closer.join(timeout=_CLOSE_WAIT_S)
 
 
+def _quiet_tensorboard_threads() -> None:
+    """Drop the report ``threading.excepthook`` prints for TensorBoard's writer thread when its
+    write fails with an ``OSError`` (a full disk): the thread keeps the error, and the writer
+    raises it at its next call in the training thread, where :class:`TensorBoardWriter` turns it
+    into the run's one error. Every other thread's exception is reported as before."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "titan_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.titan_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def _keep_rows_up_to(path: str, step: int) -> None:
     """Rewrite ``path`` (atomically) without the rows of steps after ``step``; lines that are no
-    row of a step are kept as they are."""
+    row of a step are kept as they are, except a last line cut short (no newline, no JSON): the
+    row a crash or a full disk stopped half-way, which readers of the file would refuse."""
     kept = []
     with open(path) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if not (isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step):
-                kept.append(line if line.endswith("\n") else line + "\n")
+        lines = f.readlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if number == len(lines) and not line.endswith("\n"):
+                break
+            row = None
+        if not (isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step):
+            kept.append(line if line.endswith("\n") else line + "\n")
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         f.writelines(kept)
@@ -284,12 +327,21 @@ class MetricsFileWriter:
     One JSON object per logged step; ``titan compare`` reads it. A run that starts from step 0
     truncates the file; a run resumed from step ``resumed_from`` first drops the rows of the
     steps after it (an interrupted attempt logged them, and they are trained again), then appends.
+    A row that cannot be written (a full disk) is taken out again, so the file holds whole rows
+    only, and the run stops with one error; so it does when the file is deleted or replaced under
+    it (the dump folder deleted or moved), instead of logging on into a file no one can read.
     """
 
     def __init__(self, path: str, resumed_from: int = 0) -> None:
-        if resumed_from > 0 and os.path.isfile(path):
-            _keep_rows_up_to(path, resumed_from)
-        self.file = open(path, "a" if resumed_from > 0 else "w")  # noqa: SIM115 - closed at the end of the run
+        self.path = path
+        try:
+            if resumed_from > 0 and os.path.isfile(path):
+                _keep_rows_up_to(path, resumed_from)
+            # Unbuffered: a failed write is known at once, and nothing is left to flush at close.
+            self.file = open(path, "ab" if resumed_from > 0 else "wb", buffering=0)  # noqa: SIM115 - closed at the end of the run
+        except OSError as exc:
+            raise write_failure(path, exc, what="the metrics rows") from None
+        self.identity = _identity(os.fstat(self.file.fileno()))
 
     @classmethod
     def build(cls, trainer: Any) -> MetricsFileWriter | None:
@@ -298,12 +350,40 @@ class MetricsFileWriter:
         return cls(os.path.join(trainer.config.job.dump_folder, "metrics.jsonl"), resumed_from=trainer.step)
 
     def on_step_end(self, step: int, metrics: dict[str, float], last: bool) -> None:
-        if metrics:
-            self.file.write(json.dumps(metrics) + "\n")
-            self.file.flush()
+        if not metrics:
+            return
+        try:
+            there = _identity(os.stat(self.path)) == self.identity
+        except OSError:
+            there = False
+        if not there:
+            raise TitanError(
+                f"{self.path} was deleted or replaced while this run wrote it (was job.dump_folder "
+                f"deleted or moved?), so the rows it logs from step {step} on would be lost; the run "
+                "stopped. Restore the folder, or run again (the same command resumes from the last "
+                "checkpoint left in job.dump_folder, if any)"
+            )
+        data = (json.dumps(metrics) + "\n").encode()
+        fd = self.file.fileno()
+        end = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(data):  # a write cut short by a full disk returns fewer bytes
+                written += self.file.write(data[written:]) or 0
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # no half row for a reader (or a resume) to trip on
+                os.ftruncate(fd, end)
+            raise write_failure(
+                self.path, exc, what=f"the row of step {step}", kept="the rows before it are intact"
+            ) from None
 
     def on_train_end(self, step: int) -> None:
         self.file.close()
 
     def on_failure(self, step: int, exc: BaseException) -> None:
         self.file.close()
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    """Which file a stat describes (its device and inode)."""
+    return stat.st_dev, stat.st_ino

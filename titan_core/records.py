@@ -59,8 +59,9 @@ class ModelSpec:
     #: vocabulary); called after the config is checked and before anything is built.
     validate: Callable[[Any, ParallelDims], None] | None = None
     #: ``param_groups(model, optimizer_config) -> list[dict]``: optimizer parameter groups (torch's
-    #: ``[{"params": [...], "weight_decay": 0.0}, ...]``) for this rank's model part; ``None``: one
-    #: group with ``training.weight_decay`` for every parameter.
+    #: ``[{"params": [...], "weight_decay": 0.0}, ...]``) for this rank's model part, each trainable
+    #: parameter in exactly one (the trainer refuses others); ``None``: one group with
+    #: ``training.weight_decay`` for every parameter.
     param_groups: Callable[[nn.Module, Any], list[dict[str, Any]]] | None = None
     #: ``num_active_params(args) -> int``: parameters one token uses (mixture-of-experts models);
     #: ``None``: every parameter is active.

@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any
 
-from titan_core.errors import PluginError, UsageError
+from titan_core.errors import PluginError, UsageError, write_failure
 
 LOCK_NAME = ".titan.lock"
 
@@ -161,8 +161,12 @@ def _lock(folder: str, what: str, other: str) -> int:
         raise UsageError(
             f"{what} is in use by another run ({holder}); wait for it to end or give this run another {other}"
         ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"host {socket.gethostname()}, pid {os.getpid()}".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"host {socket.gethostname()}, pid {os.getpid()}".encode())
+    except OSError as exc:  # a full disk: the first file a run writes
+        os.close(fd)
+        raise write_failure(os.path.join(folder, LOCK_NAME), exc, what="the run's lock") from None
     return fd
 
 
@@ -471,8 +475,12 @@ class RunFolder:
             "checkpoint_folder": self.config.checkpoint.folder,
             "identity": identity(self.config, self.dp),
         }
-        with open(os.path.join(self.dump, RUN_FILE), "w") as f:
-            json.dump(record, f, indent=2)
+        path = os.path.join(self.dump, RUN_FILE)
+        try:
+            with open(path, "w") as f:
+                json.dump(record, f, indent=2)
+        except OSError as exc:
+            raise write_failure(path, exc, what="the run's record") from None
         return self.resumed
 
     def _prior_checkpoints(self, prior: dict[str, Any]) -> tuple[str, str]:

@@ -30,10 +30,18 @@ from titan_core.callbacks import Callbacks
 from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
 from titan_core.data.loader import PackedBatches, files_fingerprint, path_field
 from titan_core.data.prefetch import Prefetcher
-from titan_core.errors import PluginError, TitanError, UsageError, call_plugin, is_out_of_memory
+from titan_core.errors import (
+    PluginError,
+    TitanError,
+    UsageError,
+    call_plugin,
+    is_out_of_memory,
+    write_failure,
+)
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.layout import check_layout
 from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
+from titan_core.log import file_failure as log_file_failure
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import ParallelContext, apply_strategies, cross_entropy_loss
@@ -515,11 +523,16 @@ class Trainer:
             from titan_core.config import render
 
             os.makedirs(config.job.dump_folder, exist_ok=True)
-            if records:
-                text = render(config)  # rendered first: a failure leaves no empty config.toml
-                with open(os.path.join(config.job.dump_folder, "config.toml"), "w", encoding="utf-8") as f:
-                    f.write(text)
-            attach_file(os.path.join(config.job.dump_folder, LOG_FILE), append=self.step > 0)
+            path = os.path.join(config.job.dump_folder, "config.toml")
+            try:
+                if records:
+                    text = render(config)  # rendered first: a failure leaves no empty config.toml
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.write(text)
+                path = os.path.join(config.job.dump_folder, LOG_FILE)
+                attach_file(path, append=self.step > 0)
+            except OSError as exc:  # a full disk
+                raise write_failure(path, exc, what="the run's files") from None
         else:
             detach_file()
 
@@ -590,8 +603,60 @@ class Trainer:
             return [{"params": [p for part in self.parts for p in part.parameters() if p.requires_grad]}]
         groups: list[dict[str, Any]] = []
         for part in self.parts:
-            groups += [g for g in self.spec.param_groups(part, self.config.training) if g["params"]]
+            found = self._plugin_call(
+                "models",
+                self.spec.name,
+                "failed in param_groups",
+                self.spec.param_groups,
+                part,
+                self.config.training,
+            )
+            groups += self._checked_groups(part, found)
         return groups
+
+    def _checked_groups(self, part: nn.Module, found: Any) -> list[dict[str, Any]]:
+        """``ModelSpec.param_groups``'s groups of ``part``, each of its trainable parameters in
+        exactly one: a parameter left out is never updated (AdamW skips it, the run trains on
+        without a word), and one named twice fails inside torch's optimizer as a bare traceback."""
+        label = f"{self.registry.label('models', self.spec.name)}: ModelSpec.param_groups"
+        if not isinstance(found, list) or not all(isinstance(g, dict) and "params" in g for g in found):
+            raise PluginError(
+                f"{label} returned {type(found).__name__}; it must return a list of dicts with "
+                "'params' (torch's parameter groups, e.g. [{'params': [...], 'weight_decay': 0.0}])"
+            )
+        groups = [{**g, "params": list(g["params"])} for g in found]  # a generator is read once
+        names = {id(p): n for n, p in part.named_parameters()}
+        seen: dict[int, int] = {}
+        for g in groups:
+            for p in g["params"]:
+                seen[id(p)] = seen.get(id(p), 0) + 1
+
+        def listed(ids: list[int]) -> str:
+            shown = ", ".join(names.get(i, "a tensor that is no parameter of the model") for i in ids[:3])
+            return shown + (f", and {len(ids) - 3} more" if len(ids) > 3 else "")
+
+        problems = []
+        twice = [i for i, count in seen.items() if count > 1]
+        if twice:
+            problems.append(f"put {len(twice)} parameters in more than one group ({listed(twice)})")
+        foreign = [i for i in seen if i not in names]
+        if foreign:
+            problems.append(
+                f"returned {len(foreign)} tensors that are no parameters of this rank's model part"
+            )
+        missing = [id(p) for p in part.parameters() if p.requires_grad and id(p) not in seen]
+        if missing:
+            problems.append(
+                f"left {len(missing)} trainable parameters out of every group ({listed(missing)}): AdamW "
+                "would never update them"
+            )
+        if problems:
+            raise PluginError(
+                f"{label} {'; '.join(problems)}; put every parameter in exactly one group (e.g. a group "
+                "with 'weight_decay': 0.0 for norms and biases), or set requires_grad=False on those "
+                "meant to stay frozen"
+            )
+        return [g for g in groups if g["params"]]
 
     def _build_callbacks(self) -> tuple[list[Any], list[str]]:
         """The built callback objects and, in the same order, the labels errors name them by."""
@@ -769,7 +834,9 @@ class Trainer:
                     buffer.copy_(saved)
         value = float(mean_over_dp(total / batches, self.ctx))
         perplexity = math.exp(min(value, 700))
-        return {"validation/loss": round(value, 5), "validation/perplexity": round(perplexity, 3)}
+        # Full precision, as the training loss: a validation curve is checked against a
+        # reference from metrics.jsonl (titan compare); the log line rounds what it shows.
+        return {"validation/loss": value, "validation/perplexity": perplexity}
 
     def _eval_loss(
         self, inputs: torch.Tensor, labels: torch.Tensor, evaluate: Any = None
@@ -959,8 +1026,8 @@ class Trainer:
                     log.info(
                         "validation",
                         step=step,
-                        loss=validation["validation/loss"],
-                        perplexity=validation["validation/perplexity"],
+                        loss=round(validation["validation/loss"], 5),
+                        perplexity=round(validation["validation/perplexity"], 3),
                     )
                     row.update(validation)  # to the metric writers (TensorBoard, metrics.jsonl)
             else:
@@ -968,6 +1035,8 @@ class Trainer:
             self.phase = "the end-of-step callbacks (checkpoint save)"
             for fn in cb.on_step_end:
                 fn(step, row, last or terminated)
+            if (failure := log_file_failure()) is not None:  # train.log could not be written
+                raise failure
             if step == first and self.device.type == "cuda":
                 # The first step compiles, autotunes and creates the optimizer state; the freed
                 # fragments it leaves in the caching allocator would otherwise stay reserved.

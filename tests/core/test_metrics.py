@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,3 +92,120 @@ def test_a_resumed_tensorboard_drops_the_interrupted_attempts_later_steps(tmp_pa
     scalars = events.Scalars("train/loss")
     assert [s.step for s in scalars] == [1, 2, 3, 4, 5, 6]
     assert [s.value for s in scalars][4:] == [1.0, 1.0]
+
+
+def _rows(n: int) -> str:
+    return "".join(json.dumps({"step": s, "loss": 10.0 - s}) + "\n" for s in range(1, n + 1))
+
+
+@contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail as on a full disk (``ulimit -f``: Python ignores SIGXFSZ,
+    so the write that crosses the limit is cut short and the next one raises EFBIG)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_full_disk_under_metrics_jsonl_is_one_error_and_leaves_no_half_row(tmp_path: Path) -> None:
+    """Disk full mid-row: a PluginError blaming 'plugin core' (or an OSError traceback), and the
+    half row stayed in the file, where titan compare refused the whole run (`not a metrics row`)."""
+    from titan_core.errors import TitanError
+    from titan_plugins_memory.runs import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsFileWriter(str(path))
+    for step in (1, 2):
+        writer.on_step_end(step, {"step": step, "loss": 1.0}, last=False)
+    before = path.read_bytes()
+    with (
+        _file_size_limit(len(before) + 10),
+        pytest.raises(TitanError) as caught,
+    ):  # the row is cut at 10 bytes
+        writer.on_step_end(3, {"step": 3, "loss": 1.0}, last=False)
+    message = str(caught.value)
+    assert type(caught.value) is TitanError and "plugin" not in message
+    assert f"cannot write the row of step 3 to {path}: File too large" in message
+    assert "the rows before it are intact" in message
+    writer.on_failure(3, caught.value)
+    assert path.read_bytes() == before  # no half row
+    assert sorted(read_metrics(str(path))) == [1, 2]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_is_named_as_one() -> None:
+    from titan_core.errors import TitanError
+
+    writer = MetricsFileWriter("/dev/full")  # every write: ENOSPC
+    with pytest.raises(
+        TitanError, match=r"the disk is full \(No space left on device\); .*\. Free space on that disk"
+    ):
+        writer.on_step_end(1, {"step": 1, "loss": 1.0}, last=False)
+    writer.on_failure(1, RuntimeError())
+
+
+def test_a_resume_drops_a_row_an_earlier_attempt_left_cut_short(tmp_path: Path) -> None:
+    """A row cut off by a crash or a full disk (no newline, not JSON) was kept by the resume, on a
+    line of its own: titan compare then refused the run's metrics.jsonl for good."""
+    from titan_plugins_memory.runs import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(_rows(6) + '{"step": 7, "lo')
+    writer = MetricsFileWriter(str(path), resumed_from=6)
+    writer.on_step_end(7, {"step": 7, "loss": 3.0}, last=False)
+    writer.on_train_end(7)
+    assert path.read_text() == _rows(6) + json.dumps({"step": 7, "loss": 3.0}) + "\n"
+    assert sorted(read_metrics(str(path))) == [1, 2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("deleted", ["the file", "the dump folder"])
+def test_metrics_jsonl_deleted_during_the_run_stops_it(tmp_path: Path, deleted: str) -> None:
+    """The dump folder deleted mid-run: rows went on into the deleted file, the run ended with
+    exit 0 and no metrics.jsonl (nor train.log) anywhere."""
+    import shutil
+
+    from titan_core.errors import TitanError
+
+    dump = tmp_path / "run"
+    dump.mkdir()
+    path = dump / "metrics.jsonl"
+    writer = MetricsFileWriter(str(path))
+    writer.on_step_end(1, {"step": 1, "loss": 1.0}, last=False)
+    if deleted == "the file":
+        path.unlink()
+    else:
+        shutil.rmtree(dump)
+    with pytest.raises(TitanError, match=rf"{path} was deleted or replaced while this run wrote it"):
+        writer.on_step_end(2, {"step": 2, "loss": 1.0}, last=False)
+    writer.on_failure(2, RuntimeError())
+    assert not path.exists()  # nothing recreated
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_tensorboard_folder_that_cannot_be_written_is_one_error_without_thread_tracebacks(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The TensorBoard folder gone (or its disk full) mid-run: `Exception in thread Thread-1`
+    and `titan-tensorboard-close` tracebacks on stderr, and a PluginError blaming 'plugin core'."""
+    import shutil
+
+    from titan_core.errors import TitanError
+    from titan_core.metrics import TensorBoardWriter
+
+    folder = tmp_path / "tb"
+    board = TensorBoardWriter(str(folder))
+    board.on_step_end(1, {"step": 1, "loss": 1.0}, last=False)
+    shutil.rmtree(folder)
+    with pytest.raises(TitanError) as caught:
+        for step in range(2, 5):  # the writer thread fails on the first write after the deletion
+            board.on_step_end(step, {"step": step, "loss": 1.0}, last=False)
+    assert type(caught.value) is TitanError
+    assert f"cannot write the TensorBoard scalars of step 2 to {folder}: No such file" in str(caught.value)
+    board.on_failure(2, caught.value)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -368,3 +369,118 @@ def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> 
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C stops at once
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+NO_CHECKPOINTS = tiny_recipe_source(
+    "plain", 40, '    c.job.dump_folder = "outputs"\n    c.metrics.enable_tensorboard = False\n'
+)
+
+
+def _file_size_limit(limit: int) -> Any:
+    """A ``preexec_fn``: the child's files cannot grow past ``limit`` bytes (``ulimit -f``), which
+    its writes meet as a full disk (Python ignores SIGXFSZ, so they fail with EFBIG)."""
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    ("limit", "file"),
+    [(0, r"\.titan\.lock"), (1500, r"config\.toml"), (4000, r"(metrics\.jsonl|train\.log)")],
+    ids=["the lock at the start", "config.toml", "mid-run"],
+)
+def test_a_full_disk_under_the_run_folder_is_one_error_line(tmp_path: Path, limit: int, file: str) -> None:
+    """A full disk under job.dump_folder: an OSError traceback from the lock or config.toml; mid-run,
+    `callback 'metrics_file' (plugin core) failed` chained to the traceback of the next log call,
+    which could not write train.log either (and closing the log raised again at exit)."""
+    (tmp_path / "plain_recipe.py").write_text(NO_CHECKPOINTS)
+    result = subprocess.run(
+        [sys.executable, "-m", "titan_core.cli", "run", "--module", "plain_recipe", "--recipe", "plain"],
+        cwd=tmp_path,
+        env=titan_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_file_size_limit(limit),
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert re.match(rf"titan: error: cannot write .* to outputs/{file}: File too large", line), line
+    assert "Raise the file-size limit (ulimit -f)" in line and "plugin" not in line
+
+
+class _FillTheLogsDiskAt:
+    """From ``step`` on, train.log cannot grow: its open file becomes /dev/full (every write
+    fails with ENOSPC, as on a full disk), the other files stay as they are."""
+
+    def __init__(self, step: int, log: Path) -> None:
+        self.step, self.log = step, log
+
+    @hookimpl
+    def titan_callbacks(self) -> list[Callback]:
+        return [Callback("fill", lambda trainer: self)]
+
+    def after_optimizer_step(self, step: int) -> None:
+        if step != self.step:
+            return
+        full = os.open("/dev/full", os.O_WRONLY)
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}") == str(self.log):
+                    os.dup2(full, int(fd))
+        os.close(full)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full") or not os.path.isdir("/proc/self/fd"), reason="Linux")
+def test_a_log_file_that_cannot_grow_ends_the_run_after_the_step_with_one_error(tmp_path: Path) -> None:
+    """The OSError came out of whichever log call met the full disk, one in the run's failure
+    handling too (the failure callbacks were then skipped), and again from closing the log."""
+    from titan_core.errors import TitanError
+
+    config = tiny(tmp_path, steps=6)
+    config.metrics.log_freq = 1
+    registry = Registry().load_entry_points()
+    registry.register(_FillTheLogsDiskAt(3, tmp_path / "train.log"), "fill")
+    with pytest.raises(TitanError) as caught:
+        train(config, registry)
+    assert type(caught.value) is TitanError
+    assert str(caught.value).startswith(f"cannot write the log to {tmp_path / 'train.log'}: the disk is full")
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3]  # the step completed; no later one ran
+
+
+class _DeleteDumpFolderAt:
+    """Deletes the run's dump folder during ``step`` (a cleanup script, a mistaken ``rm -r``)."""
+
+    def __init__(self, step: int, folder: Path) -> None:
+        self.step, self.folder = step, folder
+
+    @hookimpl
+    def titan_callbacks(self) -> list[Callback]:
+        return [Callback("delete", lambda trainer: self)]
+
+    def after_optimizer_step(self, step: int) -> None:
+        if step == self.step:
+            import shutil
+
+            shutil.rmtree(self.folder)
+
+
+def test_a_dump_folder_deleted_during_the_run_stops_it(tmp_path: Path) -> None:
+    """The run went on logging into deleted files and ended with exit 0; its checkpoint saves
+    recreated the folder with checkpoints alone (no run.json, metrics.jsonl or train.log)."""
+    from titan_core.errors import TitanError
+
+    dump = tmp_path / "run"
+    config = tiny(dump, steps=6)
+    config.metrics.log_freq = 1
+    config.checkpoint.enable, config.checkpoint.interval = True, 2
+    registry = Registry().load_entry_points()
+    registry.register(_DeleteDumpFolderAt(3, dump), "delete")
+    with pytest.raises(TitanError, match=r"metrics\.jsonl was deleted or replaced while this run wrote it"):
+        train(config, registry)
+    assert not dump.exists()  # nothing recreated: no checkpoint of step 4 alone in a new folder

@@ -216,3 +216,79 @@ def test_a_bos_id_override_other_than_the_tokenizers_is_refused(tmp_path: Path) 
     config.model.overrides = {**config.model.overrides, "bos_id": 7}
     with pytest.raises(UsageError, match=r"model\.overrides\.bos_id=7 is not the tokenizer's BOS id 0"):
         Trainer(config, get_registry())
+
+
+def _with_param_groups(tmp_path: Path, param_groups: object) -> tuple[TrainerConfig, Registry]:
+    """The tiny Llama 3 as a plugin's model ``grouped`` whose ``ModelSpec.param_groups`` is given."""
+    registry = Registry().load_entry_points()
+    llama3 = registry.get("models", "llama3")
+
+    class Grouped:
+        @hookimpl
+        def titan_models(self) -> list:
+            return [attrs.evolve(llama3, name="grouped", param_groups=param_groups)]
+
+    registry.register(Grouped(), "grouped")
+    config = tiny(tmp_path)
+    config.model.name = "grouped"
+    return config, registry
+
+
+def test_param_groups_with_no_decay_on_norms_train_every_parameter_as_adamw_would(tmp_path: Path) -> None:
+    """Groups of their own weight decay: every parameter trains, each with its group's decay."""
+
+    def no_decay_on_norms(model: torch.nn.Module, training: object) -> list[dict]:
+        matrices = [p for p in model.parameters() if p.ndim >= 2]
+        vectors = [p for p in model.parameters() if p.ndim < 2]
+        return [{"params": matrices}, {"params": vectors, "weight_decay": 0.0}]
+
+    config, registry = _with_param_groups(tmp_path, no_decay_on_norms)
+    config.training.weight_decay = 0.5
+    trainer = Trainer(config, registry)
+    try:
+        assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.5, 0.0]
+        before = {n: p.detach().clone() for n, p in trainer.parts[0].named_parameters()}
+        trainer.train()
+        assert all(not torch.equal(before[n], p) for n, p in trainer.parts[0].named_parameters())
+    finally:
+        trainer.close()
+
+
+def test_param_groups_that_leave_parameters_out_are_refused_naming_them(tmp_path: Path) -> None:
+    """A parameter in no group was never updated: the norms of a decay group of matrices only
+    stayed at their initial values for the whole run, without a word."""
+
+    def matrices_only(model: torch.nn.Module, training: object) -> list[dict]:
+        return [{"params": [p for p in model.parameters() if p.ndim >= 2]}]
+
+    config, registry = _with_param_groups(tmp_path, matrices_only)
+    expected = (
+        r"model 'grouped' .*ModelSpec\.param_groups left 5 trainable parameters out of every group "
+        r"\(layers\.0\.attention_norm\.weight, layers\.0\.ffn_norm\.weight, "
+        r"layers\.1\.attention_norm\.weight, "
+        r"and 2 more\): AdamW would never update them"
+    )
+    with pytest.raises(PluginError, match=expected):
+        Trainer(config, registry)
+
+
+def test_param_groups_naming_a_parameter_twice_or_failing_are_one_plugin_error(tmp_path: Path) -> None:
+    """Both ended in a bare traceback (torch's ``ValueError: some parameters appear in more than
+    one parameter group``, the plugin's own ``KeyError``)."""
+
+    def twice(model: torch.nn.Module, training: object) -> list[dict]:
+        params = list(model.parameters())
+        return [{"params": params}, {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+    def failing(model: torch.nn.Module, training: object) -> list[dict]:
+        raise KeyError("norm")
+
+    config, registry = _with_param_groups(tmp_path, twice)
+    expected = (
+        r"ModelSpec\.param_groups put 5 parameters in more than one group \(layers\.0\.attention_norm\.weight"
+    )
+    with pytest.raises(PluginError, match=expected):
+        Trainer(config, registry)
+    config, registry = _with_param_groups(tmp_path / "failing", failing)
+    with pytest.raises(PluginError, match=r"model 'grouped' .*failed in param_groups: KeyError: 'norm'"):
+        Trainer(config, registry)

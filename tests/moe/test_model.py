@@ -241,6 +241,45 @@ def test_qwen3_fused_qkv_keeps_no_more_for_backward_than_separate_projections(co
         # without position may be 0, not negative.
         ("deepseek_v3_debugmodel", {"qk_rope_head_dim": 0}, r"qk_rope_head_dim: must be positive, got 0"),
         ("deepseek_v3_debugmodel", {"qk_nope_head_dim": -2}, r"qk_nope_head_dim: must be >= 0, got -2"),
+        # RoPE's frequencies: a zero base or scaling factor gave NaN at step 1 (reported as a
+        # divergence, "lower training.lr"), YaRN's bounds a ZeroDivisionError / math domain error
+        # from the build.
+        ("qwen3_debugmodel", {"rope_theta": 0.0}, r"rope_theta: must be a positive number, got 0.0"),
+        ("deepseek_v3_debugmodel", {"rope_theta": float("nan")}, r"rope_theta: must be a positive number"),
+        (
+            "deepseek_v3_debugmodel",
+            {"rope_scaling": "yarn", "rope_scaling_factor": 0.0},
+            r"rope_scaling_factor: must be a positive number, got 0.0",
+        ),
+        (
+            "qwen3_debugmodel",
+            {"rope_scaling": "llama3", "rope_scaling_factor": float("inf")},
+            r"rope_scaling_factor: must be a positive number, got inf",
+        ),
+        (
+            "deepseek_v3_debugmodel",
+            {"rope_scaling": "yarn", "rope_original_max_len": 0},
+            r"rope_original_max_len: must be positive, got 0",
+        ),
+        (
+            "deepseek_v3_debugmodel",
+            {"rope_scaling": "yarn", "yarn_beta_slow": -1.0},
+            r"yarn_beta_slow: must be a positive number, got -1.0",
+        ),
+        (
+            "qwen3_debugmodel",
+            {"rope_scaling": "llama3", "rope_low_freq_factor": 0.0},
+            r"rope_low_freq_factor: must be a positive number, got 0.0",
+        ),
+        # The dense FFN's width: a ZeroDivisionError / negative-dimension traceback from the build.
+        ("debugmodel", {"multiple_of": 0}, r"multiple_of: must be positive, got 0"),
+        ("debugmodel", {"ffn_dim_multiplier": -1.0}, r"ffn_dim_multiplier: must be a positive number"),
+        # NaN passed the ">= 0" check: MTP modules built and trained nothing, moe/mtp_loss 0.0.
+        (
+            "debugmodel",
+            {"n_mtp_layers": 1, "mtp_loss_weight": float("nan")},
+            r"mtp_loss_weight: must be a number >= 0, got nan",
+        ),
     ],
 )
 def test_impossible_sizes_are_one_usage_error_naming_the_field(

@@ -19,6 +19,7 @@ of "2.4B"); ``docs/moe.md`` gives both figures for every real flavor.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -372,7 +373,9 @@ def check_args(args: MoEArgs) -> None:
             f"of 8), got {', '.join(unaligned)}; use 'auto' or 'loop', or change the widths",
         )
     positive = ["dim", "n_layers", "n_heads", "vocab_size", "n_experts", "top_k", "expert_hidden_dim"]
-    positive += ["n_expert_groups", "n_limited_groups", "max_seq_len"]
+    positive += ["n_expert_groups", "n_limited_groups", "max_seq_len", "multiple_of"]
+    if args.rope_scaling != "none":
+        positive.append("rope_original_max_len")
     # None (or 0) picks the default for these two; a negative one is no width.
     positive += [name for name in ("n_kv_heads", "head_dim") if getattr(args, name)]
     if args.attention == "mla":
@@ -397,6 +400,18 @@ def check_args(args: MoEArgs) -> None:
             "no experts, no load balancing); lower n_dense_layers below n_layers, or train a dense "
             "model (the llama3 plugin)",
         )
+    # RoPE's frequencies and the dense FFN's width are computed from these: zero, negative, inf or
+    # NaN gave NaN at step 1 (a "divergence") or a ZeroDivisionError / math domain error.
+    numbers = ["rope_theta"] + ["ffn_dim_multiplier"] * (args.ffn_dim_multiplier is not None)
+    if args.rope_scaling != "none":
+        numbers.append("rope_scaling_factor")
+    if args.rope_scaling == "llama3":
+        numbers += ["rope_low_freq_factor", "rope_high_freq_factor"]
+    if args.rope_scaling == "yarn":
+        numbers += ["yarn_beta_fast", "yarn_beta_slow"]
+    for name in numbers:
+        if not 0 < getattr(args, name) < math.inf:
+            raise _problem(name, f"must be a positive number, got {getattr(args, name)}")
     if not 0 < args.norm_eps < 1:
         # RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 divides by zero on a zero vector.
         raise _problem("norm_eps", f"must be a small positive number (1e-5, 1e-6), got {args.norm_eps}")
@@ -443,8 +458,11 @@ def check_args(args: MoEArgs) -> None:
             f"top_k={args.top_k} exceeds the {args.n_limited_groups} x {per_group} experts of the "
             "groups a token may use; raise n_limited_groups or lower top_k",
         )
-    if args.n_mtp_layers < 0 or args.mtp_loss_weight < 0:
-        raise _problem("n_mtp_layers", "n_mtp_layers and mtp_loss_weight must be >= 0")
+    if args.n_mtp_layers < 0:
+        raise _problem("n_mtp_layers", f"must be >= 0, got {args.n_mtp_layers}")
+    if not 0 <= args.mtp_loss_weight < math.inf:
+        # NaN passed a "< 0" check and switched the MTP term off (the modules trained nothing).
+        raise _problem("mtp_loss_weight", f"must be a number >= 0, got {args.mtp_loss_weight}")
     if args.document_mask and args.bos_id is None:
         raise _problem(
             "bos_id",
