@@ -35,6 +35,11 @@ class Tokenizer:
     vocab_size: int
     bos_id: int | None
     eos_id: int | None
+    #: Whether tokenizing a text in pieces cut where :func:`document_pieces` cuts (at a line
+    #: start, or before a space between words) gives the tokens of the whole text: true for
+    #: byte-level BPE (GPT-2, Llama 3, titan's bundled tokenizer), false for tokenizers that
+    #: mark the start of every input (SentencePiece's ``Metaspace``).
+    cuts_exact: bool = True
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
@@ -91,7 +96,18 @@ def load_tokenizer(path: str | None) -> Tokenizer:
             f"(titan looks for {looked}), so packed documents are not framed by one; a tokenizer "
             "with them keeps document boundaries (and the document mask) in the data"
         )
-    return Tokenizer(backend, size, *ids)
+    return Tokenizer(backend, size, *ids, cuts_exact=_cuts_exact(backend))
+
+
+#: Texts split where :func:`document_pieces` may cut them, to check a tokenizer against.
+_CUT_SAMPLES = (("The end.\n\n", "Next line, here"), ("Hello", " world"), ("12\n", "x 3"))
+
+
+def _cuts_exact(backend: Any) -> bool:
+    def ids(text: str) -> list[int]:
+        return backend.encode(text, add_special_tokens=False).ids
+
+    return all(ids(a + b) == ids(a) + ids(b) for a, b in _CUT_SAMPLES)
 
 
 #: Suffixes of the files a folder given as ``data.path`` is read for (compared case-insensitively).
@@ -395,16 +411,17 @@ class PackedBatches:
             buffer: list[int] = []
             first_index = index
             tokens = 0
-            for chunk in _chunks(self.documents(), 128):
-                for ids in self.tokenizer.encode_batch(chunk):
-                    if self.tokenizer.bos_id is not None:
-                        buffer.append(self.tokenizer.bos_id)
+            bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+            for chunk in _chunks(self._segments(), 128, 8 * PIECE_CHARS):
+                for (_, first, last), ids in zip(
+                    chunk, self.tokenizer.encode_batch([text for text, _, _ in chunk]), strict=True
+                ):
+                    if first and bos is not None:
+                        buffer.append(bos)
                     buffer.extend(ids)
-                    if self.tokenizer.eos_id is not None:
-                        buffer.append(self.tokenizer.eos_id)
-                    tokens += (
-                        len(ids) + (self.tokenizer.bos_id is not None) + (self.tokenizer.eos_id is not None)
-                    )
+                    if last and eos is not None:
+                        buffer.append(eos)
+                    tokens += len(ids) + (first and bos is not None) + (last and eos is not None)
                 # Cut sequences at an offset and drop the consumed head once per chunk (slicing
                 # the rest off after every sequence copied the whole buffer each time).
                 start = 0
@@ -422,6 +439,17 @@ class PackedBatches:
             epoch += 1
             if produced == 0:  # a later pass yields nothing: the documents changed under us
                 raise UsageError(f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data")
+
+    def _segments(self) -> Iterator[tuple[str, bool, bool]]:
+        """``(text, starts a document, ends it)`` for each document of a pass, a long one in
+        pieces (:func:`document_pieces`): tokenized whole, a document takes about 120 times its
+        size in memory (a 14 MB text file took 1.7 GB), so one large file could exhaust the host."""
+        for document in self.documents():
+            pieces = document_pieces(document, PIECE_CHARS)
+            if len(pieces) > 1 and not self.tokenizer.cuts_exact:
+                _warn_inexact_cuts()
+            for i, piece in enumerate(pieces):
+                yield piece, i == 0, i == len(pieces) - 1
 
     def _check_size(self, sequences: int, tokens: int) -> None:
         """One pass over the data must fill one global batch: every rank, ``batch_size`` rows.
@@ -478,12 +506,80 @@ class PackedBatches:
                 batch = []
 
 
-def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for item in items:
-        chunk.append(item)
+def _chunks(
+    segments: Iterable[tuple[str, bool, bool]], size: int, chars: int
+) -> Iterator[list[tuple[str, bool, bool]]]:
+    """Lists of at most ``size`` segments and, past the first, ``chars`` characters: the texts
+    one ``encode_batch`` call tokenizes (in parallel), their tokens in memory at once."""
+    chunk: list[tuple[str, bool, bool]] = []
+    held = 0
+    for segment in segments:
+        if chunk and held + len(segment[0]) > chars:
+            yield chunk
+            chunk, held = [], 0
+        chunk.append(segment)
+        held += len(segment[0])
         if len(chunk) == size:
             yield chunk
-            chunk = []
+            chunk, held = [], 0
     if chunk:
         yield chunk
+
+
+#: The longest text tokenized in one piece (characters); longer documents are cut.
+PIECE_CHARS = 1 << 18
+
+
+def document_pieces(text: str, size: int) -> list[str]:
+    """``text`` in pieces of at most ``size`` characters that join back to it, each cut at the
+    start of a line (after the newlines, before a non-space character), else before a space
+    between two words, where byte-level BPE pre-tokenizers (GPT-2's, Llama 3's) split too, so the
+    pieces' tokens are the whole text's (:attr:`Tokenizer.cuts_exact`). A stretch of ``size``
+    characters with neither (no spaces or line breaks) is cut where it ends."""
+    pieces: list[str] = []
+    start = 0
+    while len(text) - start > size:
+        end = start + size
+        cut = _line_start(text, start, end) or _word_start(text, start, end) or end
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def _line_start(text: str, start: int, end: int) -> int:
+    """The last position in ``(start, end]`` after a newline and at a non-space character; 0: none."""
+    newline = text.rfind("\n", start, end)
+    while newline >= start:
+        if not text[newline + 1].isspace():
+            return newline + 1
+        newline = text.rfind("\n", start, newline)
+    return 0
+
+
+def _word_start(text: str, start: int, end: int) -> int:
+    """The last position in ``(start, end)`` of a space between two non-space characters; 0: none."""
+    space = text.rfind(" ", start + 1, end)
+    while space > start:
+        if not text[space - 1].isspace() and not text[space + 1].isspace():
+            return space
+        space = text.rfind(" ", start + 1, space)
+    return 0
+
+
+#: Whether the inexact-cuts warning was given (once per process).
+_warned_inexact_cuts = False
+
+
+def _warn_inexact_cuts() -> None:
+    global _warned_inexact_cuts
+    if _warned_inexact_cuts:
+        return
+    _warned_inexact_cuts = True
+    _log().warning(
+        f"a document longer than {PIECE_CHARS} characters is tokenized in pieces cut at line starts "
+        "(tokenized whole, it would take about 120 times its size in memory), and this tokenizer marks "
+        "the start of every input (e.g. SentencePiece's Metaspace), so the tokens at each cut can "
+        "differ from the whole document's: about one token per cut. Split such files into documents "
+        "(one .txt file or .jsonl line each) to avoid the cuts"
+    )

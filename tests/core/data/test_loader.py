@@ -546,3 +546,80 @@ def test_a_tokenizer_without_bos_and_eos_is_warned_about(
     assert tok.bos_id is None and tok.eos_id is None
     out = capsys.readouterr()
     assert "no BOS and EOS token" in out.out + out.err
+
+
+class _Recording:
+    """A tokenizer that records the longest text it was asked to tokenize at once."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.longest = tok, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tok, name)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        self.longest = max([self.longest, *map(len, texts)])
+        return self.tok.encode_batch(texts)
+
+
+def _stream(tok: Any, texts: list[str], seq_len: int = 64) -> list[list[int]]:
+    loader = PackedBatches(lambda: texts, tok, seq_len, 1, shuffle_buffer=0)
+    tokens = sum(len(ids) + 2 for ids in load_tokenizer(None).encode_batch(texts))
+    it = iter(loader)
+    return [next(it)[0][0].tolist() for _ in range(tokens // (seq_len + 1))]
+
+
+def test_a_long_document_is_tokenized_in_pieces_with_the_tokens_of_the_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 14 MB text file was tokenized in one call and took 1.7 GB (about 120x its size): one
+    large .txt file could exhaust the host. Pieces keep each call small and the tokens the same."""
+    from titan_core.data import loader
+
+    long = "\n".join(corpus.documents(60, seed=5)) + "\n\n  indented line\nlast words with  two spaces"
+    texts = ["short one", long, "after it"]
+    whole = _stream(load_tokenizer(None), texts)
+    monkeypatch.setattr(loader, "PIECE_CHARS", 500)
+    recording = _Recording(load_tokenizer(None))
+    assert _stream(recording, texts) == whole
+    assert recording.longest <= 500  # the long document went in pieces, framed once (as whole)
+
+
+@pytest.mark.parametrize(
+    ("text", "size", "cuts"),
+    [
+        ("aaaa\nbbbb\ncccc", 7, ["aaaa\n", "bbbb\n", "cccc"]),  # at line starts
+        ("aa.\n\n\nbb cc", 8, ["aa.\n\n\n", "bb cc"]),  # after all the newlines
+        ("one two three", 6, ["one", " two", " three"]),  # before a space between words
+        ("one  two", 5, ["one  ", "two"]),  # no boundary in the first 5: cut where it ends
+        ("abcdefgh", 3, ["abc", "def", "gh"]),
+        ("short", 10, ["short"]),
+    ],
+)
+def test_document_pieces_cut_where_byte_level_bpe_splits(text: str, size: int, cuts: list[str]) -> None:
+    from titan_core.data.loader import document_pieces
+
+    pieces = document_pieces(text, size)
+    assert pieces == cuts and "".join(pieces) == text and all(len(p) <= size for p in pieces)
+
+
+def test_a_tokenizer_that_marks_each_inputs_start_is_warned_about_when_a_document_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from titan_core.data import loader
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"])
+    backend.train_from_iterator(corpus.documents(100, seed=1), trainer=trainer)
+    path = tmp_path / "metaspace.json"
+    backend.save(str(path))
+    tok = load_tokenizer(str(path))
+    assert not tok.cuts_exact and load_tokenizer(None).cuts_exact
+    monkeypatch.setattr(loader, "_warned_inexact_cuts", False)
+    monkeypatch.setattr(loader, "PIECE_CHARS", 200)
+    _stream(tok, ["\n".join(corpus.documents(5, seed=2))], seq_len=16)
+    out = capsys.readouterr()
+    assert "is tokenized in pieces cut at line starts" in out.out + out.err
