@@ -6,7 +6,7 @@ import contextlib
 import signal
 from typing import Any
 
-__all__ = ["StopSignals"]
+__all__ = ["AgreedStop", "StopSignals"]
 
 
 class StopSignals:
@@ -41,3 +41,43 @@ class StopSignals:
         for signum, previous in self._previous.items():
             if previous is not None:
                 signal.signal(signum, previous)
+
+
+class AgreedStop:
+    """Several processes decide together, every step, whether a signal stops them.
+
+    A signal reaches each process at its own moment; a rank that stopped (and saved) alone left
+    its peers waiting in a collective until the timeout, with nothing saved. So each step ends by
+    posting this process's flags in an asynchronous all-reduce (MAX) and reading the one posted
+    the step before: every process reads the same flags after the same step, and stops there. A
+    signal is acted on one or two steps after it arrives, whatever ``metrics.log_freq`` (agreeing
+    only on logging steps could outlast a cluster's grace period between SIGTERM and SIGKILL).
+    The flags are CPU tensors over gloo, so no step waits for the device: the default group
+    carries them when it has gloo (``cpu:gloo,cuda:nccl``), else a gloo group of its own does.
+    """
+
+    def __init__(self, signals: StopSignals) -> None:
+        import torch.distributed as dist
+
+        self.signals = signals
+        self.group = None if "gloo" in str(dist.get_backend()) else dist.new_group(backend="gloo")
+        self._posted: tuple[Any, Any] | None = None  # (flags tensor, its all-reduce's work)
+
+    def step(self, *, post: bool) -> tuple[bool, bool]:
+        """``(terminated, interrupted)`` as agreed by every process from the flags posted the
+        step before; then, unless they stop the run or ``post`` is false (the last step), post
+        this step's. Every process calls it once per step with the same ``post``."""
+        import torch
+        import torch.distributed as dist
+
+        agreed = (False, False)
+        if self._posted is not None:
+            flags, work = self._posted
+            work.wait()
+            agreed = (bool(flags[0]), bool(flags[1]))
+            self._posted = None
+        if post and not any(agreed):
+            flags = torch.tensor([self.signals.terminated, self.signals.interrupted], dtype=torch.int32)
+            work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            self._posted = (flags, work)
+        return agreed

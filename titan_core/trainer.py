@@ -64,7 +64,7 @@ from titan_core.run_folder import (
     tb_location,
 )
 from titan_core.schedule import WarmupStableDecay
-from titan_core.stop_signals import StopSignals
+from titan_core.stop_signals import AgreedStop, StopSignals
 from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology
 
@@ -974,10 +974,10 @@ class Trainer:
         # step logs or saves, so steps in between never wait for the device).
         self.first_bad = torch.zeros((), dtype=torch.long, device=self.device)  # 0: none yet
         check_values = not self.topology.simulates_peers
-        # Several real processes decide together when a signal stops them: it reaches each at
-        # its own moment, and a rank that stopped (and saved) alone left its peers waiting in
-        # a collective until the timeout, with nothing saved. One process acts on it at once.
-        agree = self.topology.world_size > 1 and not self.topology.simulates_peers
+        # Several real processes decide together when a signal stops them (AgreedStop); one
+        # process acts on it at once.
+        several = self.topology.world_size > 1 and not self.topology.simulates_peers
+        agree = AgreedStop(signals) if several else None
         for step in range(first, self.steps + 1):
             self.step = step
             self.optimizer.zero_grad(set_to_none=True)
@@ -997,7 +997,6 @@ class Trainer:
             self.optimizer.step()
             for fn in cb.after_optimizer_step:
                 fn(step)
-            self.phase = "the loss all-reduce of the log line"
             lr = self.optimizer.param_groups[0]["lr"]  # the LR this step used (a Python float)
             self.scheduler.step()
             last = step == self.steps
@@ -1005,8 +1004,10 @@ class Trainer:
             # The last step of a stopped run logs, and so does a step that validates.
             logs = self.metrics.logs(step) or validates
             terminated, interrupted = signals.terminated, signals.interrupted
-            if agree:  # on logging steps, which sync with the device anyway (the loss)
-                terminated, interrupted = self._agreed_stop(signals) if logs else (False, False)
+            if agree is not None:
+                self.phase = "the all-reduce of the stop-signal flags"
+                terminated, interrupted = agree.step(post=not last)
+            self.phase = "the loss all-reduce of the log line"
             logs = logs or terminated or interrupted
             if check_values and (logs or last or terminated or self._saves(step, last)):
                 self._check_finite(step)
@@ -1048,16 +1049,6 @@ class Trainer:
                 raise Terminated(f"stopped by SIGTERM at step {step}{self._after_sigterm(step)}")
             if interrupted and not last:
                 raise KeyboardInterrupt(f"after step {step}{self._after_interrupt(step)}")
-
-    def _agreed_stop(self, signals: StopSignals) -> tuple[bool, bool]:
-        """Whether any process of the job has seen SIGTERM / Ctrl-C: one all-reduce (MAX) over
-        every process, so that all stop after the same step and save it together."""
-        import torch.distributed as dist
-
-        flags = torch.tensor([signals.terminated, signals.interrupted], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        terminated, interrupted = (bool(v) for v in flags.tolist())
-        return terminated, interrupted
 
     def _saves(self, step: int, last: bool) -> bool:
         return self.checkpointer is not None and self.checkpointer.should_save(step, last)

@@ -371,6 +371,38 @@ def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.parametrize("default_backend", ["gloo", "nccl"])
+def test_processes_agree_on_a_signal_one_step_after_it_is_posted_without_the_device(
+    monkeypatch: pytest.MonkeyPatch, default_backend: str
+) -> None:
+    """Every step posts the flags and reads the previous step's (CPU tensors: no device sync);
+    under a default group without gloo (NCCL alone) they go over a gloo group of their own."""
+    import torch.distributed as dist
+
+    from titan_core.stop_signals import AgreedStop, StopSignals
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        created = []
+        if default_backend == "nccl":
+            new_group = dist.new_group
+            monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+            monkeypatch.setattr(dist, "new_group", lambda **kw: created.append(kw) or new_group(**kw))
+        signals = StopSignals()
+        agree = AgreedStop(signals)
+        assert created == ([{"backend": "gloo"}] if default_backend == "nccl" else [])
+        assert agree.step(post=True) == (False, False)  # step 1 posts nothing raised
+        signals.terminated = True  # arrives during step 2, before its post
+        assert agree.step(post=True) == (False, False)  # step 2 reads step 1's flags
+        assert agree.step(post=True) == (True, False)  # step 3 reads step 2's: every rank stops here
+        assert agree._posted is None  # nothing left in flight once the run stops
+        signals.terminated, signals.interrupted = False, True
+        assert agree.step(post=False) == (False, False)  # the last step posts nothing
+        assert agree._posted is None
+    finally:
+        dist.destroy_process_group()
+
+
 NO_CHECKPOINTS = tiny_recipe_source(
     "plain", 40, '    c.job.dump_folder = "outputs"\n    c.metrics.enable_tensorboard = False\n'
 )

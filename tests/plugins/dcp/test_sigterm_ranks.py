@@ -1,5 +1,7 @@
 """SIGTERM reaching one rank of two (torchrun, gloo): the ranks agree on the step to stop at,
-every rank saves that step, and a resume goes on from it."""
+every rank saves that step, and a resume goes on from it. They agree every step: agreeing only
+on logging steps, a run with a long log interval trained on past the signal (here to its end,
+saving nothing of the step the signal came in) and could outlast a cluster's grace period."""
 
 from __future__ import annotations
 
@@ -47,7 +49,9 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_step_with_its_checkpoint(tm
         "training.steps": 8,
         "checkpoint.enable": True,
         "checkpoint.interval": 100,  # only the SIGTERM save (and the last step)
-        "metrics.log_freq": 2,  # the ranks agree at logging steps: step 3's signal stops step 4
+        # No logging step before the end: the ranks agree after every step, so the flag step 3
+        # posts stops the run after step 4.
+        "metrics.log_freq": 100,
         "comm.train_timeout_seconds": 20,  # a rank left waiting fails fast, not in 10 minutes
     }
     write_recipe_module(tmp_path, overrides, name="sigterm_recipes")
@@ -78,4 +82,7 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_step_with_its_checkpoint(tm
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     trained = sorted({r["step"] for r in log_records(resumed.stdout) if r.get("event") == "step"})
-    assert trained == [6, 8]  # steps 5-8 trained, logged every 2
+    assert trained == [8]  # resumed after step 4; the last step logs
+    starts = [r for r in log_records(resumed.stdout) if r.get("event") == "training starts"]
+    assert starts and all(r["first_step"] == 5 for r in starts)
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoint").glob("step-*")) == ["step-4", "step-8"]
