@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 import math
 import os
 import signal
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -45,7 +44,7 @@ from titan_core.log import file_failure as log_file_failure
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import ParallelContext, apply_strategies, cross_entropy_loss
-from titan_core.records import ModelSpec
+from titan_core.resume import CheckpointSaves, restore, resume_record
 from titan_core.run import (
     apply_backend_settings,
     check_launch,
@@ -59,7 +58,6 @@ from titan_core.run_folder import (
     RunFolderLock,
     overlapping,
     plugin_outputs,
-    plugin_results,
     run_dp,
     tb_location,
 )
@@ -167,7 +165,7 @@ class Trainer:
         self._build_model(strategies)
         self._build_optimizer()
         self._build_data(dataset)
-        self._restore()
+        restore(self)
         self.run_folder.started(resumed=self.step > 0)
         self._build_step()
         self._open_outputs()
@@ -374,114 +372,7 @@ class Trainer:
             )
         self.val_batches = self._validation_batches(self.registry) if config.validation.enable else None
 
-    def _restore(self) -> None:
-        """Resume from the last checkpoint, if there is one (sets ``self.step`` and how many
-        microbatches the restored steps consumed).
-
-        The checkpoint brings back weights, optimizer moments and the schedule's position; the
-        settings of how training goes on are this run's: its model must be the checkpoint's (or
-        the weights would be read as another model), and its optimizer settings and schedule
-        apply from the next step (a warning names what changed). Checkpoints of earlier titan
-        versions, whose ``meta.json`` lacks a record, skip that comparison.
-        """
-        #: Microbatches (of this run's size) the restored steps consumed (a resume skips them).
-        self.consumed = 0
-        self.resumed_from = 0
-        #: The last step this run saved (the Ctrl-C message names what a rerun resumes from).
-        self.last_saved = 0
-        if self.checkpointer is None or self.config.checkpoint.create_seed_checkpoint:
-            return
-        fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        fresh_base_lrs = list(self.scheduler.base_lrs)
-        resumed = resume_record(self.config, 0)
-
-        def same_model(step: int, meta: Mapping[str, Any]) -> None:
-            saved_model = meta.get("model")
-            if saved_model is not None and saved_model != resumed["model"]:
-                changes = model_changes(self.spec, saved_model, resumed["model"])
-                if not changes:  # another spelling of the same model (an override at its default)
-                    return
-                raise UsageError(
-                    f"checkpoint of step {step} in {self.config.job.dump_folder!r} was saved by another "
-                    f"model ({'; '.join(changes)}): resuming would read its weights as this model. Resume "
-                    "it with the model it was written for, or start a new run in another job.dump_folder "
-                    "from its weights (checkpoint.initial_load_path)"
-                )
-
-        # Before any tensor is read, where the checkpointer offers it: another model of other
-        # parameters would otherwise fail inside the load, as if the checkpoint were damaged.
-        load = self.checkpointer.load
-        early = "check_meta" in inspect.signature(load).parameters
-        kwargs: dict[str, Any] = {"check_meta": same_model} if early else {}
-        self.step, meta = load(self.parts, self.optimizer, self.scheduler, **kwargs)
-        if not self.step:
-            return
-        same_model(self.step, meta)
-        if self.config.checkpoint.initial_load_path:
-            log.warning(
-                f"resumed from the checkpoint of step {self.step}: it replaced the weights read from "
-                "checkpoint.initial_load_path (a resume always wins; unset it to skip that read)"
-            )
-        if self.step > self.steps:  # nothing to train, and config.toml would say fewer steps than ran
-            raise UsageError(
-                f"checkpoint of step {self.step} in {self.config.job.dump_folder!r} is past this run's "
-                f"{self._steps_field()} = {self.steps}: raise {self._steps_field()} (above {self.step} to "
-                "train on), or start this run in another job.dump_folder (--dump-folder DIR) or "
-                "checkpoint.folder"
-            )
-        self.schedule.check_resume(meta.get("lr_schedule"), self.step)
-        changed = _changes(meta.get("optimizer") or {}, resumed["optimizer"], "training.")
-        if changed:
-            log.warning(
-                f"resuming with other optimizer settings; this run's apply from step {self.step + 1}: "
-                + ", ".join(changed)
-            )
-        changed = _changes(meta.get("compute") or {}, resumed["compute"], "")
-        if changed:
-            log.warning(
-                f"resuming with another compute precision; this run's applies from step {self.step + 1}: "
-                + ", ".join(changed)
-            )
-        changed = _changes(meta.get("results") or {}, resumed["results"], "")
-        if changed:
-            log.warning(
-                "resuming with other settings of plugin sections (fields their ConfigSection.results "
-                f"names); this run's apply from step {self.step + 1}: " + ", ".join(changed)
-            )
-        saved_data = meta.get("data") or {}
-        changed = _changes(saved_data, resumed["data"], "")
-        moved = _changes(saved_data, {"data.path": resumed["data"]["data.path"]}, "")
-        if moved and changed == moved and _same_files(meta.get("data_files"), self.data_files):
-            # Only the path moved (a copy, another mount): the same files, by names, sizes and
-            # both ends of each, are the same stream.
-            log.info("data.path moved; it holds the files the checkpoint recorded", change=moved[0])
-            changed = []
-        if not changed:
-            changed = _files_changes(meta.get("data_files"), self.data_files)
-        if changed:
-            log.warning(
-                "resuming with another data configuration; the data will not continue where it stopped: "
-                + ", ".join(changed)
-            )
-        per_microbatch = self.config.training.local_batch_size * self.parallel_dims.dp  # all ranks'
-        samples = meta.get("samples", self.step * self.accumulation * per_microbatch)  # earlier titans
-        self.consumed, rest = divmod(int(samples), per_microbatch)
-        if rest:
-            log.warning(
-                f"the checkpoint's data stopped after {samples} sequences, not a multiple of the "
-                f"{per_microbatch} a microbatch now takes (training.local_batch_size x DP degree); the "
-                f"data resumes {per_microbatch - rest} sequences later"
-            )
-            self.consumed += 1
-        self.resumed_from = self.step
-        # The checkpoint restored its own hyper-parameters into the optimizer and the scheduler's
-        # base LRs; this run's (its recipe's) decide from here on.
-        self.scheduler.base_lrs = fresh_base_lrs
-        for group, own, base in zip(self.optimizer.param_groups, fresh, fresh_base_lrs, strict=True):
-            group.update(own)
-            group["lr"] = base * self.schedule(self.scheduler.last_epoch)
-
-    def _steps_field(self) -> str:
+    def steps_field(self) -> str:
         """The setting that ends this run: ``debug.max_steps`` when it cuts ``training.steps``."""
         return "debug.max_steps" if self.steps < self.config.training.steps else "training.steps"
 
@@ -672,7 +563,7 @@ class Trainer:
                 labels.append(self.registry.label("callbacks", r.name))
                 self.callback_names.append(r.name)
         if self.checkpointer is not None:
-            built.append(_CheckpointSaves(self))
+            built.append(CheckpointSaves(self))
             labels.append(f"the checkpoint saves of checkpoint.backend {self.config.checkpoint.backend!r}")
             self.callback_names.append(f"checkpoint saves ({self.config.checkpoint.backend})")
         return built, labels
@@ -959,7 +850,7 @@ class Trainer:
             steps=f"{first}-{self.steps} of {self.steps}"
             if first <= self.steps
             else f"none left: the checkpoint of step {self.step} is the last of "
-            f"{self._steps_field()} = {self.steps}",
+            f"{self.steps_field()} = {self.steps}",
             wall_time=_duration(time.perf_counter() - self.started_at),
             training_time=_duration(training_seconds),
             **figures,
@@ -1113,131 +1004,6 @@ class Trainer:
         self._contexts.close()
 
 
-class _CheckpointSaves:
-    """The checkpointer's saves, as a callback: it decides the steps; the trainer checked the values."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-
-    def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
-        t = self.trainer
-        if t.checkpointer.should_save(step, last):
-            microbatches = t.consumed + (step - t.resumed_from) * t.accumulation
-            # Of the whole job (every DP rank's share): a resume on another layout skips as many.
-            samples = microbatches * t.config.training.local_batch_size * t.parallel_dims.dp
-            meta = {
-                "lr_schedule": t.schedule.describe(),
-                "loss_finite": True,
-                "step": step,
-                **resume_record(t.config, samples),
-                "data_files": t.data_files,
-            }
-            t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
-            t.last_saved = step
-
-
-def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
-    """What a checkpoint's ``meta.json`` records for a resume to compare (:meth:`Trainer._restore`):
-    the model, the optimizer settings, the data, and how many sequences the saved steps consumed
-    over all data-parallel ranks (so a resume with another accumulation, local batch size or DP
-    degree continues where the data stopped)."""
-    t, d = config.training, config.data
-    return {
-        # As JSON gives it back (tuples as lists), so that a resume compares like with like.
-        "model": json.loads(
-            json.dumps(
-                {
-                    "name": config.model.name,
-                    "flavor": config.model.flavor,
-                    "overrides": config.model.overrides,
-                },
-                default=str,
-            )
-        ),
-        "optimizer": {
-            "lr": t.lr,
-            "weight_decay": t.weight_decay,
-            "beta1": t.beta1,
-            "beta2": t.beta2,
-            "eps": t.eps,
-            "max_norm": t.max_norm,  # the clipping each later step applies
-        },
-        # How steps compute: another precision changes every later loss.
-        "compute": {
-            "training.dtype": t.dtype,
-            # Read only in bfloat16 (how one device gets it).
-            "training.single_device_mixed_precision": (
-                t.single_device_mixed_precision if t.dtype == "bfloat16" else None
-            ),
-        },
-        "data": {
-            "data.dataset": d.dataset,
-            "data.path": _local_path(d.path),
-            "data.tokenizer_path": d.tokenizer_path,
-            "data.bundled_documents": d.bundled_documents,
-        },
-        # Plugin fields that change the losses (``ConfigSection.results``), as ``training.lr`` does.
-        "results": {
-            f"{name}.{field}": value
-            for name, fields in plugin_results(config).items()
-            for field, value in fields.items()
-        },
-        "samples": samples,
-    }
-
-
-def model_changes(spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
-    """How a checkpoint's model record (``resume_record``'s ``model``) differs from ``mine``,
-    with the model arguments that differ once each is built (``rope_theta: 500000 -> 10000.0``);
-    empty when the two records build the same model (an override at its default). The records
-    alone when the checkpoint's no longer builds (another family, a flavor this titan lacks).
-    A resume and ``titan export`` decide alike."""
-    from titan_core.initial_weights import _fields
-
-    records = _changes(saved, mine, "model.")
-    try:
-        if saved.get("name") != mine.get("name"):
-            return records
-        old = _fields(spec.flavor(saved.get("flavor"), saved.get("overrides") or {}))
-        new = _fields(spec.flavor(mine.get("flavor"), mine.get("overrides") or {}))
-    except Exception:
-        return records
-    if old is None or new is None:
-        return records
-    built = json.loads(json.dumps({"old": old, "new": new}, default=str))
-    differ = _changes(built["old"], built["new"], "")
-    return [*records, f"arguments that differ: {', '.join(differ)}"] if differ else []
-
-
-def _files_changes(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
-    """How the data files differ from the checkpoint's record of them (``files_fingerprint``),
-    comparing what both records hold (an earlier titan recorded no digest)."""
-    if saved is None or now is None:
-        return []
-    if (saved.get("files"), saved.get("bytes")) != (now["files"], now["bytes"]):
-        return [
-            f"the files at data.path: {saved.get('files')} files of {saved.get('bytes')} bytes -> "
-            f"{now['files']} of {now['bytes']}"
-        ]
-    if "digest" in saved and saved["digest"] != now["digest"]:
-        return [
-            f"the files at data.path were renamed or rewritten (the same {now['files']} files of "
-            f"{now['bytes']} bytes, other names or content)"
-        ]
-    return []
-
-
-def _same_files(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> bool:
-    """Whether two ``files_fingerprint`` records, both with a digest, describe the same files."""
-    return saved is not None and now is not None and "digest" in saved and dict(saved) == dict(now)
-
-
-def _changes(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str) -> list[str]:
-    """``prefix + key: saved -> now`` for each key whose value differs (keys ``saved`` lacks:
-    recorded by no earlier checkpoint, not compared)."""
-    return [f"{prefix}{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
-
-
 def _as_validation(documents: Iterable[str]) -> Iterator[str]:
     """The validation documents, a dataset's error naming ``validation.*`` (the dataset names the
     ``data.*`` fields it reads): the first read and a bad line met by a later validation alike."""
@@ -1246,12 +1012,6 @@ def _as_validation(documents: Iterable[str]) -> Iterator[str]:
     except UsageError as exc:
         text = str(exc)
         raise UsageError("validation." + text[5:] if text.startswith("data.") else text) from None
-
-
-def _local_path(path: str | None) -> str | None:
-    """``path`` as its real path when it is one on this machine (a resume spelling it relatively,
-    or through a link, reads the same files), else as given (a hub name, a URL)."""
-    return os.path.realpath(path) if path is not None and os.path.exists(path) else path
 
 
 def _nested(a: str | None, b: str | None) -> bool:

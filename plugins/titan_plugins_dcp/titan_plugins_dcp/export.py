@@ -202,7 +202,7 @@ def _check_saved_model(checkpoint: Path, spec: Any, config: TrainerConfig, sourc
     resume's rule: an override at its default is the same model), or config.json would say
     another ``rope_theta`` or ``norm_eps`` over the same shapes; and the tokenizer, or the export
     would pair the weights with another one."""
-    from titan_core.trainer import model_changes, resume_record
+    from titan_core.resume import model_changes, resume_record
 
     try:
         meta = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))["meta"]

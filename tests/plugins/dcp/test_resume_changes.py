@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.parallel_harness import tiny_config
+from titan_core import resume as resume_module
 from titan_core import trainer as trainer_module
 from titan_core._registry import get_registry
 from titan_core.errors import UsageError
@@ -35,6 +36,7 @@ class Warnings:
 def warnings(monkeypatch: pytest.MonkeyPatch) -> Warnings:
     recorder = Warnings(trainer_module.log)
     monkeypatch.setattr(trainer_module, "log", recorder)
+    monkeypatch.setattr(resume_module, "log", recorder)  # the resume's comparisons warn there
     return recorder
 
 
@@ -211,7 +213,7 @@ def test_both_resume_warnings_name_the_step_the_new_settings_start_at(
 
     events = Events(schedule_module.log)
     monkeypatch.setattr(schedule_module, "log", events)
-    monkeypatch.setattr(trainer_module, "log", events)
+    monkeypatch.setattr(resume_module, "log", events)
     rows(config_in(tmp_path, **{"debug.max_steps": 3}))
     resumed = rows(config_in(tmp_path, **{"training.steps": 8, "training.lr": 1e-3}))
     warned = {event: fields for kind, event, fields in events.seen if kind == "warning"}

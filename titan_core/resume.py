@@ -1,0 +1,267 @@
+"""Checkpoints and resumes: what a checkpoint records beside the weights, and how a resume
+compares it with the run that resumes.
+
+:func:`resume_record` is what ``meta.json`` holds for a resume to compare (the model, the
+optimizer settings, the compute precision, the data and how much of it the saved steps
+consumed); :func:`restore` resumes a trainer from its last checkpoint, refusing another model
+and naming every setting that changed; :class:`CheckpointSaves` is the end-of-step callback that
+saves. ``titan export`` compares models as a resume does (:func:`model_changes`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from titan_core.errors import UsageError
+from titan_core.log import get_logger
+from titan_core.run_folder import plugin_results
+
+if TYPE_CHECKING:
+    from titan_core.config import TrainerConfig
+    from titan_core.records import ModelSpec
+    from titan_core.trainer import Trainer
+
+log = get_logger("titan.trainer")
+
+
+def restore(trainer: Trainer) -> None:
+    """Resume ``trainer`` from its last checkpoint, if there is one (sets ``trainer.step`` and
+    how many microbatches the restored steps consumed).
+
+    The checkpoint brings back weights, optimizer moments and the schedule's position; the
+    settings of how training goes on are this run's: its model must be the checkpoint's (or
+    the weights would be read as another model), and its optimizer settings and schedule
+    apply from the next step (a warning names what changed). Checkpoints of earlier titan
+    versions, whose ``meta.json`` lacks a record, skip that comparison.
+    """
+    #: Microbatches (of this run's size) the restored steps consumed (a resume skips them).
+    trainer.consumed = 0
+    trainer.resumed_from = 0
+    #: The last step this run saved (the Ctrl-C message names what a rerun resumes from).
+    trainer.last_saved = 0
+    if trainer.checkpointer is None or trainer.config.checkpoint.create_seed_checkpoint:
+        return
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
+    fresh_base_lrs = list(trainer.scheduler.base_lrs)
+    resumed = resume_record(trainer.config, 0)
+
+    def same_model(step: int, meta: Mapping[str, Any]) -> None:
+        saved_model = meta.get("model")
+        if saved_model is not None and saved_model != resumed["model"]:
+            changes = model_changes(trainer.spec, saved_model, resumed["model"])
+            if not changes:  # another spelling of the same model (an override at its default)
+                return
+            raise UsageError(
+                f"checkpoint of step {step} in {trainer.config.job.dump_folder!r} was saved by another "
+                f"model ({'; '.join(changes)}): resuming would read its weights as this model. Resume "
+                "it with the model it was written for, or start a new run in another job.dump_folder "
+                "from its weights (checkpoint.initial_load_path)"
+            )
+
+    # Before any tensor is read, where the checkpointer offers it: another model of other
+    # parameters would otherwise fail inside the load, as if the checkpoint were damaged.
+    load = trainer.checkpointer.load
+    early = "check_meta" in inspect.signature(load).parameters
+    kwargs: dict[str, Any] = {"check_meta": same_model} if early else {}
+    trainer.step, meta = load(trainer.parts, trainer.optimizer, trainer.scheduler, **kwargs)
+    if not trainer.step:
+        return
+    same_model(trainer.step, meta)
+    if trainer.config.checkpoint.initial_load_path:
+        log.warning(
+            f"resumed from the checkpoint of step {trainer.step}: it replaced the weights read from "
+            "checkpoint.initial_load_path (a resume always wins; unset it to skip that read)"
+        )
+    if trainer.step > trainer.steps:  # nothing to train, and config.toml would say fewer steps than ran
+        field = trainer.steps_field()
+        raise UsageError(
+            f"checkpoint of step {trainer.step} in {trainer.config.job.dump_folder!r} is past this run's "
+            f"{field} = {trainer.steps}: raise {field} (above {trainer.step} to train on), or start this "
+            "run in another job.dump_folder (--dump-folder DIR) or checkpoint.folder"
+        )
+    trainer.schedule.check_resume(meta.get("lr_schedule"), trainer.step)
+    changed = _changes(meta.get("optimizer") or {}, resumed["optimizer"], "training.")
+    if changed:
+        log.warning(
+            f"resuming with other optimizer settings; this run's apply from step {trainer.step + 1}: "
+            + ", ".join(changed)
+        )
+    changed = _changes(meta.get("compute") or {}, resumed["compute"], "")
+    if changed:
+        log.warning(
+            f"resuming with another compute precision; this run's applies from step {trainer.step + 1}: "
+            + ", ".join(changed)
+        )
+    changed = _changes(meta.get("results") or {}, resumed["results"], "")
+    if changed:
+        log.warning(
+            "resuming with other settings of plugin sections (fields their ConfigSection.results "
+            f"names); this run's apply from step {trainer.step + 1}: " + ", ".join(changed)
+        )
+    saved_data = meta.get("data") or {}
+    changed = _changes(saved_data, resumed["data"], "")
+    moved = _changes(saved_data, {"data.path": resumed["data"]["data.path"]}, "")
+    if moved and changed == moved and _same_files(meta.get("data_files"), trainer.data_files):
+        # Only the path moved (a copy, another mount): the same files, by names, sizes and
+        # both ends of each, are the same stream.
+        log.info("data.path moved; it holds the files the checkpoint recorded", change=moved[0])
+        changed = []
+    if not changed:
+        changed = _files_changes(meta.get("data_files"), trainer.data_files)
+    if changed:
+        log.warning(
+            "resuming with another data configuration; the data will not continue where it stopped: "
+            + ", ".join(changed)
+        )
+    per_microbatch = trainer.config.training.local_batch_size * trainer.parallel_dims.dp  # all ranks'
+    samples = meta.get("samples", trainer.step * trainer.accumulation * per_microbatch)  # earlier titans
+    trainer.consumed, rest = divmod(int(samples), per_microbatch)
+    if rest:
+        log.warning(
+            f"the checkpoint's data stopped after {samples} sequences, not a multiple of the "
+            f"{per_microbatch} a microbatch now takes (training.local_batch_size x DP degree); the "
+            f"data resumes {per_microbatch - rest} sequences later"
+        )
+        trainer.consumed += 1
+    trainer.resumed_from = trainer.step
+    # The checkpoint restored its own hyper-parameters into the optimizer and the scheduler's
+    # base LRs; this run's (its recipe's) decide from here on.
+    trainer.scheduler.base_lrs = fresh_base_lrs
+    for group, own, base in zip(trainer.optimizer.param_groups, fresh, fresh_base_lrs, strict=True):
+        group.update(own)
+        group["lr"] = base * trainer.schedule(trainer.scheduler.last_epoch)
+
+
+class CheckpointSaves:
+    """The checkpointer's saves, as a callback: it decides the steps; the trainer checked the values."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, step: int, metrics: Any, last: bool) -> None:
+        t = self.trainer
+        if t.checkpointer.should_save(step, last):
+            microbatches = t.consumed + (step - t.resumed_from) * t.accumulation
+            # Of the whole job (every DP rank's share): a resume on another layout skips as many.
+            samples = microbatches * t.config.training.local_batch_size * t.parallel_dims.dp
+            meta = {
+                "lr_schedule": t.schedule.describe(),
+                "loss_finite": True,
+                "step": step,
+                **resume_record(t.config, samples),
+                "data_files": t.data_files,
+            }
+            t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
+            t.last_saved = step
+
+
+def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
+    """What a checkpoint's ``meta.json`` records for a resume to compare (:meth:`Trainer._restore`):
+    the model, the optimizer settings, the data, and how many sequences the saved steps consumed
+    over all data-parallel ranks (so a resume with another accumulation, local batch size or DP
+    degree continues where the data stopped)."""
+    t, d = config.training, config.data
+    return {
+        # As JSON gives it back (tuples as lists), so that a resume compares like with like.
+        "model": json.loads(
+            json.dumps(
+                {
+                    "name": config.model.name,
+                    "flavor": config.model.flavor,
+                    "overrides": config.model.overrides,
+                },
+                default=str,
+            )
+        ),
+        "optimizer": {
+            "lr": t.lr,
+            "weight_decay": t.weight_decay,
+            "beta1": t.beta1,
+            "beta2": t.beta2,
+            "eps": t.eps,
+            "max_norm": t.max_norm,  # the clipping each later step applies
+        },
+        # How steps compute: another precision changes every later loss.
+        "compute": {
+            "training.dtype": t.dtype,
+            # Read only in bfloat16 (how one device gets it).
+            "training.single_device_mixed_precision": (
+                t.single_device_mixed_precision if t.dtype == "bfloat16" else None
+            ),
+        },
+        "data": {
+            "data.dataset": d.dataset,
+            "data.path": _local_path(d.path),
+            "data.tokenizer_path": d.tokenizer_path,
+            "data.bundled_documents": d.bundled_documents,
+        },
+        # Plugin fields that change the losses (``ConfigSection.results``), as ``training.lr`` does.
+        "results": {
+            f"{name}.{field}": value
+            for name, fields in plugin_results(config).items()
+            for field, value in fields.items()
+        },
+        "samples": samples,
+    }
+
+
+def model_changes(spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
+    """How a checkpoint's model record (``resume_record``'s ``model``) differs from ``mine``,
+    with the model arguments that differ once each is built (``rope_theta: 500000 -> 10000.0``);
+    empty when the two records build the same model (an override at its default). The records
+    alone when the checkpoint's no longer builds (another family, a flavor this titan lacks).
+    A resume and ``titan export`` decide alike."""
+    from titan_core.initial_weights import _fields
+
+    records = _changes(saved, mine, "model.")
+    try:
+        if saved.get("name") != mine.get("name"):
+            return records
+        old = _fields(spec.flavor(saved.get("flavor"), saved.get("overrides") or {}))
+        new = _fields(spec.flavor(mine.get("flavor"), mine.get("overrides") or {}))
+    except Exception:
+        return records
+    if old is None or new is None:
+        return records
+    built = json.loads(json.dumps({"old": old, "new": new}, default=str))
+    differ = _changes(built["old"], built["new"], "")
+    return [*records, f"arguments that differ: {', '.join(differ)}"] if differ else []
+
+
+def _files_changes(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
+    """How the data files differ from the checkpoint's record of them (``files_fingerprint``),
+    comparing what both records hold (an earlier titan recorded no digest)."""
+    if saved is None or now is None:
+        return []
+    if (saved.get("files"), saved.get("bytes")) != (now["files"], now["bytes"]):
+        return [
+            f"the files at data.path: {saved.get('files')} files of {saved.get('bytes')} bytes -> "
+            f"{now['files']} of {now['bytes']}"
+        ]
+    if "digest" in saved and saved["digest"] != now["digest"]:
+        return [
+            f"the files at data.path were renamed or rewritten (the same {now['files']} files of "
+            f"{now['bytes']} bytes, other names or content)"
+        ]
+    return []
+
+
+def _same_files(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> bool:
+    """Whether two ``files_fingerprint`` records, both with a digest, describe the same files."""
+    return saved is not None and now is not None and "digest" in saved and dict(saved) == dict(now)
+
+
+def _changes(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str) -> list[str]:
+    """``prefix + key: saved -> now`` for each key whose value differs (keys ``saved`` lacks:
+    recorded by no earlier checkpoint, not compared)."""
+    return [f"{prefix}{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
+
+
+def _local_path(path: str | None) -> str | None:
+    """``path`` as its real path when it is one on this machine (a resume spelling it relatively,
+    or through a link, reads the same files), else as given (a hub name, a URL)."""
+    return os.path.realpath(path) if path is not None and os.path.exists(path) else path
