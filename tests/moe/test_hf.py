@@ -245,3 +245,79 @@ def test_settings_titan_does_not_compute_are_refused_not_dropped(base: str, fiel
     hf.args_from_hf(config)  # as exported: imports
     with pytest.raises(UsageError, match=rf"Hugging Face config: {field} = {value!r} is not supported"):
         hf.args_from_hf({**config, field: value})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Hugging Face takes the pre-training context from max_position_embeddings when the YaRN
+        # dict does not give it (Qwen's model cards show the dict without it).
+        {**QWEN3, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        {**DEEPSEEK_V3, "rope_scaling": {"type": "yarn", "factor": 2.0, "mscale": 1.0, "mscale_all_dim": 1}},
+        # MLA's key/value heads default to the query heads.
+        {**DEEPSEEK_V3, "num_key_value_heads": None},
+        # Plain RoPE spelt as a scaling dict.
+        {**QWEN3, "rope_scaling": {"type": "default"}},
+        # transformers 5's layout: the base in rope_parameters wins over a stale top-level one.
+        {**QWEN3, "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}},
+        # Fields a hand-written config leaves out take transformers' defaults (DeepSeek-V3's routed
+        # scaling 2.5 and 8 expert groups, not 1.0 and no groups), which no tensor shows.
+        {
+            **{k: v for k, v in DEEPSEEK_V3.items() if k not in ("routed_scaling_factor", "n_group")},
+            "n_routed_experts": 16,
+        },
+        {k: v for k, v in DEEPSEEK_V2.items() if k not in ("n_shared_experts", "routed_scaling_factor")},
+        {k: v for k, v in QWEN3.items() if k not in ("norm_topk_prob", "decoder_sparse_step")},
+    ],
+    ids=[
+        "qwen3_yarn_no_original",
+        "deepseek_v3_yarn_no_original",
+        "mla_kv_heads_none",
+        "default",
+        "params",
+        "deepseek_v3_defaults",
+        "deepseek_v2_defaults",
+        "qwen3_defaults",
+    ],
+)
+def test_a_config_json_imports_as_transformers_reads_it(raw: dict[str, Any]) -> None:
+    """The file's config and the one transformers makes of it give the same arguments, and the
+    model the same logits (not a KeyError, nor a refusal of what transformers accepts)."""
+    import copy
+
+    args = hf.args_from_hf(copy.deepcopy(raw))  # transformers fills in the dicts it is given
+    reference = hf_model(copy.deepcopy(raw))
+    assert args == hf.args_from_hf(reference.config.to_dict())
+    model = titan_model(args)
+    model.load_state_dict(hf.from_hf(dict(reference.state_dict()), args), strict=True)
+    tokens = torch.randint(0, raw["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf_logits(reference, tokens), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("attention_factor", 0.8), ("truncate", False)],
+)
+def test_yarn_settings_titan_does_not_compute_are_refused_not_dropped(field: str, value: Any) -> None:
+    """transformers scales cos/sin by an explicit attention_factor and leaves YaRN's ramp bounds
+    fractional without truncate: dropping them gave logits off by several units."""
+    for base in (QWEN3, DEEPSEEK_V3):
+        config = {**base, "rope_scaling": {**YARN, field: value}}
+        with pytest.raises(
+            UsageError, match=rf"Hugging Face config: rope_scaling\.{field} = {value!r} is not supported"
+        ):
+            hf.args_from_hf(config)
+    # The value titan computes anyway is no reason to refuse.
+    args = hf.args_from_hf({**QWEN3, "rope_scaling": YARN})
+    from titan_plugins_moe.attention import yarn_attention_factor
+
+    computed = yarn_attention_factor(args)
+    same = {**QWEN3, "rope_scaling": {**YARN, "attention_factor": computed, "truncate": True}}
+    assert hf.args_from_hf(same) == args
+
+
+def test_deepseek_v2_without_shared_experts_imports() -> None:
+    """Older DeepSeek-V2 configs write ``n_shared_experts: null`` for none."""
+    args = hf.args_from_hf({**DEEPSEEK_V2, "n_shared_experts": None})
+    assert args.shared_expert_hidden_dim == 0

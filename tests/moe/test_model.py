@@ -271,6 +271,22 @@ def test_qwen3_fused_qkv_keeps_no_more_for_backward_than_separate_projections(co
             {"rope_scaling": "llama3", "rope_low_freq_factor": 0.0},
             r"rope_low_freq_factor: must be a positive number, got 0.0",
         ),
+        # YaRN's temperature factors: NaN passed (a non-zero value) and made every logit NaN.
+        (
+            "deepseek_v3_debugmodel",
+            {"rope_scaling": "yarn", "yarn_mscale_all_dim": float("nan")},
+            r"yarn_mscale_all_dim: must be a number >= 0 \(0: unset\), got nan",
+        ),
+        (
+            "qwen3_debugmodel",
+            {"rope_scaling": "yarn", "yarn_mscale": float("inf"), "yarn_mscale_all_dim": 1.0},
+            r"yarn_mscale: must be a number >= 0 \(0: unset\), got inf",
+        ),
+        (
+            "deepseek_v3_debugmodel",
+            {"rope_scaling": "yarn", "yarn_mscale": -1.0, "yarn_mscale_all_dim": 1.0},
+            r"yarn_mscale: must be a number >= 0 \(0: unset\), got -1.0",
+        ),
         # The dense FFN's width: a ZeroDivisionError / negative-dimension traceback from the build.
         ("debugmodel", {"multiple_of": 0}, r"multiple_of: must be positive, got 0"),
         ("debugmodel", {"ffn_dim_multiplier": -1.0}, r"ffn_dim_multiplier: must be a positive number"),

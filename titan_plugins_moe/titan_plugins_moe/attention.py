@@ -29,22 +29,10 @@ import torch
 from torch import nn
 
 from titan_core import blocks
-from titan_plugins_moe.flavors import MoEArgs
+from titan_plugins_moe.flavors import MoEArgs, _yarn_mscale, yarn_attention_factor
 
 #: RMSNorm epsilon of MLA's latent norms: fixed in DeepSeek's code and Hugging Face's.
 LATENT_NORM_EPS = 1e-6
-
-
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def yarn_attention_factor(args: MoEArgs) -> float:
-    """The magnitude YaRN gives cos/sin (Hugging Face's ``attention_factor``)."""
-    f = args.rope_scaling_factor
-    if args.yarn_mscale and args.yarn_mscale_all_dim:
-        return _yarn_mscale(f, args.yarn_mscale) / _yarn_mscale(f, args.yarn_mscale_all_dim)
-    return _yarn_mscale(f)
 
 
 def _yarn_inv_freq(args: MoEArgs, dim: int, device: Any) -> torch.Tensor:

@@ -282,6 +282,21 @@ PUBLISHED = {
 }
 
 
+# -- YaRN's factors (here, not in ``attention``: the Hugging Face import needs them without torch) --
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_attention_factor(args: MoEArgs) -> float:
+    """The magnitude YaRN gives cos/sin (Hugging Face's ``attention_factor``)."""
+    f = args.rope_scaling_factor
+    if args.yarn_mscale and args.yarn_mscale_all_dim:
+        return _yarn_mscale(f, args.yarn_mscale) / _yarn_mscale(f, args.yarn_mscale_all_dim)
+    return _yarn_mscale(f)
+
+
 # -- counts -------------------------------------------------------------------------------------
 
 
@@ -412,6 +427,10 @@ def check_args(args: MoEArgs) -> None:
     for name in numbers:
         if not 0 < getattr(args, name) < math.inf:
             raise _problem(name, f"must be a positive number, got {getattr(args, name)}")
+    # YaRN's temperature factors (0: unset): a NaN counted as set and made every logit NaN.
+    for name in ["yarn_mscale", "yarn_mscale_all_dim"] * (args.rope_scaling == "yarn"):
+        if not 0 <= getattr(args, name) < math.inf:
+            raise _problem(name, f"must be a number >= 0 (0: unset), got {getattr(args, name)}")
     if not 0 < args.norm_eps < 1:
         # RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 divides by zero on a zero vector.
         raise _problem("norm_eps", f"must be a small positive number (1e-5, 1e-6), got {args.norm_eps}")

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from titan_core.errors import UsageError
-from titan_plugins_moe.flavors import MoEArgs
+from titan_plugins_moe.flavors import MoEArgs, yarn_attention_factor
 
 _ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -349,27 +349,50 @@ def hf_config(args: MoEArgs) -> dict[str, Any]:
 
 
 def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """RoPE arguments from either ``rope_theta``/``rope_scaling`` or transformers 5's ``rope_parameters``."""
+    """RoPE arguments from either ``rope_theta``/``rope_scaling`` or transformers 5's ``rope_parameters``,
+    with the defaults transformers fills in (``original_max_position_embeddings``: the top-level
+    field, else ``max_position_embeddings``; ``factor``: their ratio). YaRN settings titan does not
+    compute (an ``attention_factor`` other than the one it derives, ``truncate = false``) are refused."""
     params = config.get("rope_parameters") or {}
-    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
-    scaling = config.get("rope_scaling") or (
-        params if params.get("rope_type", "default") != "default" else None
-    )
+    # transformers moves a top-level rope_theta into rope_parameters only where that has none.
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    scaling = config.get("rope_scaling") or params
     fields: dict[str, Any] = {"rope_theta": float(theta)}
-    if not scaling:
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
         return fields
-    kind = scaling.get("rope_type", scaling.get("type"))
     if kind != "yarn":
         raise UsageError(f"Hugging Face config: rope scaling {kind!r} is not supported (only yarn)")
+    original = (
+        config.get("original_max_position_embeddings")
+        or scaling.get("original_max_position_embeddings")
+        or config.get("max_position_embeddings", 4096)
+    )
+    factor = scaling.get("factor") or config.get("max_position_embeddings", 4096) / original
     fields.update(
         rope_scaling="yarn",
-        rope_scaling_factor=float(scaling["factor"]),
-        rope_original_max_len=int(scaling["original_max_position_embeddings"]),
+        rope_scaling_factor=float(factor),
+        rope_original_max_len=int(original),
         yarn_beta_fast=float(scaling.get("beta_fast") or 32.0),
         yarn_beta_slow=float(scaling.get("beta_slow") or 1.0),
         yarn_mscale=float(scaling.get("mscale") or 0.0),
         yarn_mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0),
     )
+    if scaling.get("truncate", True) is not True:
+        raise UsageError(
+            f"Hugging Face config: rope_scaling.truncate = {scaling['truncate']!r} is not supported "
+            "(titan rounds YaRN's ramp bounds to whole dimensions, as DeepSeek and Qwen: truncate = "
+            "True); importing it would give other logits"
+        )
+    explicit = scaling.get("attention_factor")
+    if explicit is not None:
+        computed = yarn_attention_factor(MoEArgs(**fields))
+        if abs(float(explicit) - computed) > 1e-6 * max(1.0, abs(computed)):
+            raise UsageError(
+                f"Hugging Face config: rope_scaling.attention_factor = {explicit!r} is not supported "
+                f"(titan derives YaRN's cos/sin factor from factor, mscale and mscale_all_dim: "
+                f"{computed:.6g}); importing it would give other logits"
+            )
     return fields
 
 
@@ -401,6 +424,39 @@ def _refuse_unsupported(config: dict[str, Any], kind: str) -> None:
             )
 
 
+#: transformers' defaults (its ``Qwen3MoeConfig``, ``DeepseekV3Config``, ``DeepseekV2Config``) of
+#: the fields :func:`args_from_hf` reads, for a ``config.json`` that leaves some out.
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {"norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "deepseek_v3": {
+        "routed_scaling_factor": 2.5,
+        "n_group": 8,
+        "topk_group": 4,
+        "norm_topk_prob": True,
+        "first_k_dense_replace": 3,
+        "n_shared_experts": 1,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+    },
+    "deepseek_v2": {
+        "routed_scaling_factor": 1.0,
+        "first_k_dense_replace": 0,
+        "n_shared_experts": 2,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 64,
+        "topk_method": "greedy",
+    },
+}
+
+
 def args_from_hf(config: dict[str, Any]) -> MoEArgs:
     """Model arguments equal to a Hugging Face ``config.json`` (Qwen3-MoE, DeepSeek-V2/V3)."""
     kind = config.get("model_type")
@@ -409,6 +465,9 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
             f"Hugging Face config: model_type {kind!r} has no titan counterpart in the moe plugin; "
             f"supported: {', '.join(_ARCHITECTURES)}"
         )
+    # A field the file leaves out means transformers' default, not titan's: a config without
+    # routed_scaling_factor is a DeepSeek-V3 with 2.5, which no tensor of the folder shows.
+    config = {**_HF_DEFAULTS[kind], **config}
     _refuse_unsupported(config, kind)
     common: dict[str, Any] = {
         "dim": config["hidden_size"],
@@ -441,7 +500,7 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
             route_norm=bool(config.get("norm_topk_prob", False)),
             n_dense_layers=len(dense),
         )
-    if config.get("num_key_value_heads", config["num_attention_heads"]) != config["num_attention_heads"]:
+    if (config.get("num_key_value_heads") or config["num_attention_heads"]) != config["num_attention_heads"]:
         raise UsageError("Hugging Face config: MLA needs num_key_value_heads = num_attention_heads")
     if kind == "deepseek_v3" and config.get("rope_interleave", True) is False:
         raise UsageError(
@@ -457,7 +516,7 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
         qk_rope_head_dim=config["qk_rope_head_dim"],
         v_head_dim=config["v_head_dim"],
         n_experts=n_experts,
-        shared_expert_hidden_dim=config.get("n_shared_experts", 0) * config["moe_intermediate_size"],
+        shared_expert_hidden_dim=(config.get("n_shared_experts") or 0) * config["moe_intermediate_size"],
         n_dense_layers=config.get("first_k_dense_replace", 0),
         route_scale=float(config.get("routed_scaling_factor", 1.0)),
     )
