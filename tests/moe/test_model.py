@@ -331,3 +331,20 @@ def test_forced_grouped_gemm_with_unaligned_widths_is_refused_up_front(overrides
     ):
         MoETransformer(args)
     MoETransformer(attrs.evolve(args, experts_impl="auto"))  # the loop has no such limit
+
+
+def test_tokens_per_expert_are_counted_without_a_data_dependent_shape() -> None:
+    """``torch.bincount`` sizes its output by the largest value, so on CUDA it reads that back to
+    the host in every MoE forward (a sync per layer, against "no host sync on steps that do not
+    log"); it has no meta kernel for the same reason. The count from the sorted slots has a fixed
+    shape, computed on meta tensors too, and equals bincount's."""
+    from titan_plugins_moe.moe import tokens_per_expert
+
+    gen = torch.Generator().manual_seed(0)
+    cases = [(5, torch.tensor([3, 0, 3, 1, 3, 0])), (8, torch.randint(0, 6, (64,), generator=gen))]
+    for experts, slots in cases:
+        counted = tokens_per_expert(slots.sort(stable=True).values, experts)
+        assert counted.tolist() == torch.bincount(slots, minlength=experts).tolist()
+        assert counted.dtype == torch.int64  # as bincount's, for the grouped GEMM's offsets
+        on_meta = tokens_per_expert(slots.to("meta"), experts)
+        assert on_meta.shape == (experts,)  # no value needed: nothing to read back

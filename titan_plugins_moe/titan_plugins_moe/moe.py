@@ -146,6 +146,15 @@ class _AddAuxLoss(torch.autograd.Function):
 
 
 @torch.compiler.disable
+def tokens_per_expert(sorted_slots: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """How many token slots each expert gets (int64, ``(num_experts,)``), from the slots sorted by
+    expert: where each expert's run starts. Unlike ``torch.bincount``, whose output is sized by
+    the largest value (on CUDA it reads that back to the host: a sync in every MoE layer's
+    forward), the shape is fixed and nothing is read back."""
+    bounds = torch.arange(num_experts + 1, device=sorted_slots.device, dtype=sorted_slots.dtype)
+    return torch.searchsorted(sorted_slots, bounds).diff()
+
+
 def _records_this_forward() -> bool:
     """Whether this forward is one whose statistics count: it builds a graph (training) and is
     not a recomputation during backward (activation checkpointing re-runs forwards inside the
@@ -230,11 +239,11 @@ class MoE(nn.Module):
         flat = x.reshape(-1, dim)
         weights, experts, scores = self.router(flat)
         slots = experts.reshape(-1)  # (tokens * top_k,) token-major
+        order = slots.argsort(stable=True)  # token slots grouped by expert
         if is_fake(slots):  # no values to count: an even split (titan_core.fake_tensors)
             counts = torch.tensor(even_split(slots.numel(), self.num_experts), device=slots.device)
         else:
-            counts = torch.bincount(slots, minlength=self.num_experts)
-        order = slots.argsort(stable=True)  # token slots grouped by expert
+            counts = tokens_per_expert(slots[order], self.num_experts)
         routed = self.experts(flat[order // self.top_k], counts)
         # Back to token-major slots (a gather), weight in float32, sum over the top_k choices.
         routed = routed[order.argsort()].float() * weights.reshape(-1, 1)
