@@ -170,16 +170,34 @@ def check_names(config: Any, registry: Any) -> None:
     registry.get("datasets", config.data.dataset, what="dataset")
 
 
-def check_model_alone(config: Any, registry: Any) -> None:
+def check_model_alone(config: Any, registry: Any) -> tuple[Any, Any, Any]:
     """The model's own checks of its arguments (``ModelSpec.validate``, and against the tokenizer
     and ``training.seq_len``) under no parallelism: what ``--print-config`` can refuse without
-    knowing the launch (a layout's checks need its world size, which the run's process has)."""
+    knowing the launch (a layout's checks need its world size, which the run's process has).
+    Returns the model spec, the tokenizer and the model's arguments."""
     from titan_core.errors import call_plugin
     from titan_core.layout import check_model
     from titan_core.parallel_dims import ParallelDims
 
     alone = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
-    check_model(config, registry, alone, call_plugin)
+    return check_model(config, registry, alone, call_plugin)
+
+
+def parameter_counts(config: Any, registry: Any, spec: Any, model_args: Any) -> str:
+    """``model moe/deepseek_v3_671b: 671.03B parameters, 37.55B active per token``: the config's
+    model with its overrides, counted analytically as ``titan models list`` counts its flavors
+    (nothing built, no torch)."""
+    from titan_core.cli import human
+    from titan_core.errors import call_plugin
+
+    label = registry.label("models", config.model.name)
+    total = call_plugin(lambda: f"{label} failed in num_params", spec.num_params, model_args, True)
+    text = f"model {config.model.name}/{config.model.flavor}: {human(total)} parameters"
+    if spec.num_active_params is not None:
+        failed = f"{label} failed in num_active_params"
+        active = call_plugin(lambda: failed, spec.num_active_params, model_args)
+        text += f", {human(active)} active per token"
+    return text
 
 
 def check_served(config: Any, registry: Any) -> None:
@@ -335,10 +353,16 @@ def run(args: argparse.Namespace, registry: Any) -> int:
     check_names(config, registry)
     warn_failed_plugins(registry)
     if args.print_config:
-        check_model_alone(config, registry)
+        spec, _, model_args = check_model_alone(config, registry)
+        counts = parameter_counts(config, registry, spec, model_args)
         from titan_core.config import render
 
-        print(render(config, args.print_config))
+        text = render(config, args.print_config)
+        if args.print_config == "toml":  # a comment: the output still loads as the config
+            print(f"# {counts}")
+        else:  # JSON has no comments: the count goes beside it
+            print(f"titan: {counts}", file=sys.stderr)
+        print(text)
         return 0
     for option in registry.records("run_options").values():
         if getattr(args, f"run_option_{option.name}", False):

@@ -91,6 +91,20 @@ def test_print_config_of_8b_is_fast_and_builds_nothing() -> None:
     subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True)
 
 
+def test_print_config_heads_its_output_with_the_models_parameter_counts() -> None:
+    """``--print-config`` named the flavor but not its size: the total (and, for a model that
+    routes tokens, active) count ``titan models list`` gives, here with the config's overrides;
+    a TOML comment, so the output still loads, and beside JSON on stderr."""
+    toml_run = run_titan("run", "--recipe", "deepseek_v3_671b", "--print-config")
+    assert toml_run.returncode == 0, toml_run.stderr
+    first = toml_run.stdout.splitlines()[0]
+    assert first == "# model moe/deepseek_v3_671b: 671.03B parameters, 37.55B active per token"
+    assert tomllib.loads(toml_run.stdout)["model"]["flavor"] == "deepseek_v3_671b"
+    json_run = run_titan("run", "--recipe", "llama3_8b", "--print-config", "json")
+    assert json.loads(json_run.stdout)["model"]["flavor"] == "8B"
+    assert json_run.stderr == "titan: model llama3/8B: 8.03B parameters\n"
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
