@@ -5,13 +5,14 @@
 #                 positive integer; default: the number of visible CUDA devices, or 1 without CUDA.
 #   LOG_RANK      local ranks whose output is shown, passed to torchrun as --local-ranks-filter;
 #                 default 0. A comma-separated list shows several ("0,1"); each must be < NGPU.
+#                 Under COMM_BACKEND=fake (one process, local rank 0) it must include 0.
 #   MODULE        Python module holding the recipe (none needed for installed plugins' recipes);
 #                 with MODULE, CONFIG is required.
 #   CONFIG        recipe name; default llama3_debugmodel (only without MODULE).
 #   COMM_BACKEND  empty (torchrun, real communication) or "fake": one plain process standing
 #                 for one rank of an NGPU-rank job (NGPU then required), limited to one step
-#                 unless the recipe sets debug.max_steps (docs/debugging.md). An argument
-#                 --comm-backend fake selects the same mode.
+#                 unless the recipe sets debug.max_steps or TITAN_DEFAULT_MAX_STEPS is set
+#                 (docs/debugging.md). An argument --comm-backend fake selects the same mode.
 # Further arguments go to `python -m titan_core.train` (e.g. --dump-folder DIR); with --print-config
 # (or --help) one plain process prints and exits, without torchrun.
 #
@@ -50,21 +51,55 @@ if [ -z "${NGPU:-}" ]; then
   NGPU=$(visible_cuda_devices)
   [ "${NGPU}" -gt 0 ] 2>/dev/null || NGPU=1
 fi
-[[ "${NGPU}" =~ ^[1-9][0-9]{0,5}$ ]] \
+[[ "${NGPU}" =~ ^[1-9][0-9]*$ ]] \
   || die "NGPU='${NGPU}' is not a positive integer: set it to the number of processes to start on" \
     "this host (one per GPU), e.g. NGPU=2"
+[ "${#NGPU}" -le 6 ] \
+  || die "NGPU=${NGPU} is too large: at most 999999 (processes on this host, or the logical world" \
+    "size under COMM_BACKEND=fake)"
 export NGPU
+
+# What the extra arguments ask for: --comm-backend (its last value wins, as in argparse), help,
+# or only the resolved config (printed by one process: it is the same on every rank).
+cli_backend=""
+wants_help=0
+prints_config=0
+previous=""
+for arg in "$@"; do
+  case "${arg}" in
+    --comm-backend=*) cli_backend="${arg#*=}" ;;
+    -h | --help) wants_help=1 ;;
+    --print-config | --print-config=*) prints_config=1 ;;
+  esac
+  [ "${previous}" = "--comm-backend" ] && cli_backend="${arg}"
+  previous="${arg}"
+done
+
+backend=${COMM_BACKEND:-}
+# `--comm-backend fake` is the pure fake mode too: one plain process for one step, never torchrun
+# (which would start NGPU processes that each refuse to run alone).
+[ -z "${backend}" ] && [ "${cli_backend}" = fake ] && backend=fake
 
 LOG_RANK=${LOG_RANK:-0}
 [[ "${LOG_RANK}" =~ ^(0|[1-9][0-9]*)(,(0|[1-9][0-9]*))*$ ]] \
   || die "LOG_RANK='${LOG_RANK}' is not a comma-separated list of local ranks: use e.g." \
     "LOG_RANK=0 or LOG_RANK=0,1 (each below NGPU=${NGPU})"
 IFS=',' read -r -a log_ranks <<<"${LOG_RANK}"
-for rank in "${log_ranks[@]}"; do
-  [ "${#rank}" -le 6 ] && [ "${rank}" -lt "${NGPU}" ] \
-    || die "LOG_RANK=${LOG_RANK} names local rank ${rank}, but NGPU=${NGPU} starts ranks" \
-      "0..$((NGPU - 1)); pick ranks below ${NGPU} (output of other ranks is hidden)"
-done
+if [ "${backend}" = fake ]; then
+  # One process (local rank 0) stands for logical rank FAKE_PP_RANK * NGPU / pp: LOG_RANK
+  # neither shows another process nor picks the rank represented.
+  [[ ",${LOG_RANK}," == *",0,"* ]] \
+    || die "LOG_RANK=${LOG_RANK} does not name local rank 0, but the pure fake mode runs one" \
+      "process (local rank 0) for logical rank FAKE_PP_RANK * NGPU / parallelism.pp, whose" \
+      "output is always shown: unset LOG_RANK; to represent another pipeline coordinate set" \
+      "FAKE_PP_RANK (docs/debugging.md)"
+else
+  for rank in "${log_ranks[@]}"; do
+    [ "${#rank}" -le 6 ] && [ "${rank}" -lt "${NGPU}" ] \
+      || die "LOG_RANK=${LOG_RANK} names local rank ${rank}, but NGPU=${NGPU} starts ranks" \
+        "0..$((NGPU - 1)); pick ranks below ${NGPU} (output of other ranks is hidden)"
+  done
+fi
 
 if [ -n "${MODULE:-}" ] && [ -z "${CONFIG:-}" ]; then
   die "MODULE=${MODULE} is set but CONFIG is not: set CONFIG to the recipe of ${MODULE} to run" \
@@ -84,22 +119,6 @@ if [ -n "${MODULE:-}" ]; then
 fi
 args+=(--config "${CONFIG}")
 
-# What the extra arguments ask for: --comm-backend (its last value wins, as in argparse), help,
-# or only the resolved config (printed by one process: it is the same on every rank).
-cli_backend=""
-wants_help=0
-prints_config=0
-previous=""
-for arg in "$@"; do
-  case "${arg}" in
-    --comm-backend=*) cli_backend="${arg#*=}" ;;
-    -h | --help) wants_help=1 ;;
-    --print-config | --print-config=*) prints_config=1 ;;
-  esac
-  [ "${previous}" = "--comm-backend" ] && cli_backend="${arg}"
-  previous="${arg}"
-done
-
 # The checks torchrun's workers would make before building anything, in one process first
 # (titan_core.run.preflight): the recipe resolves and validates, the comm backend's and plugins'
 # launch checks pass for NGPU processes, the parallel degrees fit NGPU, the global batch fits the
@@ -111,10 +130,6 @@ launch_check() {
     "${NGPU}" "${args[@]}" "$@" || exit "$?"
 }
 
-backend=${COMM_BACKEND:-}
-# `--comm-backend fake` is the pure fake mode too: one plain process for one step, never torchrun
-# (which would start NGPU processes that each refuse to run alone).
-[ -z "${backend}" ] && [ "${cli_backend}" = fake ] && backend=fake
 case "${backend}" in
   "" | default)
     if [ "${wants_help}" = 1 ] || [ "${prints_config}" = 1 ]; then
@@ -142,7 +157,8 @@ case "${backend}" in
     # One process stands for one rank of the NGPU-rank job: no torchrun, no peers. The process
     # checks its launch contract itself before building anything (exit 2 on an error).
     export LOCAL_RANK=0
-    export TITAN_DEFAULT_MAX_STEPS=1
+    # One step unless the recipe (debug.max_steps) or the user's TITAN_DEFAULT_MAX_STEPS say more.
+    export TITAN_DEFAULT_MAX_STEPS=${TITAN_DEFAULT_MAX_STEPS:-1}
     exec python -m titan_core.train "${args[@]}" --comm-backend fake "$@"
     ;;
   *)

@@ -82,6 +82,30 @@ def test_log_rank_must_name_existing_local_ranks(tmp_path: Path, log_rank: str, 
     assert expected in line
 
 
+def test_an_ngpu_too_large_is_not_called_a_non_integer(tmp_path: Path) -> None:
+    line = one_error_line(launch(tmp_path, {}, NGPU="1000000", COMM_BACKEND="fake"), "run_train.sh: error: ")
+    assert "NGPU=1000000 is too large" in line and "not a positive integer" not in line
+
+
+@pytest.mark.parametrize("log_rank", ["1", "2,3"])
+def test_log_rank_without_rank_0_under_pure_fake_is_refused(tmp_path: Path, log_rank: str) -> None:
+    """Pure fake mode is one process (local rank 0) standing for logical rank FAKE_PP_RANK*NGPU/pp:
+    LOG_RANK=1 neither shows another rank nor picks the represented one, and was ignored without a
+    word (LOG_RANK=5 was refused as if NGPU=4 started four processes)."""
+    result = launch(tmp_path, {"parallelism.dp_shard": 4}, NGPU="4", COMM_BACKEND="fake", LOG_RANK=log_rank)
+    line = one_error_line(result, "run_train.sh: error: ")
+    assert f"LOG_RANK={log_rank}" in line and "one process" in line and "FAKE_PP_RANK" in line
+    assert "starts ranks" not in line
+
+
+@pytest.mark.slow
+def test_log_rank_naming_rank_0_under_pure_fake_runs(tmp_path: Path) -> None:
+    """A LOG_RANK kept from real runs (0,1 or 0,5 beyond NGPU) still shows the one process."""
+    result = launch(tmp_path, {"parallelism.dp_shard": 4}, NGPU="4", COMM_BACKEND="fake", LOG_RANK="0,5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in log_records(result.stdout) if r.get("event") == "step"] == [1]
+
+
 def test_module_without_config_is_an_error(tmp_path: Path) -> None:
     env = child_env(tmp_path, MODULE="my_recipes", NGPU="1")
     env.pop("CONFIG", None)
@@ -150,6 +174,19 @@ def test_fake_backend_runs_one_process_for_one_step(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in log_records(result.stdout) if r.get("event") == "step"]
     assert [r["step"] for r in steps] == [1]  # the recipe asks for 2; pure fake stops after 1
+
+
+@pytest.mark.slow
+def test_pure_fake_keeps_a_step_limit_given_in_the_environment(tmp_path: Path) -> None:
+    """``TITAN_DEFAULT_MAX_STEPS`` set by the user is the pure fake run's limit (as under
+    ``--all-pp-ranks``): the launcher's one step is only the default. It was replaced by 1
+    without a word, so a recipe snapshotting every 2 steps wrote no snapshot."""
+    result = launch(
+        tmp_path, {"parallelism.dp_shard": 2}, NGPU="2", COMM_BACKEND="fake", TITAN_DEFAULT_MAX_STEPS="2"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [r for r in log_records(result.stdout) if r.get("event") == "step"]
+    assert [r["step"] for r in steps] == [1, 2]
 
 
 def launch_args(folder: Path, overrides: dict, *args: str, **env: str | None) -> subprocess.CompletedProcess:

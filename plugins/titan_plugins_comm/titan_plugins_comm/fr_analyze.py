@@ -225,6 +225,12 @@ def analyze(
     ``unreadable``: ranks whose dump file holds no usable trace; they are analysed as having no
     dump, but reported as unreadable rather than missing (they did dump)."""
     unreadable = unreadable or {}
+    # The ranks that ran as processes, as titan's gloo dumps record them (``titan.ranks``): under
+    # real_pp_fake_spmd only one process per PP rank exists, and the other logical ranks of the
+    # fake groups are simulated; they never dump. Empty (NCCL's dumps): every member is a process.
+    real: set[int] = set()
+    for d in dumps.values():
+        real |= set(_ranks_list((d.get("titan") or {}).get("ranks")))
     groups: dict[str, dict[str, Any]] = {}
     for rank, d in dumps.items():
         titan = d.get("titan") or {}
@@ -267,7 +273,8 @@ def analyze(
                 "last_completed": completed,
                 "_by_seq": by_seq,
             }
-        missing = [r for r in members if r not in dumps and r not in unreadable]
+        simulated = [r for r in members if real and r not in real and r not in dumps and r not in unreadable]
+        missing = [r for r in members if r not in dumps and r not in unreadable and r not in simulated]
         corrupt = [r for r in members if r in unreadable]
         if not per_rank:
             continue
@@ -296,6 +303,8 @@ def analyze(
                 "ranks": members,
                 "dumps": sorted(per_rank),
                 "missing_dumps": missing,
+                # logical ranks no process ran (real_pp_fake_spmd's fake groups): no dump expected
+                "simulated": simulated,
                 "unreadable_dumps": corrupt,
                 "collective": collective,
                 # Without every member's dump, the ranks at the last collective may be waiting
@@ -402,6 +411,11 @@ def format_report(result: dict[str, Any], folder: str) -> str:
             )
         else:
             lines.append(f"  all members at {_collective_text(g['collective'])}")
+        if g.get("simulated"):
+            lines.append(
+                f"  ranks {', '.join(map(str, g['simulated']))} are simulated (no process ran them: "
+                "a fake comm backend), so they left no dump"
+            )
         if g["unreadable_dumps"]:
             lines.append(f"  unreadable dump from ranks {g['unreadable_dumps']}")
         if g["missing_dumps"]:

@@ -64,10 +64,54 @@ class ProfilerSession:
         self._recorder: Any = None  # the CPU allocation history (an AllocationTracker)
         self._closing = False
 
+    def unreachable(self, step: int = 0) -> list[str]:
+        """A line for each output (traces, snapshots) that a run from ``step`` to its last step
+        would never write: its first step (a multiple of its frequency) lies past the last step,
+        as in pure fake mode, which ``run_train.sh`` limits to one step."""
+        last = getattr(self.trainer, "steps", None)
+        if last is None:
+            return []
+        config = self.trainer.config
+        training_steps, max_steps = config.training.steps, config.debug.max_steps
+        if max_steps is not None and max_steps < training_steps:
+            setting = f"debug.max_steps = {max_steps}"
+            if os.environ.get("TITAN_DEFAULT_MAX_STEPS") == str(max_steps):
+                setting += (
+                    ", from TITAN_DEFAULT_MAX_STEPS, which run_train.sh sets to 1 in pure fake mode; "
+                    "set TITAN_DEFAULT_MAX_STEPS or debug.max_steps for more steps"
+                )
+            raise_it = "debug.max_steps"
+        else:
+            setting, raise_it = f"training.steps = {training_steps}", "training.steps"
+        outputs = [
+            (
+                "memory snapshot",
+                "profiler.memory_snapshot_freq"
+                if config.profiler.memory_snapshot_freq is not None
+                else "profiler.profile_freq",
+                self.snapshot_freq,
+            ),
+            ("profiler trace", "profiler.profile_freq", self.trace_freq),
+        ]
+        problems = []
+        for what, field, freq in outputs:
+            if freq is None:
+                continue
+            first = (step // freq + 1) * freq
+            if first > last:
+                problems.append(
+                    f"profiler: no {what} will be written: this run ends at step {last} ({setting}), "
+                    f"before step {first}, the first multiple of {field} = {freq} it would reach; set "
+                    f"{field} to at most {max(last - step, 1)}, or raise {raise_it} to at least {first}"
+                )
+        return problems
+
     # -- the loop's calls ----------------------------------------------------------------------------
 
     def on_train_start(self, step: int) -> None:
         self.step_num = step
+        for problem in self.unreachable(step):
+            log.warning(problem)
         if self.trace_freq is not None:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if self.cuda:

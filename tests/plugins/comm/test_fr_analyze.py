@@ -166,3 +166,40 @@ def test_a_lone_corrupt_dump_with_every_other_rank_agreeing_is_not_ok(tmp_path: 
     result = run_titan("fr", "analyze", str(tmp_path))
     assert "every process group agrees" not in result.stdout
     assert "unreadable dump from ranks [0]" in result.stdout.splitlines()[1]
+
+
+def _hybrid_dump(rank: int) -> dict:
+    """A ``real_pp_fake_spmd`` dump of a 4-rank logical job, PP 2: processes are logical ranks 0
+    and 2; the default group is fake (all four ranks), the real PP group holds 0 and 2."""
+    pp = ("4314d7ee", "real_pp")
+    entries = [{**_entry(("1", ""), 1, "barrier", [[1]], "completed"), "process_group": pp}]
+    return {
+        "version": "2.10",
+        "pg_config": {},
+        "pg_status": {"0": {"last_enqueued_collective": 14, "last_completed_collective": 14}},
+        "entries": entries,
+        "titan": {
+            "rank": rank,
+            "ranks": [0, 2],
+            "backend": "gloo",
+            "reason": "RuntimeError: Timed out",
+            "pg_ranks": {"0": [0, 1, 2, 3], "4314d7ee": [0, 2], "7": [0, 1]},
+        },
+    }
+
+
+def test_simulated_ranks_of_a_hybrid_run_are_not_missing_dumps(tmp_path: Path) -> None:
+    """Under real_pp_fake_spmd only one process per PP rank exists: the logical ranks the fake
+    groups simulate (1 and 3 here) never dump, and were reported as `no dump from ranks [1, 3]
+    (hung hard or killed first?)`, sending the user after processes that never existed."""
+    for rank in (0, 2):
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps(_hybrid_dump(rank)))
+    data = json.loads(run_titan("fr", "analyze", str(tmp_path), "--json").stdout)
+    for group in data["process_groups"]:
+        assert group["missing_dumps"] == [], group
+    default = next(g for g in data["process_groups"] if g["name"] == "0")
+    assert default["simulated"] == [1, 3]
+    report = run_titan("fr", "analyze", str(tmp_path))
+    assert report.returncode == 0, report.stderr
+    assert "no dump from" not in report.stdout and "hung hard" not in report.stdout
+    assert "simulated" in report.stdout

@@ -239,6 +239,54 @@ def test_a_fake_mode_snapshot_holds_the_ranks_tensors(tmp_path: Path) -> None:
     assert "data pointer of FakeTensor" not in result.stderr + result.stdout
 
 
+def test_a_run_that_ends_before_its_first_snapshot_or_trace_says_so(tmp_path: Path) -> None:
+    """Pure fake mode runs one step (``run_train.sh`` sets ``TITAN_DEFAULT_MAX_STEPS=1``): with
+    snapshots every 2 steps and traces every 3 it wrote neither, without a word. One warning each
+    names the step the run ends at, the setting that ends it and what to change."""
+    module = write_recipe_module(
+        tmp_path,
+        {
+            **SNAPSHOT_RUN,
+            "parallelism.dp_shard": 2,
+            "profiler.enable_profiling": True,
+            "profiler.profile_freq": 3,
+        },
+    )
+    command = [sys.executable, "-m", "titan_core.cli", "run", "--module", module, "--recipe", "layout"]
+    result = subprocess.run(
+        [*command, "--comm-backend", "fake"],
+        cwd=tmp_path,
+        env=child_env(tmp_path, NGPU="2", TITAN_DEFAULT_MAX_STEPS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = log_records(result.stdout)
+    assert [r["step"] for r in records if r.get("event") == "step"] == [1]
+    out = tmp_path / "out"
+    assert not (out / "memory_snapshot").exists() and not (out / "profile_traces").exists()
+    warnings = [r["event"] for r in records if r.get("level") == "warning" and "profiler" in r["event"]]
+    snapshot = [w for w in warnings if "no memory snapshot" in w]
+    trace = [w for w in warnings if "no profiler trace" in w]
+    assert len(snapshot) == 1 and len(trace) == 1, warnings
+    assert "ends at step 1 (debug.max_steps = 1" in snapshot[0]
+    assert "profiler.memory_snapshot_freq = 2" in snapshot[0] and "step 2" in snapshot[0]
+    assert "TITAN_DEFAULT_MAX_STEPS" in snapshot[0]
+    assert "profiler.profile_freq = 3" in trace[0] and "step 3" in trace[0]
+
+
+def test_a_run_that_reaches_a_snapshot_does_not_warn(tmp_path: Path) -> None:
+    config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_memory_snapshot": True})
+    config.profiler.memory_snapshot_freq = 2
+    trainer = _trainer(config, torch.device("cpu"))
+    trainer.steps = config.training.steps = 2
+    assert ProfilerSession(trainer).unreachable() == []
+    trainer.steps = config.training.steps = 1
+    (problem,) = ProfilerSession(trainer).unreachable()
+    assert "no memory snapshot" in problem and "training.steps = 1" in problem
+
+
 def _profiled(folder: Path, **overrides: Any) -> Any:
     return tiny_config(
         **{
