@@ -79,8 +79,9 @@ def load_initial_weights(
     if _is_hf_folder(path):
         _load_hf_folder(parts, path, spec, model_args)
         return
-    _check_fits(path, _meta_state(spec, model_args))
-    load_full_state_dict(parts, path, collectives=collectives)
+    meta = _meta_state(spec, model_args)
+    _check_fits(path, meta)
+    load_full_state_dict(parts, path, collectives=collectives, tied=_aliases(meta))
 
 
 def _read_state_dict(path: str, device: str) -> dict[str, torch.Tensor]:
@@ -149,10 +150,17 @@ def _is_hf_folder(path: str) -> bool:
     return folder.is_dir() and (folder / "config.json").is_file() and not (folder / ".metadata").exists()
 
 
-def load_full_state_dict(parts: list[nn.Module], path: str, *, collectives: bool = True) -> None:
-    """Load a ``.pt`` full state dict, or a DCP folder (:func:`load_dcp_model`), into ``parts``."""
+def load_full_state_dict(
+    parts: list[nn.Module], path: str, *, collectives: bool = True, tied: dict[str, str] | None = None
+) -> None:
+    """Load a ``.pt`` full state dict, or a DCP folder (:func:`load_dcp_model`), into ``parts``.
+
+    ``tied``: names the model ties to another (``output.weight`` -> ``tok_embeddings.weight``,
+    :func:`_aliases`). A source holding different tensors under two tied names is refused: loaded,
+    the one shared matrix would keep the last of them and drop the other without a word."""
+    tied = tied or {}
     if Path(path).is_dir():
-        load_dcp_model(parts, path, collectives=collectives)
+        load_dcp_model(parts, path, collectives=collectives, tied=tied)
         return
     if not Path(path).is_file():
         raise UsageError(
@@ -160,6 +168,10 @@ def load_full_state_dict(parts: list[nn.Module], path: str, *, collectives: bool
             "or a Hugging Face model folder"
         )
     full = _read_state_dict(path, "cpu")
+    _refuse_untied(
+        path,
+        [(a, b) for a, b in tied.items() if a in full and b in full and not torch.equal(full[a], full[b])],
+    )
     for part in parts:
         own = {k: v for k, v in full.items() if k in part.state_dict()}
         missing = set(part.state_dict()) - set(own)
@@ -171,9 +183,14 @@ def load_full_state_dict(parts: list[nn.Module], path: str, *, collectives: bool
         set_model_state_dict(part, own, options=_FULL)
 
 
-def load_dcp_model(parts: list[nn.Module], path: str, *, collectives: bool = True) -> None:
+def load_dcp_model(
+    parts: list[nn.Module], path: str, *, collectives: bool = True, tied: dict[str, str] | None = None
+) -> None:
     """Load the ``model`` entry of a DCP checkpoint folder into this rank's parts (resharding;
-    ``collectives=False``: every process plans its own reads, see :func:`load_initial_weights`)."""
+    ``collectives=False``: every process plans its own reads, see :func:`load_initial_weights`).
+    ``tied``: as for :func:`load_full_state_dict`; each tied name is read into a buffer of its
+    own and compared with its first name's (on this rank's shard)."""
+    tied = tied or {}
     import torch.distributed.checkpoint as dcp
 
     if not (Path(path) / ".metadata").is_file():
@@ -196,6 +213,9 @@ def load_dcp_model(parts: list[nn.Module], path: str, *, collectives: bool = Tru
         )
     own = [get_model_state_dict(part) for part in parts]
     merged = {k: v for state in own for k, v in state.items()}
+    pairs = [(a, b) for a, b in tied.items() if a in merged and b in merged]
+    for name, _ in pairs:  # its own buffer: read into the shared one, the last name would win
+        merged[name] = torch.empty_like(merged[name])
     try:
         with warnings.catch_warnings():  # one process: DCP warns it assumes one process, as meant
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -205,8 +225,26 @@ def load_dcp_model(parts: list[nn.Module], path: str, *, collectives: bool = Tru
             f"{_FIELD}: cannot load the model from {path!r}; was it saved from "
             f"the same model and flavor? ({str(exc).strip().splitlines()[-1][:300]})"
         ) from None
+    _refuse_untied(path, [(a, b) for a, b in pairs if not torch.equal(_local(merged[a]), _local(merged[b]))])
     for part, state in zip(parts, own, strict=True):
         set_model_state_dict(part, {k: merged[k] for k in state})
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (the tensor itself otherwise)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _refuse_untied(path: str, differ: list[tuple[str, str]]) -> None:
+    """One error for tied names whose tensors in the source differ (``(tied name, its first)``)."""
+    if not differ:
+        return
+    pairs = ", ".join(f"{a} and {b}" for a, b in differ)
+    raise UsageError(
+        f"{_FIELD}: {path!r} holds different tensors for {pairs}, which this model ties (one shared "
+        "matrix): loading it would keep one of them and drop the other without a word. Load it into "
+        "the model it was saved from (the same model.overrides, untied), or tie them before saving"
+    )
 
 
 # -- Hugging Face folders ---------------------------------------------------------------------------
@@ -441,10 +479,12 @@ def _tensor_locations(handles: dict[Path, Any], folder: Path) -> dict[str, Path]
 
 
 def _meta_state(spec: ModelSpec, model_args: Any) -> dict[str, torch.Tensor]:
-    """The whole model's state dict on the meta device: names and global shapes, no memory."""
+    """The whole model's state dict on the meta device: names and global shapes, no memory. Its
+    values are the parameters themselves (``keep_vars``), so tied names hold one object
+    (:func:`_aliases`): ``state_dict()`` detaches each entry into a new tensor."""
     with torch.device("meta"):
         model = spec.build(model_args)
-    return model.state_dict()
+    return model.state_dict(keep_vars=True)
 
 
 def _aliases(meta: dict[str, torch.Tensor]) -> dict[str, str]:

@@ -73,8 +73,8 @@ def restore(trainer: Trainer) -> None:
     same_model(trainer.step, meta)
     if trainer.config.checkpoint.initial_load_path:
         log.warning(
-            f"resumed from the checkpoint of step {trainer.step}: it replaced the weights read from "
-            "checkpoint.initial_load_path (a resume always wins; unset it to skip that read)"
+            f"resumed from the checkpoint of step {trainer.step}: checkpoint.initial_load_path is not "
+            "read (a resume always wins; the initial weights were those of step 1)"
         )
     if trainer.step > trainer.steps:  # nothing to train, and config.toml would say fewer steps than ran
         field = trainer.steps_field()

@@ -166,6 +166,8 @@ class Trainer:
         self._build_optimizer()
         self._build_data(dataset)
         restore(self)
+        if self.step == 0:
+            self._load_initial_weights()
         self.run_folder.started(resumed=self.step > 0)
         self._build_step()
         self._open_outputs()
@@ -287,20 +289,24 @@ class Trainer:
             )
         for part in self.parts:
             part.train()
-        c = config.checkpoint
-        if c.initial_load_path and self.fake_tensors:
-            log.info("fake tensors: checkpoint.initial_load_path is not read (no values to load)")
-        elif c.initial_load_path:
-            from titan_core.initial_weights import load_initial_weights
 
-            self._verify_initial_folder(c.initial_load_path)
-            load_initial_weights(
-                self.parts,
-                c.initial_load_path,
-                self.spec,
-                self.model_args,
-                collectives=not self.topology.simulates_peers,
-            )
+    def _load_initial_weights(self) -> None:
+        """``checkpoint.initial_load_path`` into the built model, in place (the optimizer, built
+        already, holds the same parameters and no state yet). Only a run that resumes nothing
+        reads it: a resume replaced those weights, so reading them cost a whole model's load (an
+        8B import) and failed the resume once the folder was moved away."""
+        path = self.config.checkpoint.initial_load_path
+        if not path:
+            return
+        if self.fake_tensors:
+            log.info("fake tensors: checkpoint.initial_load_path is not read (no values to load)")
+            return
+        from titan_core.initial_weights import load_initial_weights
+
+        self._verify_initial_folder(path)
+        load_initial_weights(
+            self.parts, path, self.spec, self.model_args, collectives=not self.topology.simulates_peers
+        )
 
     def _verify_initial_folder(self, path: str) -> None:
         """Refuse a checkpoint folder the checkpointer wrote that it cannot vouch for (damaged

@@ -124,6 +124,14 @@ def test_config_of_another_architecture(tmp_path: Path) -> None:
         UsageError, match=r"config.json does not describe a llama3 model: hidden_act is 'gelu'"
     ):
         titan_model(spec, args, tmp_path)
+    # Values that once gave a bare ZeroDivisionError / AttributeError from inside the load.
+    for change, named in (
+        ({"num_attention_heads": 0}, "num_attention_heads is 0; expected a positive integer"),
+        ({"rope_parameters": "llama3"}, "rope_parameters is 'llama3'; expected an object"),
+    ):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(UsageError, match=rf"config.json does not describe a llama3 model: {named}"):
+            titan_model(spec, args, tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(UsageError, match=r"cannot read .*config.json"):
         titan_model(spec, args, tmp_path)

@@ -100,6 +100,20 @@ def test_config_json_of_transformers_4_and_5_read_the_same() -> None:
         ({"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
         ({"head_dim": 32}, "head_dim is 32"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE scaling 'yarn'"),
+        # Values that made a bare ZeroDivisionError / AttributeError / KeyError deep inside the load.
+        ({"num_attention_heads": 0}, "num_attention_heads is 0; expected a positive integer"),
+        ({"intermediate_size": 0}, "intermediate_size is 0; expected a positive integer"),
+        ({"num_key_value_heads": -2}, "num_key_value_heads is -2; expected a positive integer"),
+        ({"rope_scaling": "llama3"}, "rope_scaling is 'llama3'; expected an object"),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            "rope_scaling of rope_type 'llama3' has no 'low_freq_factor'",
+        ),
+        (
+            {"rope_scaling": {**hf.hf_config(flavors.FLAVORS["8B"])["rope_scaling"], "factor": "x"}},
+            "rope_scaling's factor is 'x'; expected a positive number",
+        ),
+        ({"hidden_size": 64.5}, "hidden_size is 64.5; expected a positive integer"),
     ],
 )
 def test_configs_titan_cannot_represent_name_the_field(change: dict, named: str) -> None:

@@ -19,6 +19,7 @@ neither side knows raises ``KeyError``; Hugging Face tensors that carry no weigh
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -154,13 +155,12 @@ def args_from_hf(config: dict[str, Any]) -> Llama3Args:
             raise ValueError(f"{flag} is true; titan's Llama 3 has no biases")
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act is {config['hidden_act']!r}; titan's Llama 3 uses silu")
-    try:
-        dim, n_heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        n_layers, vocab = int(config["num_hidden_layers"]), int(config["vocab_size"])
-        intermediate = int(config["intermediate_size"])
-    except KeyError as exc:
-        raise ValueError(f"config.json has no {exc.args[0]!r}") from None
-    kv_heads = int(config.get("num_key_value_heads") or n_heads)
+    dim, n_heads = _count(config, "hidden_size"), _count(config, "num_attention_heads")
+    n_layers, vocab = _count(config, "num_hidden_layers"), _count(config, "vocab_size")
+    intermediate = _count(config, "intermediate_size")
+    kv_heads = n_heads  # null or absent: as many KV heads as heads (transformers' rule)
+    if config.get("num_key_value_heads") is not None:
+        kv_heads = _count(config, "num_key_value_heads")
     head_dim = config.get("head_dim")
     if head_dim is not None and int(head_dim) != dim // n_heads:
         raise ValueError(
@@ -168,18 +168,24 @@ def args_from_hf(config: dict[str, Any]) -> Llama3Args:
             "titan's Llama 3 derives the head size from dim and n_heads"
         )
     # transformers 4.x: rope_theta + rope_scaling; 5.x: rope_parameters (theta inside).
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    rope = config.get(key) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{key} is {rope!r}; expected an object ({{'rope_type': 'llama3', ...}}) or null")
+    theta = _number(rope, "rope_theta", key) if "rope_theta" in rope else _number(config, "rope_theta", None)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
         raise ValueError(f"RoPE scaling {rope_type!r} is not supported; titan's Llama 3 has Llama 3.1's")
     scaling: dict[str, Any] = {"rope_scaling": rope_type == "llama3"}
     if rope_type == "llama3":
+        for field in _LLAMA3_ROPE:
+            if field not in rope:
+                raise ValueError(f"{key} of rope_type 'llama3' has no {field!r}")
         scaling.update(
-            rope_scaling_factor=float(rope["factor"]),
-            rope_low_freq_factor=float(rope["low_freq_factor"]),
-            rope_high_freq_factor=float(rope["high_freq_factor"]),
-            rope_original_max_len=int(rope["original_max_position_embeddings"]),
+            rope_scaling_factor=_number(rope, "factor", key),
+            rope_low_freq_factor=_number(rope, "low_freq_factor", key),
+            rope_high_freq_factor=_number(rope, "high_freq_factor", key),
+            rope_original_max_len=int(_number(rope, "original_max_position_embeddings", key)),
         )
     args = Llama3Args(
         dim=dim,
@@ -197,6 +203,36 @@ def args_from_hf(config: dict[str, Any]) -> Llama3Args:
     if args.ffn_hidden_dim != intermediate:  # _ffn_args guarantees it; a cheap guard
         raise ValueError(f"intermediate_size {intermediate} cannot be expressed by titan's Llama 3")
     return args
+
+
+#: The fields of Llama 3.1's RoPE scaling in ``rope_scaling`` / ``rope_parameters``.
+_LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _count(config: dict[str, Any], name: str) -> int:
+    """``config[name]`` as a positive integer, or ``ValueError`` naming the field."""
+    if name not in config:
+        raise ValueError(f"config.json has no {name!r}")
+    value = config[name]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # a number written as a string reads as transformers reads it
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(number) and number == int(number) and number >= 1):
+        raise ValueError(f"{name} is {config[name]!r}; expected a positive integer")
+    return int(number)
+
+
+def _number(section: dict[str, Any], name: str, where: str | None) -> float:
+    """``section[name]`` (default rope_theta 10000) as a positive finite number, or ``ValueError``."""
+    value = section.get(name, 10000.0)
+    label = f"{where}'s {name}" if where else name
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not 0 < number < math.inf:
+        raise ValueError(f"{label} is {value!r}; expected a positive number")
+    return number
 
 
 def _ffn_args(dim: int, intermediate: int) -> dict[str, Any]:

@@ -317,14 +317,14 @@ def test_a_resume_with_another_clipping_norm_says_so(tmp_path: Path, warnings: W
     assert "training.max_norm: 1.0 -> 0.5" in message
 
 
-def test_a_resume_says_the_initial_weights_it_read_were_replaced(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_says_the_initial_weights_are_not_read(tmp_path: Path, warnings: Warnings) -> None:
     rows(config_in(tmp_path / "seed", **{"checkpoint.create_seed_checkpoint": True, "training.steps": 1}))
     initial = {"checkpoint.initial_load_path": str(tmp_path / "seed" / "checkpoint" / "step-0")}
     rows(config_in(tmp_path / "run", **{**initial, "debug.max_steps": 2}))
     assert not [w for w in warnings.seen if "initial_load_path" in w]  # read and used: nothing to say
     rows(config_in(tmp_path / "run", **initial))
     (message,) = [w for w in warnings.seen if "initial_load_path" in w]
-    assert "resumed from the checkpoint of step 2: it replaced the weights read from" in message
+    assert "resumed from the checkpoint of step 2: checkpoint.initial_load_path is not read" in message
 
 
 def test_a_resume_with_an_override_at_its_default_is_the_same_model(tmp_path: Path) -> None:
@@ -440,3 +440,49 @@ def test_a_resume_reading_other_files_at_another_path_says_so(tmp_path: Path, wa
     )
     (message,) = [w for w in warnings.seen if "another data configuration" in w]
     assert "data.path" in message and "corpus" in message and "other" in message
+
+
+def test_a_resume_does_not_need_the_initial_weights_it_replaces(tmp_path: Path) -> None:
+    """The initial weights were read before the checkpointer looked for a checkpoint to resume
+    from: a resume failed once they were moved away (and read a whole model for nothing)."""
+    rows(config_in(tmp_path / "seed", **{"checkpoint.create_seed_checkpoint": True, "training.steps": 1}))
+    seed = tmp_path / "seed" / "checkpoint" / "step-0"
+    initial = {"checkpoint.initial_load_path": str(seed)}
+    first = rows(config_in(tmp_path / "run", **{**initial, "debug.max_steps": 3}))
+    (tmp_path / "seed").rename(tmp_path / "seed-moved")  # cleaned up once the run had started
+    assert sorted(rows(config_in(tmp_path / "run", **initial))) == [4, 5, 6]
+    assert sorted(first) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("source", ["dcp", "pt"])
+def test_initial_weights_of_untied_embeddings_into_a_tied_model_are_refused(
+    tmp_path: Path, source: str
+) -> None:
+    """They loaded without a word: the one tied matrix became the checkpoint's output.weight and
+    its trained embedding was dropped."""
+    import torch
+
+    rows(config_in(tmp_path / "untied", **{"training.steps": 2}))
+    tied = {**tiny_config().model.overrides, "tie_embeddings": True}
+    path = str(tmp_path / "untied" / "checkpoint" / "step-2")
+    if source == "pt":
+        trainer = Trainer(config_in(tmp_path / "untied"), get_registry())  # resumes step 2
+        try:
+            state = {k: v.detach().clone() for k, v in trainer.parts[0].state_dict().items()}
+        finally:
+            trainer.close()
+        path = str(tmp_path / "untied.pt")
+        torch.save(state, path)
+    config = tiny_config(
+        **{
+            "job.dump_folder": str(tmp_path / "tied"),
+            "checkpoint.initial_load_path": path,
+            "model.overrides": tied,
+        }
+    )
+    with pytest.raises(UsageError, match=r"different tensors for output\.weight and tok_embeddings\.weight"):
+        Trainer(config, get_registry()).close()
+    # The same weights tied before saving load (the check compares values, not names).
+    rows(config_in(tmp_path / "tied_run", **{"training.steps": 2, "model.overrides": tied}))
+    config.checkpoint.initial_load_path = str(tmp_path / "tied_run" / "checkpoint" / "step-2")
+    Trainer(config, get_registry()).close()
