@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -439,6 +440,10 @@ _PEER_TEXT = (
 )
 
 
+#: gloo's message for a send or receive that timed out (its TCP transport's unbound buffer).
+_GLOO_POINT_TO_POINT = re.compile(r"Timed out waiting \d+ms for (send|recv) operation")
+
+
 def peer_failure(exc: BaseException, config: Any) -> Exception | None:
     """One titan error for a collective that failed because a peer died or stalled, else ``None``."""
     world = os.environ.get("WORLD_SIZE", "1")
@@ -460,9 +465,18 @@ def peer_failure(exc: BaseException, config: Any) -> Exception | None:
         None,
     )
     where = f" in {phase}" if phase else ""
+    timeout = f"comm.train_timeout_seconds={config.comm.train_timeout_seconds}"
+    if _GLOO_POINT_TO_POINT.search(first):
+        # torch shortens gloo's collectives after step 1 but not its sends and receives (the
+        # pipeline's): they keep the timeout the group was created with.
+        timeout = (
+            f"comm.init_timeout_seconds={config.comm.init_timeout_seconds} (gloo's pipeline sends and "
+            "receives keep the timeout their group started with: torch cannot shorten it to "
+            "comm.train_timeout_seconds)"
+        )
     return TitanError(
         f"rank {rank}: a collective with its peers failed{where}: a peer died, or stalled past "
-        f"comm.train_timeout_seconds={config.comm.train_timeout_seconds} ({first[:300]}); the "
+        f"{timeout} ({first[:300]}); the "
         "first rank to fail names the cause in its own log; comm_traces/ holds the flight "
         "recorder's dumps where the backend writes them"
     )

@@ -68,3 +68,33 @@ def test_a_failed_peer_ends_rank_0_with_one_line(tmp_path: Path, fault: str) -> 
     assert "Traceback (most recent call last)" not in "\n".join(
         line for line in result.stderr.splitlines() if line.startswith("[rank0]")
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (
+            "[.../unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete",
+            "stalled past comm.init_timeout_seconds=8 (gloo's pipeline sends and receives keep",
+        ),
+        (
+            "[.../gloo/transport/tcp/pair.cc:534] Timed out waiting 3000ms for allreduce",
+            "stalled past comm.train_timeout_seconds=3 (",
+        ),
+    ],
+)
+def test_a_gloo_pipeline_transfer_that_timed_out_names_the_timeout_that_applied(
+    monkeypatch: pytest.MonkeyPatch, text: str, named: str
+) -> None:
+    """torch shortens gloo's collectives to comm.train_timeout_seconds after step 1, not its sends
+    and receives: a stalled pipeline peer was reported after the init timeout (8 s here) with a
+    message naming the training timeout (3 s)."""
+    from tests.parallel_harness import tiny_config
+    from titan_core.run import peer_failure
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    config = tiny_config()
+    config.comm.train_timeout_seconds, config.comm.init_timeout_seconds = 3, 8
+    error = peer_failure(RuntimeError(text), config)
+    assert error is not None and named in str(error)
