@@ -16,7 +16,7 @@ import os
 import signal
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -27,7 +27,7 @@ from torch import nn
 from titan_core._registry import Registry
 from titan_core.callbacks import Callbacks
 from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
-from titan_core.data.loader import PackedBatches, files_fingerprint, path_field
+from titan_core.data.loader import PackedBatches, files_fingerprint
 from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import (
     PluginError,
@@ -56,7 +56,6 @@ from titan_core.run import (
 from titan_core.run_folder import (
     RunFolder,
     RunFolderLock,
-    overlapping,
     plugin_outputs,
     run_dp,
     tb_location,
@@ -65,6 +64,7 @@ from titan_core.schedule import WarmupStableDecay
 from titan_core.stop_signals import AgreedStop, StopSignals
 from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology
+from titan_core.validation import validation_batches
 
 log = get_logger("titan.trainer")
 
@@ -376,7 +376,7 @@ class Trainer:
                 name=f"data.dataset {config.data.dataset!r}"
                 + (f" at data.path {config.data.path!r}" if config.data.path else ""),
             )
-        self.val_batches = self._validation_batches(self.registry) if config.validation.enable else None
+        self.val_batches = validation_batches(self, self.registry) if config.validation.enable else None
 
     def steps_field(self) -> str:
         """The setting that ends this run: ``debug.max_steps`` when it cuts ``training.steps``."""
@@ -434,66 +434,6 @@ class Trainer:
             detach_file()
 
     # -- build helpers ---------------------------------------------------------------------------
-
-    def _validation_batches(self, registry: Registry) -> PackedBatches:
-        """The validation data: ``validation.dataset``/``path`` (else ``data``'s), unshuffled.
-
-        Validation that would read the training dataset at the training path reads the
-        dataset's held-out documents (``Dataset.held_out``) instead: a loss on training text
-        says nothing about how the model does on text it has not seen. A dataset without them
-        is read as it is, with a warning naming the fields that fix it.
-        """
-        import attrs
-
-        v, d = self.config.validation, self.config.data
-        name = v.dataset or d.dataset
-        dataset = registry.get("datasets", name, what="validation.dataset")
-        data = attrs.evolve(d, dataset=name, path=v.path if v.path is not None else d.path)
-        documents = dataset.documents
-        label = f"validation.dataset {name!r}"
-        # The same record read at the same path yields the training documents: the same string
-        # (the dataset's own notion of a path), or one file on disk however it is spelled.
-        same_path = data.path == d.path or _same_file(data.path, d.path)
-        if dataset == registry.get("datasets", d.dataset, what="dataset") and same_path:
-            if dataset.held_out is not None:
-                documents = dataset.held_out
-                label += " (held-out documents)"
-            else:
-                log.warning(
-                    f"validation reads the training data: dataset {name!r} has no held-out "
-                    "documents, so validation/loss is measured on training text; set "
-                    "validation.path or validation.dataset to held-out data",
-                    dataset=name,
-                    path=data.path,
-                )
-        elif dataset == registry.get("datasets", d.dataset, what="dataset") and _nested(data.path, d.path):
-            log.warning(
-                f"validation reads part of the training data: validation.path {data.path!r} and "
-                f"data.path {d.path!r} are one inside the other, so validation/loss is measured on "
-                "training text; give validation a folder of its own",
-                dataset=name,
-            )
-        token = path_field.set("validation.path")  # a folder is listed (and warned of) on first read
-        try:
-            first = next(iter(_as_validation(documents(data))), None)
-        finally:
-            path_field.reset(token)
-        if first is None:
-            raise UsageError(f"validation.dataset = {name!r} yields no documents; check validation.path")
-        coords = self.parallel_dims.coordinates(self.topology.rank)
-        return PackedBatches(
-            documents=lambda: _as_validation(documents(data)),
-            tokenizer=self.tokenizer,
-            seq_len=self.config.training.seq_len,
-            batch_size=self.config.training.local_batch_size,
-            dp_rank=coords["dp_replicate"] * self.parallel_dims.dp_shard + coords["dp_shard"],
-            dp_degree=self.parallel_dims.dp,
-            seed=self.seed,
-            shuffle_buffer=0,
-            name=label,
-            repeat_warning="validation.steps",
-            batches_per_step=self.accumulation,
-        )
 
     def _param_groups(self) -> list[dict[str, Any]]:
         if self.spec.param_groups is None:
@@ -1008,34 +948,6 @@ class Trainer:
             self.lock.release()
         self.topology.shutdown(completed=completed)
         self._contexts.close()
-
-
-def _as_validation(documents: Iterable[str]) -> Iterator[str]:
-    """The validation documents, a dataset's error naming ``validation.*`` (the dataset names the
-    ``data.*`` fields it reads): the first read and a bad line met by a later validation alike."""
-    try:
-        yield from documents
-    except UsageError as exc:
-        text = str(exc)
-        raise UsageError("validation." + text[5:] if text.startswith("data.") else text) from None
-
-
-def _nested(a: str | None, b: str | None) -> bool:
-    """Whether one of two local paths lies inside the other (a file of the training folder);
-    paths not on this machine (a hub name) are not compared."""
-    if a is None or b is None or not (os.path.exists(a) and os.path.exists(b)):
-        return False
-    return overlapping(a, b)
-
-
-def _same_file(a: str | None, b: str | None) -> bool:
-    """Whether two paths name one file or folder (a relative spelling, a symlink)."""
-    if a is None or b is None:
-        return False
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # not both on this machine (a hub name, a URL)
-        return False
 
 
 def _scaled(loss_fn: Any, factor: float) -> Any:
