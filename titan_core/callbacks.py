@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["CALLBACK_POINTS", "Callbacks"]
+from titan_core.errors import PluginError
+
+__all__ = ["CALLBACK_POINTS", "CORE_METRICS", "Callbacks", "reserved_metric"]
 
 
 #: The loop points callbacks may implement (see :class:`titan_core.records.Callback`).
@@ -19,6 +21,57 @@ CALLBACK_POINTS = (
     "on_train_end",
     "on_failure",
 )
+
+
+#: The names of titan's own row of a logging step (``titan_core.metrics.MetricsLogger``: the loss,
+#: the schedule, throughput, memory on CPU and CUDA, timing) and the fields every log line
+#: carries: a callback's metric of one of these names would replace titan's value in the log line,
+#: ``metrics.jsonl`` and TensorBoard (or end the run inside the logger). ``validation/`` is the
+#: trainer's too.
+CORE_METRICS = frozenset(
+    {
+        *("step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "step_time_s"),
+        *("max_rss_gib", "max_allocated_gib", "max_reserved_gib", "max_reserved_pct"),
+        *("of", "eta", "event", "level", "timestamp", "rank"),
+    }
+)
+_CORE_PREFIXES = ("validation/",)
+
+
+def reserved_metric(name: str) -> bool:
+    """Whether ``name`` is titan's own in a logged row (:data:`CORE_METRICS`, ``validation/...``)."""
+    return name in CORE_METRICS or name.startswith(_CORE_PREFIXES)
+
+
+def _named_apart(label: str, metrics: Callable[[int], Any], owners: dict[str, str]) -> Callable[[int], Any]:
+    """``metrics`` of the callback ``label``, refusing a name titan's row has or another callback
+    reports (``owners``: name -> the label of the callback that reported it first): the row is one
+    dict, so either would replace a value without a word. Types are checked by the trainer."""
+
+    def checked(step: int) -> Any:
+        values = metrics(step)
+        if not isinstance(values, Mapping):
+            return values
+        for key in values:
+            if not isinstance(key, str):
+                continue
+            if reserved_metric(key):
+                raise PluginError(
+                    f"{label}: metrics(step) returned {key!r}, a name of titan's own row (the loss, "
+                    "schedule, throughput and memory, validation/*, and the log line's fields), whose "
+                    "value it would replace; give the metric a name of its own, such as "
+                    f"'my_plugin/{key.split('/')[-1]}'"
+                )
+            first = owners.setdefault(key, label)
+            if first != label:
+                raise PluginError(
+                    f"{label}: metrics(step) returned {key!r}, which {first} reports too: one value "
+                    "would replace the other in the log line, metrics.jsonl and TensorBoard; one of "
+                    "them must rename it (a prefix naming the plugin), or disable one plugin"
+                )
+        return values
+
+    return checked
 
 
 class Callbacks:
@@ -42,8 +95,9 @@ class Callbacks:
             setattr(self, point, [guard(label, point, fn) for label, fn in methods])
         #: ``(label, metrics)`` of the callbacks that report metrics: their values are checked,
         #: and the error names the callback.
+        owners: dict[str, str] = {}
         self.metric_sources = [
-            (label, guard(label, "metrics", o.metrics))
+            (label, _named_apart(label, guard(label, "metrics", o.metrics), owners))
             for o, label in named
             if callable(getattr(o, "metrics", None))
         ]

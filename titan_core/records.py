@@ -31,6 +31,43 @@ if TYPE_CHECKING:
     from titan_core.topology import Topology
 
 
+def _callable(what: str, value: Any) -> None:
+    if not callable(value):
+        raise TypeError(f"{what}: expected a function, got {type(value).__name__} {value!r}")
+
+
+def _function(what: str) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator: the field holds a callable (a record's wrong value fails the plugin where
+    it makes the record, not every run where the core first calls it)."""
+    return lambda _i, _a, v: _callable(what, v)
+
+
+def _optional(what: str) -> Callable[[Any, Any, Any], None]:
+    return lambda _i, _a, v: v is None or _callable(what, v)
+
+
+def _names(what: str, noun: str) -> Callable[[Any], tuple[str, ...]]:
+    """An attrs converter to a tuple of names; a bare string (``("norm")`` lacks its comma) would
+    become its letters, each a name nobody meant."""
+
+    def convert(value: Any) -> tuple[str, ...]:
+        if isinstance(value, str) or not isinstance(value, (tuple, list)):
+            raise TypeError(f"{what}: expected a tuple of {noun}, got {value!r} (a 1-tuple is ('name',))")
+        if not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{what}: expected a tuple of {noun}, got {value!r}")
+        return tuple(value)
+
+    return convert
+
+
+def _flavors(value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"ModelSpec.flavors: expected a mapping of flavor names to model arguments "
+            f"({{'debug': {{...}}}}), got {type(value).__name__} {value!r}"
+        )
+
+
 @attrs.frozen
 class ModelSpec:
     """A model family: its flavors and what the trainer and strategies need from it.
@@ -43,29 +80,37 @@ class ModelSpec:
 
     name: str
     #: flavor name -> model arguments (any object; usually a frozen attrs/dataclass instance).
-    flavors: Mapping[str, Any]
+    flavors: Mapping[str, Any] = attrs.field(validator=lambda _i, _a, v: _flavors(v))
     #: ``build(args) -> nn.Module``; called under ``torch.device("meta")``.
-    build: Callable[[Any], nn.Module]
+    build: Callable[[Any], nn.Module] = attrs.field(validator=_function("ModelSpec.build"))
     #: ``num_params(args, include_embedding) -> int`` computed analytically (no model built).
-    num_params: Callable[[Any, bool], int]
+    num_params: Callable[[Any, bool], int] = attrs.field(validator=_function("ModelSpec.num_params"))
     #: ``flops_per_token(args, seq_len) -> float`` for MFU (6N + attention, torchtitan's formula).
-    flops_per_token: Callable[[Any, int], float]
+    flops_per_token: Callable[[Any, int], float] = attrs.field(
+        validator=_function("ModelSpec.flops_per_token")
+    )
     #: ``tp_plan(model, tp_mesh, loss_parallel) -> None`` applies the DTensor TP/SP plan in
     #: place; ``None`` when the model does not support tensor parallelism.
-    tp_plan: Callable[..., None] | None = None
+    tp_plan: Callable[..., None] | None = attrs.field(default=None, validator=_optional("ModelSpec.tp_plan"))
     description: str = ""
     #: ``validate(args, parallel_dims) -> None`` raises :class:`~titan_core.errors.UsageError`
     #: when this model cannot run under the layout (e.g. a TP degree that does not divide the
     #: vocabulary); called after the config is checked and before anything is built.
-    validate: Callable[[Any, ParallelDims], None] | None = None
+    validate: Callable[[Any, ParallelDims], None] | None = attrs.field(
+        default=None, validator=_optional("ModelSpec.validate")
+    )
     #: ``param_groups(model, optimizer_config) -> list[dict]``: optimizer parameter groups (torch's
     #: ``[{"params": [...], "weight_decay": 0.0}, ...]``) for this rank's model part, each trainable
     #: parameter in exactly one (the trainer refuses others); ``None``: one group with
     #: ``training.weight_decay`` for every parameter.
-    param_groups: Callable[[nn.Module, Any], list[dict[str, Any]]] | None = None
+    param_groups: Callable[[nn.Module, Any], list[dict[str, Any]]] | None = attrs.field(
+        default=None, validator=_optional("ModelSpec.param_groups")
+    )
     #: ``num_active_params(args) -> int``: parameters one token uses (mixture-of-experts models);
     #: ``None``: every parameter is active.
-    num_active_params: Callable[[Any], int] | None = None
+    num_active_params: Callable[[Any], int] | None = attrs.field(
+        default=None, validator=_optional("ModelSpec.num_active_params")
+    )
     #: Converts state dicts to and from Hugging Face ``transformers`` names (import/export);
     #: ``None`` when the model has no Hugging Face counterpart.
     state_dict_adapter: StateDictAdapter | None = None
@@ -76,9 +121,13 @@ class ModelSpec:
     #: the blocks: the token embedding, a learned position table. Later stages set them to
     #: ``None``. Pipeline parallelism refuses a top-level module with parameters that is neither
     #: ``layers`` nor named here or in ``last_stage_modules``: every stage would hold a copy.
-    first_stage_modules: tuple[str, ...] = attrs.field(default=("tok_embeddings",), converter=tuple)
+    first_stage_modules: tuple[str, ...] = attrs.field(
+        default=("tok_embeddings",), converter=_names("ModelSpec.first_stage_modules", "module names")
+    )
     #: Top-level modules only the last pipeline stage holds, run after the blocks.
-    last_stage_modules: tuple[str, ...] = attrs.field(default=("norm", "output"), converter=tuple)
+    last_stage_modules: tuple[str, ...] = attrs.field(
+        default=("norm", "output"), converter=_names("ModelSpec.last_stage_modules", "module names")
+    )
 
     def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""
@@ -193,7 +242,7 @@ class Recipe:
     """A named function that returns a fully populated :class:`~titan_core.config.TrainerConfig`."""
 
     name: str
-    fn: Callable[[], TrainerConfig]
+    fn: Callable[[], TrainerConfig] = attrs.field(validator=_function("Recipe.fn"))
     description: str = ""
 
 
@@ -242,11 +291,6 @@ def _an_int(what: str, value: Any) -> None:
         raise TypeError(f"{what}: expected an int, got {type(value).__name__} {value!r}")
 
 
-def _callable(what: str, value: Any) -> None:
-    if not callable(value):
-        raise TypeError(f"{what}: expected a function, got {type(value).__name__} {value!r}")
-
-
 def _parallel_dims(value: Any) -> None:
     if isinstance(value, str) or not isinstance(value, (tuple, list)):
         raise TypeError(f"Strategy.handles: expected a tuple of dimension names, got {value!r}")
@@ -264,7 +308,7 @@ class CommBackend:
 
     name: str
     #: ``init(config) -> Topology``; initialises process groups (or fakes them).
-    init: Callable[[TrainerConfig], Topology]
+    init: Callable[[TrainerConfig], Topology] = attrs.field(validator=_function("CommBackend.init"))
     description: str = ""
     #: Environment variables this backend reads that no backend without them does
     #: (``FAKE_PP_RANK`` for ``fake``). A run whose backend does not declare one of them while it
@@ -275,19 +319,29 @@ class CommBackend:
     #: True}``: the fake backends exist to size layouts). Set after the recipe and
     #: ``--comm-backend``, before validation, so ``--print-config`` and the run's ``config.toml``
     #: show what runs.
-    sets: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
+    sets: Mapping[str, Any] = attrs.field(factory=dict, hash=False, validator=lambda _i, _a, v: _settings(v))
     #: ``launch_check(config, processes)``, or ``None``: raises ``UsageError`` when this backend
     #: cannot run as ``processes`` launched processes (the fake backend is one plain process; a
     #: hybrid one needs one per pipeline rank). Called before any process group starts: by
     #: ``run_train.sh`` before torchrun starts ``NGPU`` processes, and by each process
     #: (``WORLD_SIZE``) before ``init``. Keep it torch-free: the launcher's check is one cheap
     #: process.
-    launch_check: Callable[[TrainerConfig, int], None] | None = None
+    launch_check: Callable[[TrainerConfig, int], None] | None = attrs.field(
+        default=None, validator=_optional("CommBackend.launch_check")
+    )
     #: Whether this backend's runs simulate peers (its topologies' ``simulated`` dimensions):
     #: their losses are not results, so another layout in the same dump folder is not another
     #: run even where it changes the sequences of a step (the fake backends size layouts one
     #: after another in one folder).
     simulates_peers: bool = False
+
+
+def _settings(value: Any) -> None:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise TypeError(
+            f"CommBackend.sets: expected a mapping of config field paths to values "
+            f"({{'debug.memory_report': True}}), got {value!r}"
+        )
 
 
 def _variable_names(value: Any) -> None:
@@ -303,14 +357,16 @@ class Dataset:
     name: str
     #: ``documents(data_config) -> Iterable[str]``: yields documents in a fixed order; called
     #: with the ``data`` section once per epoch.
-    documents: Callable[[Data], Iterable[str]]
+    documents: Callable[[Data], Iterable[str]] = attrs.field(validator=_function("Dataset.documents"))
     description: str = ""
     #: ``held_out(data_config) -> Iterable[str]``: documents that ``documents`` never yields, of
     #: the same distribution; used for validation when validation reads this dataset with its
     #: training path (``validation.dataset`` and ``validation.path`` unset), so the validation
     #: loss is not measured on training text. ``None``: validation then reads ``documents`` (and
     #: the trainer warns that the loss is on training text).
-    held_out: Callable[[Data], Iterable[str]] | None = None
+    held_out: Callable[[Data], Iterable[str]] | None = attrs.field(
+        default=None, validator=_optional("Dataset.held_out")
+    )
     #: Whether ``documents`` reads ``data.path`` (files the user names). ``False`` for a source
     #: that reads none (generated text, a fixed remote corpus): a run that sets ``data.path`` or
     #: ``validation.path`` for it is refused, instead of training or validating on something
@@ -338,21 +394,25 @@ class Checkpointer:
     """
 
     name: str
-    build: Callable[[TrainerConfig, Topology], Any]
+    build: Callable[[TrainerConfig, Topology], Any] = attrs.field(validator=_function("Checkpointer.build"))
     description: str = ""
     #: ``launch_check(config, processes)``, or ``None``: raises ``UsageError`` for a config this
     #: checkpointer refuses when the run has ``processes`` processes (a seed checkpoint is
     #: written by one). Called before any process group starts: by ``run_train.sh`` before
     #: torchrun starts ``NGPU`` processes, and by each process (``WORLD_SIZE``) before its comm
     #: backend starts; torch-free, so that the launcher's check stays cheap.
-    launch_check: Callable[[TrainerConfig, int], None] | None = None
+    launch_check: Callable[[TrainerConfig, int], None] | None = attrs.field(
+        default=None, validator=_optional("Checkpointer.launch_check")
+    )
     #: ``verify(path, rank, world_size) -> str | None``, or ``None``: why a checkpoint folder
     #: this checkpointer wrote cannot be trusted (an unfinished save, damaged data, a save after
     #: a non-finite loss), ``None`` for a sound one or a folder it did not write. Called on every
     #: rank together (it may use collectives on the default group when ``world_size > 1``)
     #: before ``checkpoint.initial_load_path`` loads a folder, which a resume's own checks do
     #: not cover.
-    verify: Callable[[str, int, int], str | None] | None = None
+    verify: Callable[[str, int, int], str | None] | None = attrs.field(
+        default=None, validator=_optional("Checkpointer.verify")
+    )
     #: What it writes inside ``checkpoint.folder``, as glob patterns of the entries at its top
     #: (``"step-[0-9]"``: a step folder, its unfinished saves). ``--overwrite`` removes only
     #: these from the checkpoint folder: whatever else a user keeps there (notes, an exported
@@ -389,8 +449,8 @@ class Callback:
     """
 
     name: str
-    build: Callable[[Any], Any]
-    order: int = 50
+    build: Callable[[Any], Any] = attrs.field(validator=_function("Callback.build"))
+    order: int = attrs.field(default=50, validator=lambda _i, _a, v: _an_int("Callback.order", v))
     description: str = ""
     #: Files and folders it writes at the top of ``job.dump_folder``, as glob patterns
     #: (``"my_report_rank*.json"``): ``--overwrite`` removes them with the earlier run's own
@@ -430,8 +490,10 @@ class Command:
 
     name: str
     help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    configure: Callable[[argparse.ArgumentParser], None] = attrs.field(
+        validator=_function("Command.configure")
+    )
+    run: Callable[[argparse.Namespace], int] = attrs.field(validator=_function("Command.run"))
     description: str = ""
 
 
@@ -446,7 +508,9 @@ class RunOption:
     name: str
     flag: str = attrs.field(validator=lambda _i, _a, v: _flag(v))
     help: str
-    run: Callable[[TrainerConfig, Any, argparse.Namespace], int]
+    run: Callable[[TrainerConfig, Any, argparse.Namespace], int] = attrs.field(
+        validator=_function("RunOption.run")
+    )
     description: str = ""
     #: What it writes at the top of ``job.dump_folder``, as :attr:`Callback.outputs`.
     outputs: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _output_patterns(v))
@@ -471,12 +535,16 @@ class ConfigSection:
     description: str = ""
     #: ``check(config) -> list[str]``: problems that span several fields (``"section.field:
     #: message"`` each), run once after the recipe returns; single fields use validators.
-    check: Callable[[TrainerConfig], list[str]] | None = None
+    check: Callable[[TrainerConfig], list[str]] | None = attrs.field(
+        default=None, validator=_optional("ConfigSection.check")
+    )
     #: Fields whose values change what a run computes (its losses and weights), like
     #: ``training.lr``: they join the run's identity (``run.json``), so a rerun into the same
     #: dump folder that changes one is another run, refused instead of replacing the outputs.
     #: The other fields are operational (logging, profiling): changing them is the same run.
-    results: tuple[str, ...] = ()
+    results: tuple[str, ...] = attrs.field(
+        default=(), converter=_names("ConfigSection.results", "field names")
+    )
 
 
 #: Every record type, keyed by the registry key used in ``titan plugins list``.

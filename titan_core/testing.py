@@ -11,7 +11,9 @@
 
 It builds the flavor on the meta device, materialises it with ``to_empty`` (restoring parameter
 sharing, as the trainer does), fills every parameter and buffer with NaN and runs
-``init_weights``: anything still NaN was never initialised. It checks that sharing survived
+``init_weights``: anything still NaN was never initialised. Integer and boolean tensors (position
+ids, masks) have no NaN: they are filled with two different markers, ``init_weights`` running
+once over each, and an element holding both markers was never written. It checks that sharing survived
 ``init_weights`` and that the ``tied`` pairs share one parameter, compares ``num_params`` with the
 real count, runs a forward pass, and applies the TP plan on a fake mesh (one process) to check
 that every parameter became a DTensor and that a forward pass runs under the plan. Both forwards
@@ -60,19 +62,14 @@ def check_model_spec(
     args = spec.flavor(flavor, overrides)
     problems: list[str] = []
     model, groups = _materialise(spec, args)
-    with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            if tensor.is_floating_point():
-                tensor.fill_(float("nan"))
-        torch.manual_seed(0)
-        model.init_weights(buffer_device=torch.device("cpu"))
+    untouched = _left_uninitialised(model)
     names = dict(model.named_parameters(remove_duplicate=False))
-    for name, param in names.items():
-        if param.is_floating_point() and torch.isnan(param).any():
-            problems.append(f"{name}: not initialised by init_weights (NaN left after to_empty)")
-    for name, buffer in model.named_buffers():
-        if buffer.is_floating_point() and torch.isnan(buffer).any():
-            problems.append(f"buffer {name}: not initialised by init_weights (NaN left)")
+    for name in names:
+        if name in untouched:
+            problems.append(f"{name}: not initialised by init_weights ({untouched[name]} after to_empty)")
+    for name, _ in model.named_buffers():
+        if name in untouched:
+            problems.append(f"buffer {name}: not initialised by init_weights ({untouched[name]})")
     after = {frozenset(g) for g in shared_parameters(model)}
     for group in groups:
         if frozenset(group) not in after:
@@ -103,6 +100,66 @@ def check_model_spec(
         raise ModelCheckError(
             f"model {spec.name!r} flavor {flavor!r}:\n" + "\n".join(f"  {p}" for p in problems)
         )
+
+
+def _fill(tensor: torch.Tensor, second: bool) -> bool:
+    """Fill ``tensor`` with a marker ``init_weights`` would not write (NaN; for integers and
+    booleans, one extreme on the first pass and the other on the second); ``False`` for a dtype
+    without one."""
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.bool:
+        tensor.fill_(not second)
+    else:
+        try:
+            info = torch.iinfo(tensor.dtype)
+        except TypeError:
+            return False
+        tensor.fill_(info.min if second else info.max)
+    return True
+
+
+def _left_uninitialised(model: nn.Module) -> dict[str, str]:
+    """Run ``init_weights`` on markers and name the parameters and buffers it left (in part)
+    untouched, each with what was left. A float keeps NaN; an integer or boolean tensor (position
+    ids, a mask made with ``torch.arange`` on the meta device) has no NaN, so ``init_weights`` runs
+    twice, seeded alike, over two different markers: an element that holds each pass's marker
+    was never written."""
+
+    def named() -> list[tuple[str, torch.Tensor]]:  # init_weights may assign a buffer anew
+        return [
+            *model.named_parameters(remove_duplicate=False),
+            *model.named_buffers(remove_duplicate=False),
+        ]
+
+    found: dict[str, str] = {}
+    first: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for second in (False, True):
+            tensors = named()
+            exact = [(n, t) for n, t in tensors if not (t.is_floating_point() or t.is_complex())]
+            if second and not exact:
+                break
+            # The first pass marks every tensor, the second the integer and boolean ones again.
+            marked = {n for n, t in (exact if second else tensors) if _fill(t, second)}
+            torch.manual_seed(0)
+            model.init_weights(buffer_device=torch.device("cpu"))
+            for name, tensor in named():
+                if tensor.is_floating_point() or tensor.is_complex():
+                    if not second and torch.isnan(tensor).any():
+                        found[name] = "NaN left"
+                elif not second:
+                    first[name] = tensor.clone()
+                elif name in marked and name in first and first[name].shape == tensor.shape:
+                    low, high = (False, True) if tensor.dtype == torch.bool else _extremes(tensor.dtype)
+                    if ((first[name] == high) & (tensor == low)).any():
+                        found[name] = "the to_empty memory left"
+    return found
+
+
+def _extremes(dtype: torch.dtype) -> tuple[int, int]:
+    info = torch.iinfo(dtype)
+    return info.min, info.max
 
 
 def _forward_under_tp(model: nn.Module, args: Any, tp: int, batch_size: int, seq_len: int) -> list[str]:

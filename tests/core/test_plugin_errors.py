@@ -284,3 +284,63 @@ def test_numeric_callback_metrics_reach_the_metric_writers(tmp_path: Path) -> No
     written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert written[0]["probe/flag"] is True and written[0]["probe/ratio"] == 0.5
     assert math.isnan(written[0]["probe/nan"]) and written[0]["probe/inf"] == -math.inf
+
+
+# -- 4. a callback's metric names ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["loss", "step", "grad_norm", "lr", "tps", "step_time_s", "eta", "event", "rank", "validation/loss"],
+)
+def test_a_callback_metric_named_like_titans_own_is_refused(tmp_path: Path, key: str) -> None:
+    # "loss" replaced the trained loss in the log line, metrics.jsonl and the run summary without a
+    # word; "eta" or "event" ended the run in a TypeError from inside structlog.
+    registry = _registry(_metrics_callback({key: 123.0}))
+    with pytest.raises(
+        PluginError, match=rf"^callback 'probe_metrics' \(plugin probe_good\): .*{key!r}.*titan"
+    ):
+        train(tiny_llama3(tmp_path, 2), registry)
+    assert not (tmp_path / "metrics.jsonl").read_text()  # no row with a replaced value
+
+
+def test_every_name_of_titans_own_row_is_reserved(tmp_path: Path) -> None:
+    from titan_core.callbacks import reserved_metric
+
+    rows = train(tiny_llama3(tmp_path, 2), _registry(_Probe()))
+    assert rows and all(reserved_metric(key) for key in rows[0])
+
+
+def test_two_callbacks_reporting_one_metric_name_are_refused_naming_both(tmp_path: Path) -> None:
+    class Sometimes:  # reports only on some steps: the clash is found when it first reports
+        def metrics(self, step: int) -> dict[str, float]:
+            return {"shared/x": 2.0} if step == 2 else {}
+
+    class Always:
+        def metrics(self, step: int) -> dict[str, float]:
+            return {"shared/x": 1.0, "always/y": 0.5}
+
+    probe = _Probe(
+        callbacks=[Callback("always", lambda t: Always()), Callback("sometimes", lambda t: Sometimes())]
+    )
+    config = tiny_llama3(tmp_path, 3)
+    config.metrics.log_freq = 1
+    with pytest.raises(
+        PluginError,
+        match=r"^callback 'sometimes' \(plugin probe_good\): metrics\(step\) returned 'shared/x', which "
+        r"callback 'always' \(plugin probe_good\) reports too",
+    ):
+        train(config, _registry(probe))
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["shared/x"] for row in written] == [1.0]  # step 1 only: step 2 never written
+
+
+def test_a_callback_reporting_on_some_steps_only_keeps_its_name(tmp_path: Path) -> None:
+    class Sometimes:
+        def metrics(self, step: int) -> dict[str, float]:
+            return {"some/x": float(step)} if step % 2 == 0 else {}
+
+    config = tiny_llama3(tmp_path, 4)
+    config.metrics.log_freq = 1
+    rows = train(config, _registry(_Probe(callbacks=[Callback("sometimes", lambda t: Sometimes())])))
+    assert [row.get("some/x") for row in rows] == [None, 2.0, None, 4.0]

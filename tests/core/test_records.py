@@ -7,7 +7,7 @@ import dataclasses
 import attrs
 import pytest
 
-from titan_core import ModelSpec
+from titan_core import ModelSpec, hookimpl
 
 
 @attrs.frozen
@@ -76,3 +76,88 @@ class DataFloatArgs:
 
 def test_declared_types_of_dataclass_arguments() -> None:
     assert spec(DataFloatArgs()).flavor("base", {"eps": 0.5}).eps == 0.5
+
+
+# -- records of the wrong types fail where the plugin makes them ---------------------------------
+
+
+def _f(*args: object) -> None:
+    return None
+
+
+@attrs.define
+class _Section:
+    enable: bool = False
+
+
+def _bad_records() -> list[tuple[object, str]]:
+    from titan_core import (
+        Callback,
+        Checkpointer,
+        Command,
+        CommBackend,
+        ConfigSection,
+        Dataset,
+        Recipe,
+        RunOption,
+    )
+
+    return [
+        # A str order sorted against titan's own callbacks' ints: every run ended in a TypeError.
+        (lambda: Callback("c", _f, order="10"), r"Callback\.order: expected an int, got str '10'"),
+        (lambda: Callback("c", None), r"Callback\.build: expected a function, got NoneType"),
+        # A list of flavor names: `titan models list` ended in an AttributeError traceback.
+        (lambda: ModelSpec("m", ["tiny"], _f, _f, _f), r"ModelSpec\.flavors: expected a mapping .* got list"),
+        (lambda: ModelSpec("m", {"t": {}}, None, _f, _f), r"ModelSpec\.build: expected a function"),
+        (
+            lambda: ModelSpec("m", {"t": {}}, _f, _f, _f, tp_plan=3),
+            r"ModelSpec\.tp_plan: expected a function",
+        ),
+        # ("tok_embeddings") is a str: converted to its letters, each a "module" PP looked for.
+        (
+            lambda: ModelSpec("m", {"t": {}}, _f, _f, _f, first_stage_modules="tok_embeddings"),
+            r"ModelSpec\.first_stage_modules: expected a tuple of module names, got 'tok_embeddings'",
+        ),
+        (lambda: Recipe("r", None), r"Recipe\.fn: expected a function"),
+        (lambda: Dataset("d", "docs"), r"Dataset\.documents: expected a function, got str 'docs'"),
+        (lambda: Command("c", "h", _f, None), r"Command\.run: expected a function"),
+        (lambda: RunOption("o", "--o", "h", None), r"RunOption\.run: expected a function"),
+        (lambda: CommBackend("b", None), r"CommBackend\.init: expected a function"),
+        (lambda: CommBackend("b", _f, sets=[("a.b", 1)]), r"CommBackend\.sets: expected a mapping"),
+        (lambda: Checkpointer("c", None), r"Checkpointer\.build: expected a function"),
+        (lambda: ConfigSection("s", _Section, results="enable"), r"ConfigSection\.results: expected a tuple"),
+        (lambda: ConfigSection("s", _Section, check=3), r"ConfigSection\.check: expected a function"),
+    ]
+
+
+@pytest.mark.parametrize(("make", "expected"), _bad_records())
+def test_a_record_of_the_wrong_types_is_refused_where_it_is_made(make: object, expected: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=expected):
+        make()  # type: ignore[operator]
+
+
+def test_a_plugin_making_a_bad_record_fails_alone_and_the_rest_keeps_working() -> None:
+    from tests.conftest import plugin_module
+    from titan_core import Callback
+    from titan_core._registry import Registry
+
+    def callbacks() -> list[Callback]:
+        return [Callback("late", _f, order="10")]  # type: ignore[arg-type]
+
+    bad = plugin_module("bad")
+    bad.titan_callbacks = hookimpl(callbacks)  # type: ignore[attr-defined]
+    registry = Registry().load_entry_points()
+    registry.register(bad, "bad", "dist-bad", "1.0")
+    registry.gather_all()
+    assert registry.plugins["bad"].status == "failed"
+    assert "Callback.order: expected an int, got str '10'" in (registry.plugins["bad"].error or "")
+    records = registry.records("callbacks").values()
+    assert sorted(records, key=lambda r: (r.order, r.name))  # titan's own still sort (every run does)
+
+
+def test_tuples_of_module_names_and_results_are_kept() -> None:
+    from titan_core import ConfigSection
+
+    made = ModelSpec("m", {"t": {}}, _f, _f, _f, first_stage_modules=["tok_embeddings", "pos"])
+    assert made.first_stage_modules == ("tok_embeddings", "pos")
+    assert ConfigSection("s", _Section, results=["enable"]).results == ("enable",)

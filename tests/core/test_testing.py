@@ -174,3 +174,62 @@ def test_a_plain_forward_of_the_wrong_shape_fails_naming_it() -> None:
         check_model_spec(spec, "t", tied=TIED)
     expected = "forward without tp_plan returned shape (2, 16, 31), expected (batch, seq, vocab_size)"
     assert f"{expected} = (2, 16, 32)" in str(info.value)
+
+
+class _NotLlama(nn.Module):
+    """Not Llama-shaped: blocks in a ModuleList, the head tied under other names, and buffers of
+    integer and boolean type that ``init_weights`` must fill (made on the meta device, they hold
+    whatever memory ``to_empty`` gives them)."""
+
+    def __init__(self, vocab_size: int, dim: int, bug: str) -> None:
+        super().__init__()
+        self.bug = bug
+        self.wte = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList([nn.Linear(dim, dim) for _ in range(2)])
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.register_buffer("positions", torch.arange(64), persistent=False)
+        self.register_buffer("keep", torch.ones(64, dtype=torch.bool), persistent=False)
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        nn.init.normal_(self.wte.weight, std=0.02)
+        for block in self.blocks:
+            block.reset_parameters()
+        if self.bug != "positions":
+            self.positions.copy_(torch.arange(64))
+        if self.bug != "keep":
+            self.keep.fill_(True)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.wte(tokens)
+        for block in self.blocks:
+            h = h + block(h)
+        seq = tokens.shape[1]
+        return self.lm_head(h * self.keep[:seq, None] + 0 * self.positions[:seq, None])
+
+
+def _not_llama(bug: str) -> ModelSpec:
+    def count(args: dict[str, int], include_embedding: bool) -> int:
+        return args["vocab_size"] * args["dim"] + 2 * (args["dim"] ** 2 + args["dim"])
+
+    return ModelSpec(
+        "gpt", {"t": {"vocab_size": 32, "dim": 8}}, lambda a: _NotLlama(**a, bug=bug), count, lambda a, s: 0.0
+    )
+
+
+def test_a_model_that_is_not_llama_shaped_passes() -> None:
+    check_model_spec(_not_llama("none"), "t", tied=[("lm_head.weight", "wte.weight")])
+
+
+@pytest.mark.parametrize(
+    ("bug", "expected"),
+    [
+        # An integer buffer made with torch.arange on the meta device held garbage after to_empty:
+        # NaN cannot mark an integer, so only floating-point tensors were checked, and it passed.
+        ("positions", "buffer positions: not initialised by init_weights"),
+        ("keep", "buffer keep: not initialised by init_weights"),
+    ],
+)
+def test_an_integer_or_boolean_buffer_left_uninitialised_fails(bug: str, expected: str) -> None:
+    with pytest.raises(ModelCheckError, match=expected):
+        check_model_spec(_not_llama(bug), "t", tied=[("lm_head.weight", "wte.weight")])
