@@ -561,8 +561,17 @@ def plugin_sections() -> dict[str, type]:
 
 def register_section_name(name: str, cls: type) -> None:
     """Called by the registry so that errors in a plugin section carry its dotted path (the
-    registry has refused core names and classes not made with :func:`section` already)."""
+    registry has refused core names and classes not made with :func:`section` already). Nested
+    attrs classes of its fields get theirs too (``mini.inner.kind``, not ``inner.kind``)."""
     _SECTION_NAMES[cls] = name
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # the section's own checks name unresolvable annotations
+        return
+    for attribute in attrs.fields(cls):
+        nested = hints.get(attribute.name)
+        if isinstance(nested, type) and attrs.has(nested) and nested not in _SECTION_NAMES:
+            register_section_name(f"{name}.{attribute.name}", nested)
 
 
 _CORE_FIELDS = (*CORE_SECTIONS, "recipe")

@@ -15,7 +15,7 @@ import sys
 import textwrap
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import pytest
@@ -121,6 +121,29 @@ def test_a_list_changed_in_place_is_checked_after_the_recipe(monkeypatch: pytest
     config.lst.layers.append("3")  # no setattr: the field's check did not run
     with pytest.raises(ConfigError, match=r"lst\.layers\[1\]: expected int, got str '3'"):
         validate(config)
+
+
+@section
+class _Inner:
+    kind: Literal["a", "b"] = "a"
+
+
+@section
+class _Outer:
+    inner: _Inner = attrs.Factory(_Inner)
+
+
+def test_an_error_in_a_nested_section_class_names_its_whole_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested attrs class's field was named by the class alone (``_inner.kind``), not where it
+    sits in the config (``outer.inner.kind``)."""
+    from titan_core.config import TrainerConfig
+
+    _with(
+        monkeypatch, ("outer", plugin_module("outer", titan_config_sections=[ConfigSection("outer", _Outer)]))
+    )
+    config = TrainerConfig()
+    with pytest.raises(ConfigError, match=r"invalid config: outer\.inner\.kind: expected one of a, b, got 'zz'"):
+        config.outer.inner.kind = "zz"
 
 
 def test_a_mutable_default_is_not_shared_between_configs() -> None:

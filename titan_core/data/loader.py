@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
 
 BUNDLED_TOKENIZER = Path(__file__).with_name("assets") / "tokenizer.json"
 _BOS = ("<|begin_of_text|>", "<s>", "<|startoftext|>", "<bos>")
@@ -445,6 +445,11 @@ class PackedBatches:
         pieces (:func:`document_pieces`): tokenized whole, a document takes about 120 times its
         size in memory (a 14 MB text file took 1.7 GB), so one large file could exhaust the host."""
         for document in self.documents():
+            if not isinstance(document, str):
+                raise PluginError(
+                    f"{self.name} yielded {type(document).__name__} {_preview(document)} where a document "
+                    "was expected: a Dataset's documents(data) must yield each document's text as a str"
+                )
             pieces = document_pieces(document, PIECE_CHARS)
             if len(pieces) > 1 and not self.tokenizer.cuts_exact:
                 _warn_inexact_cuts()
@@ -504,6 +509,12 @@ class PackedBatches:
                 data = torch.tensor(batch, dtype=torch.long)
                 yield data[:, :-1], data[:, 1:]
                 batch = []
+
+
+def _preview(value: object) -> str:
+    """A value's repr, cut to 60 characters (a document may be large)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _chunks(

@@ -623,3 +623,16 @@ def test_a_tokenizer_that_marks_each_inputs_start_is_warned_about_when_a_documen
     _stream(tok, ["\n".join(corpus.documents(5, seed=2))], seq_len=16)
     out = capsys.readouterr()
     assert "is tokenized in pieces cut at line starts" in out.out + out.err
+
+
+@pytest.mark.parametrize("item", [b"bytes", {"text": "a dict"}, 7])
+def test_a_dataset_yielding_something_else_than_text_is_one_error_naming_it(item: object) -> None:
+    """Bytes, a record or a number reached the tokenizer: a TypeError from inside it (or
+    ``unhashable type: 'slice'``), naming neither the dataset nor what it yielded."""
+    from titan_core.errors import PluginError
+
+    loader = PackedBatches(
+        lambda: ["some text", item], load_tokenizer(None), 16, 1, shuffle_buffer=0, name="data.dataset 'gen'"
+    )
+    with pytest.raises(PluginError, match=rf"data.dataset 'gen' yielded {type(item).__name__} .* must yield"):
+        next(iter(loader))
