@@ -89,6 +89,7 @@ def write_seed_checkpoint(path: Path, **overrides: Any) -> Path:
     import torch
 
     from titan_core._registry import get_registry
+    from titan_core.tied import retie, shared_parameters
 
     config = tiny_config(**overrides)
     spec = get_registry().get("models", config.model.name, what="model")
@@ -96,7 +97,11 @@ def write_seed_checkpoint(path: Path, **overrides: Any) -> Path:
     torch.manual_seed(1234)
     with torch.device("meta"):
         model = spec.build(args)
+    # A plain to_empty gives tied names two parameters (two different matrices in the seed,
+    # which a tied model refuses to load); the trainer keeps the tie, and so does the seed.
+    groups = shared_parameters(model)
     model.to_empty(device="cpu")
+    retie([model], groups)
     with torch.no_grad():
         model.init_weights(buffer_device=torch.device("cpu"))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,8 @@ def test_an_error_in_a_nested_section_class_names_its_whole_path(monkeypatch: py
         monkeypatch, ("outer", plugin_module("outer", titan_config_sections=[ConfigSection("outer", _Outer)]))
     )
     config = TrainerConfig()
-    with pytest.raises(ConfigError, match=r"invalid config: outer\.inner\.kind: expected one of a, b, got 'zz'"):
+    expected = r"invalid config: outer\.inner\.kind: expected one of a, b, got 'zz'"
+    with pytest.raises(ConfigError, match=expected):
         config.outer.inner.kind = "zz"
 
 

@@ -9,9 +9,21 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
 
 # (module, attribute path, where titan uses it and why)
 PRIVATE_APIS = [
+    (
+        "torch.utils.checkpoint",
+        "SAC_IGNORED_OPS",
+        "activation checkpointing: the profiler annotations FSDP's hooks issue are let through selective "
+        "checkpointing uncounted (expert parallel's units annotate their recomputation more often)",
+    ),
+    (
+        "torch",
+        "ops.profiler._record_function_enter_new",
+        "activation checkpointing: one of the annotation operators added to SAC_IGNORED_OPS",
+    ),
     (
         "torch._dynamo",
         "list_backends",
@@ -133,6 +145,14 @@ def test_private_api_exists(module: str, path: str, why: str) -> None:
         _resolve(module, path)
     except (ImportError, AttributeError) as exc:
         pytest.fail(f"torch {torch.__version__} lacks {module}.{path} ({exc}); used by {why}")
+
+
+def test_sac_ignored_ops_is_the_set_selective_checkpointing_reads() -> None:
+    """The activation-checkpoint plugin adds to it in place: it must stay a set the policy reads."""
+    from torch.utils import checkpoint
+
+    assert isinstance(checkpoint.SAC_IGNORED_OPS, set)
+    assert torch.ops.aten.detach.default in checkpoint.SAC_IGNORED_OPS  # what it holds upstream
 
 
 def test_grouped_mm_has_a_public_or_private_entry() -> None:

@@ -122,6 +122,30 @@ def op_policy() -> Any:
     return policy
 
 
+#: Profiler annotations (``torch.profiler.record_function``): they compute nothing, but FSDP's
+#: hooks issue them, and a unit inside a checkpointed block (expert parallel's experts) annotates
+#: its recomputation more often than its forward (it gathers its shard again). Selective
+#: checkpointing numbers every operator's calls and refuses one its forward did not record
+#: (``... invocation index 2 encountered during backward but not found in storage``), so they
+#: join torch's own list of operators it lets through uncounted (``detach``).
+_PROFILER_ANNOTATIONS = ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
+
+
+def let_profiler_annotations_through() -> None:
+    """Add the profiler's annotation operators to ``torch.utils.checkpoint.SAC_IGNORED_OPS``."""
+    import torch
+    from torch.utils import checkpoint
+
+    ignored = getattr(checkpoint, "SAC_IGNORED_OPS", None)
+    if not isinstance(ignored, set):
+        return
+    for name in _PROFILER_ANNOTATIONS:
+        packet = getattr(torch.ops.profiler, name, None)
+        if packet is None:
+            continue
+        ignored.update(getattr(packet, overload) for overload in packet.overloads())
+
+
 def op_policy_contexts() -> tuple[Any, Any]:
     """Forward and recompute contexts of one checkpointed call under the ``op`` policy.
 
@@ -144,16 +168,32 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     }
     if ac.mode == "selective" and ac.selective_ac_option == "op":
         kwargs["context_fn"] = op_policy_contexts
+        let_profiler_annotations_through()
     blocks = wrapped = 0
+    containers = 0
     for part in parts:
         layers = getattr(part, "layers", None)
-        if not isinstance(layers, nn.ModuleDict):
+        if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
             continue
-        keys = list(layers.keys())
+        containers += 1
+        keys: list[Any] = (
+            list(layers.keys()) if isinstance(layers, nn.ModuleDict) else list(range(len(layers)))
+        )
         blocks += len(keys)
         for i in wrapped_indices(ac.mode, len(keys), ac.selective_ac_option):
             layers[keys[i]] = checkpoint_wrapper(layers[keys[i]], **kwargs)
             wrapped += 1
+    if not containers:
+        # Listed as applied, it would recompute nothing: the run would take the memory of no
+        # checkpointing while the log said otherwise.
+        from titan_core.errors import UsageError
+
+        raise UsageError(
+            f"activation_checkpoint.mode = {ac.mode!r} wraps each block of the model's `layers` "
+            f"(an nn.ModuleDict or nn.ModuleList), and model {ctx.config.model.name!r} has no `layers`: "
+            "nothing would be recomputed. Keep the blocks in model.layers (docs/plugins.md, the "
+            "decoder protocol), or set activation_checkpoint.mode = 'none'"
+        )
     if blocks and not wrapped:
         # Every N-th block with N above this rank's block count: the strategy is listed as
         # applied, so say that it recomputes nothing.

@@ -30,7 +30,8 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
 
 def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, model_args: Any) -> list[str]:
     """``Strategy.check``: the model has no TP plan, or the sequence cannot be split ``tp`` ways
-    (how the model's own dimensions split is the model's ``validate``)."""
+    (under context parallel: the ``seq_len / cp`` tokens each CP rank holds; how the model's own
+    dimensions split is the model's ``validate``)."""
     tp = parallel_dims.tp
     problems = []
     if spec.tp_plan is None:
@@ -38,8 +39,18 @@ def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, m
             f"parallelism.tp={tp}, but model {spec.name!r} supplies no tensor-parallel plan "
             "(ModelSpec.tp_plan); set parallelism.tp = 1 or use a model plugin with a TP plan"
         )
-    seq_len = config.training.seq_len
-    if seq_len % tp:
+    seq_len, cp = config.training.seq_len, parallel_dims.cp
+    if cp > 1 and seq_len % (2 * cp) == 0 and seq_len % (cp * tp):
+        # CP's own check passed: each CP rank holds seq_len / cp tokens, and sequence
+        # parallelism shards those over the TP ranks (gloo aborted the step, uncaught).
+        problems.append(
+            f"training.seq_len={seq_len} is not divisible by parallelism.cp x parallelism.tp = "
+            f"{cp} x {tp} = {cp * tp}: each of the {cp} context-parallel ranks holds "
+            f"{seq_len // cp} tokens of a sequence, and sequence parallelism shards them over the "
+            f"{tp} TP ranks; pick a seq_len that is a multiple of {cp * tp}"
+            + (f" and of 2 x cp = {2 * cp}" if (cp * tp) % (2 * cp) else "")
+        )
+    elif seq_len % tp:
         problems.append(
             f"training.seq_len={seq_len} is not divisible by parallelism.tp={tp}: sequence "
             "parallelism shards each sequence over the TP ranks; pick a seq_len that is a "

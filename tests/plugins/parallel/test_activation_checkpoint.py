@@ -281,3 +281,41 @@ def test_op_policy_keeps_a_blocks_collectives_so_backward_does_not_communicate_a
         assert block._checkpoint_wrapped_module.w.weight.grad is not None
     finally:
         dist.destroy_process_group()
+
+
+def test_blocks_in_a_module_list_are_wrapped_and_a_model_without_layers_is_refused() -> None:
+    """A model keeping its blocks in an nn.ModuleList (FSDP and compile accept one) was left
+    unwrapped, and so was one without `layers`: the strategy was listed as applied and nothing
+    was recomputed, without a word."""
+    import torch
+    from torch import nn
+
+    from titan_core.errors import UsageError
+    from titan_plugins_parallel.activation_checkpoint import apply
+
+    class Ctx:
+        config = tiny_config(**{"activation_checkpoint.mode": "full"})
+
+    class Listed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.layers:
+                x = block(x)
+            return x
+
+    [model] = apply([Listed()], Ctx())  # type: ignore[arg-type]
+    assert [type(b).__name__ for b in model.layers] == ["CheckpointWrapper"] * 3
+    assert model(torch.ones(2, 4)).shape == (2, 4)
+
+    class Unlisted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    with pytest.raises(
+        UsageError, match=r"mode = 'full' wraps each block of the model's `layers`.*has no `layers`"
+    ):
+        apply([Unlisted()], Ctx())  # type: ignore[arg-type]

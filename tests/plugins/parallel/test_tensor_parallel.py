@@ -50,6 +50,24 @@ def test_seq_len_must_split_over_tp_ranks() -> None:
     assert problems(Spec(tp_plan=lambda *a: None), seq_len=32) == []
 
 
+def test_seq_len_must_split_over_tp_ranks_after_context_parallel_cut_it() -> None:
+    """Under CP each TP group shards the rank's ``seq_len / cp`` tokens along the sequence.
+
+    ``seq_len = 20`` passes CP's check (a multiple of ``2 x cp = 4``) and TP's own (a multiple of
+    ``tp = 4``), but each CP rank holds 10 tokens, which 4 TP ranks cannot split: a run of that
+    layout (8 processes, gloo) was aborted by gloo (SIGABRT) at step 1 with no titan error."""
+    spec = Spec(tp_plan=lambda *a: None)
+    config = tiny_config(**{"parallelism.tp": 4, "parallelism.cp": 2, "training.seq_len": 20})
+    dims = ParallelDims(1, 1, 2, 4, 1, 1, 8)
+    (problem,) = tensor_parallel.check(config, dims, spec, None)
+    assert problem.startswith(
+        "training.seq_len=20 is not divisible by parallelism.cp x parallelism.tp = 2 x 4 = 8:"
+    )
+    assert "each of the 2 context-parallel ranks holds 10 tokens" in problem
+    config.training.seq_len = 24
+    assert tensor_parallel.check(config, dims, spec, None) == []
+
+
 def test_llama3_plan_names_every_dimension_tp_does_not_divide() -> None:
     args = Llama3Args(dim=96, n_heads=6, n_kv_heads=2, vocab_size=2048, multiple_of=32)
     check_tp(args, 2)  # all divisible

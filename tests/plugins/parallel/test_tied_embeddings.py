@@ -29,6 +29,14 @@ def tied_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_seed_checkpoint(tmp_path_factory.mktemp("tied") / "seed.pt", **TIED)
 
 
+def test_the_tied_seed_holds_one_matrix(tied_seed: Path) -> None:
+    """The seed every tied layout loads is a tied model's: one matrix under both names."""
+    import torch
+
+    state = torch.load(tied_seed)
+    assert torch.equal(state["output.weight"], state["tok_embeddings.weight"])
+
+
 def _built(folder: Path, nproc: int, overrides: dict) -> dict:
     result = run_titan_train(folder, nproc, {**TIED, **overrides})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -54,9 +62,12 @@ def test_fsdp_shards_one_matrix(tmp_path: Path) -> None:
     [
         {"parallelism.dp_shard": 2, "training.local_batch_size": GLOBAL_BATCH // 2},
         {"parallelism.tp": 2, "parallelism.dp_shard": 1},
+        {"parallelism.tp": 2, "parallelism.dp_shard": 1, "parallelism.loss_parallel": False},
+        {"parallelism.tp": 2, "parallelism.dp_shard": 2, "training.local_batch_size": GLOBAL_BATCH // 2},
     ],
-    ids=["fsdp2", "tp2"],
+    ids=["fsdp2", "tp2", "tp2_no_loss_parallel", "fsdp2_tp2"],
 )
 def test_tied_layouts_match_one_process(tmp_path: Path, tied_seed: Path, layout: dict) -> None:
     reference = run_layout(tmp_path / "one", 1, tied_seed, TIED)
-    assert_losses_close(run_layout(tmp_path / "two", 2, tied_seed, {**TIED, **layout}), reference)
+    nproc = layout["parallelism.tp"] * layout["parallelism.dp_shard"] if "parallelism.tp" in layout else 2
+    assert_losses_close(run_layout(tmp_path / "two", nproc, tied_seed, {**TIED, **layout}), reference)
