@@ -163,6 +163,17 @@ def document_mask(tokens: torch.Tensor, bos_id: int) -> Any:
     return (causal & (docs[:, :, None] == docs[:, None, :]))[:, None]
 
 
+def document_mask_rows(tokens: torch.Tensor, bos_id: int, positions: torch.Tensor) -> torch.Tensor:
+    """The rows of the block-causal mask of ``tokens (batch, seq)`` at the query ``positions
+    (local,)``, over every key in sequence order: a boolean ``(batch, 1, local, seq)`` tensor,
+    True where the query may see the key. What a context-parallel rank holding those positions
+    attends with, once it has every rank's K/V (a document may start on another rank's shard)."""
+    docs = document_ids(tokens, bos_id)
+    keys = torch.arange(tokens.shape[1], device=tokens.device)
+    causal = positions[:, None] >= keys[None, :]
+    return (causal & (docs[:, positions][:, :, None] == docs[:, None, :]))[:, None]
+
+
 def stage_inputs(
     model: nn.Module,
     tokens: torch.Tensor,
@@ -178,19 +189,31 @@ def stage_inputs(
     ``args.document_mask``. The mask comes from the token ids: the input itself on the first
     stage, and ``input_tokens (batch, seq)`` on a later one. The pipeline strategy passes every
     stage the token ids of its microbatch under that keyword, when the stage's ``forward``
-    accepts it (docs/plugins.md, "The decoder protocol").
+    accepts it (docs/plugins.md, "The decoder protocol"). Under context parallel (``positions``
+    given) ``input_tokens`` holds the whole sequences, and ``mask`` is this shard's rows of the
+    mask over every key (:func:`document_mask_rows`).
     """
     mask = None
     first = model.tok_embeddings is not None
     if model.args.document_mask:
-        ids = tokens if first else input_tokens
+        ids = input_tokens if input_tokens is not None else tokens if first else None
         if ids is None:
             raise UsageError(
                 "model.overrides.document_mask: this pipeline stage has no embedding, and its forward "
                 "got no input_tokens to build the mask from; the pipeline strategy in use must pass "
                 "them (titan's pp does), or set model.overrides.document_mask = False"
             )
-        mask = document_mask(ids, model.args.bos_id)
+        if positions is None:
+            mask = document_mask(ids, model.args.bos_id)
+        elif ids.shape[1] > positions.numel():  # a context-parallel shard of the whole sequence
+            mask = document_mask_rows(ids, model.args.bos_id, positions)
+        else:
+            raise UsageError(
+                "model.overrides.document_mask: this forward holds a shard of each sequence (context "
+                "parallel) but got no input_tokens with the whole sequences, and a document may start "
+                "on another rank's shard; the context-parallel strategy in use must pass them (titan's "
+                "cp does), or set model.overrides.document_mask = False"
+            )
     h = model.tok_embeddings(tokens) if first else tokens
     freqs_cis = model.freqs_cis[positions] if positions is not None else model.freqs_cis
     return h, freqs_cis, mask

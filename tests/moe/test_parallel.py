@@ -95,6 +95,7 @@ CASES = [
     ("qwen3", "ep2"),
     ("qwen3", "tp2"),
     ("qwen3_masked", "pp2"),
+    ("qwen3_masked", "cp2"),
     ("qwen3_aux", "cp2"),
     ("qwen3_aux", "cp2_fsdp2"),
 ]

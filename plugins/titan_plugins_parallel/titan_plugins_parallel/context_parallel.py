@@ -73,15 +73,22 @@ def _all_gather_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 class GatheredKVAttention:
-    """Causal attention for a load-balanced sequence shard (replaces ``attention_fn``)."""
+    """Causal attention for a load-balanced sequence shard (replaces ``attention_fn``).
+
+    Without ``mask`` the mask is causal by global position. A model with a document mask passes
+    this shard's rows of it over every key in sequence order (``titan_core.blocks.
+    document_mask_rows``, ``(batch, 1, local, seq)``); the gathered K/V are then put in sequence
+    order to match it."""
 
     def __init__(self, local_positions: torch.Tensor, all_positions: torch.Tensor, group: Any) -> None:
         self.group = group
         self.local_len = local_positions.numel()
         # (local queries, all keys): True where the key's global position <= the query's.
         self.mask = local_positions[:, None] >= all_positions[None, :]
+        #: Gathered (rank-major) K/V rows -> sequence order.
+        self.order = all_positions.argsort()
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
         import torch.nn.functional as F
 
         if q.shape[2] != self.local_len:
@@ -91,20 +98,31 @@ class GatheredKVAttention:
             )
         k_all = _all_gather_seq(k, self.group)
         v_all = _all_gather_seq(v, self.group)
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask)
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask)
+        order = self.order.to(k_all.device)
+        k_all, v_all = k_all.index_select(2, order), v_all.index_select(2, order)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
 
 
 class BatchSharder:
-    """A batch transform: this rank's positions of every sequence, and ``positions`` for RoPE."""
+    """A batch transform: this rank's positions of every sequence, and ``positions`` for RoPE.
 
-    def __init__(self, positions: torch.Tensor) -> None:
+    ``whole_tokens``: the model's forward also gets the whole sequences' token ids as
+    ``input_tokens`` (a document mask needs them: a document may start on another rank's
+    shard). Not under pipeline parallelism, whose schedule passes each stage its microbatch's
+    ``input_tokens`` itself."""
+
+    def __init__(self, positions: torch.Tensor, whole_tokens: bool = False) -> None:
         self.positions = positions
+        self.whole_tokens = whole_tokens
 
     def __call__(
         self, inputs: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]
     ) -> tuple[Any, Any, dict[str, Any]]:
         idx = self.positions.to(inputs.device)
-        return inputs[:, idx], labels[:, idx], {**kwargs, "positions": idx}
+        extra = {"input_tokens": inputs} if self.whole_tokens else {}
+        return inputs[:, idx], labels[:, idx], {**kwargs, "positions": idx, **extra}
 
 
 def forward_takes_positions(model: nn.Module) -> bool:
@@ -152,5 +170,6 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             f"model {ctx.spec.name!r} has no attention module with an `attention_fn` to replace, "
             "so it cannot run with context parallel; set parallelism.cp = 1"
         )
-    ctx.batch_transforms.append(BatchSharder(local))
+    takes_tokens = all("input_tokens" in inspect.signature(part.forward).parameters for part in parts)
+    ctx.batch_transforms.append(BatchSharder(local, whole_tokens=takes_tokens and ctx.parallel_dims.pp == 1))
     return parts

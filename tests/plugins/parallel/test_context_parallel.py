@@ -42,6 +42,52 @@ def test_mask_by_global_position_equals_causal_attention() -> None:
         torch.testing.assert_close(out, full[:, :, local])
 
 
+def test_document_masked_rows_over_the_gathered_kv_equal_document_masked_attention() -> None:
+    """A CP rank's rows of document-masked attention: its queries against every rank's K/V (put
+    back in sequence order), masked by the whole sequence's documents, a document starting on
+    another rank's shard included."""
+    from titan_core import blocks
+
+    cp, seq, bos = 2, 16, 1
+    tokens = torch.tensor([[5, 6, 1, 7, 8, 9, 1, 3, 4, 1, 2, 2, 7, 1, 6, 5], [1, *range(3, 18)]])
+    q, k, v = (torch.randn(2, 3, seq, 8) for _ in range(3))
+    full = blocks.attention(q, k, v, mask=blocks.document_mask(tokens, bos))
+    everyone = torch.tensor([p for r in range(cp) for p in cp_module.chunk_positions(r, cp, seq)])
+    for rank in range(cp):
+        local = torch.tensor(cp_module.chunk_positions(rank, cp, seq))
+        attention = cp_module.GatheredKVAttention(local, everyone, group=None)
+        rows = blocks.document_mask_rows(tokens, bos, local)
+        assert rows.shape == (2, 1, local.numel(), seq)
+        # What __call__ does after the all-gather: K/V from rank-major order to sequence order.
+        k_all, v_all = k[:, :, everyone].index_select(2, attention.order), v[:, :, everyone]
+        out = F.scaled_dot_product_attention(
+            q[:, :, local], k_all, v_all.index_select(2, attention.order), attn_mask=rows
+        )
+        torch.testing.assert_close(out, full[:, :, local])
+
+
+def test_batch_sharder_passes_the_whole_sequences_for_the_document_mask() -> None:
+    positions = torch.tensor(cp_module.chunk_positions(0, 2, 8))
+    inputs = torch.arange(16).view(2, 8)
+    _, _, kwargs = cp_module.BatchSharder(positions, whole_tokens=True)(inputs, inputs, {})
+    assert kwargs["input_tokens"] is inputs
+    assert "input_tokens" not in cp_module.BatchSharder(positions)(inputs, inputs, {})[2]
+
+
+def test_a_shard_without_the_whole_sequences_cannot_build_the_document_mask() -> None:
+    """Built from the shard's own tokens, the mask would miss documents that start on another
+    rank's shard (and not fit the gathered keys)."""
+    from titan_core import blocks
+    from titan_plugins_llama3.flavors import Llama3Args
+    from titan_plugins_llama3.model import Llama3
+
+    with torch.device("meta"):
+        model = Llama3(Llama3Args(dim=16, n_layers=1, n_heads=2, vocab_size=32, document_mask=True, bos_id=1))
+    local = torch.tensor(cp_module.chunk_positions(0, 2, 8))
+    with pytest.raises(UsageError, match=r"holds a shard of each sequence .* got no input_tokens"):
+        blocks.stage_inputs(model, torch.ones(1, 4, dtype=torch.long, device="meta"), local.to("meta"))
+
+
 def test_batch_sharder_takes_this_ranks_positions() -> None:
     positions = torch.tensor(cp_module.chunk_positions(1, 2, 8))
     inputs = torch.arange(16).view(2, 8)
@@ -146,3 +192,18 @@ def test_cp2_with_fsdp2_matches_one_process(
         "training.local_batch_size": GLOBAL_BATCH // 2,
     }
     assert_rows_close(layout_rows(tmp_path, 4, seed_checkpoint, overrides), reference_rows)
+
+
+@pytest.mark.slow
+def test_cp2_with_the_document_mask_matches_one_process(tmp_path: Path, seed_checkpoint: Path) -> None:
+    """Context parallel refused the document mask: packed-document training could not use CP.
+    (Qwen3-MoE: ``tests/moe/test_parallel.py``, qwen3_masked on cp2.)"""
+    from tests.parallel_harness import TINY_MODEL
+
+    masked = {"model.overrides": {**TINY_MODEL, "document_mask": True}}
+    reference = layout_rows(tmp_path / "one", 1, seed_checkpoint, masked)
+    causal = layout_rows(tmp_path / "causal", 1, seed_checkpoint, {})
+    assert [r["loss"] for r in causal] != [r["loss"] for r in reference]  # the mask is in effect
+    assert_rows_close(
+        layout_rows(tmp_path / "cp2", 2, seed_checkpoint, {**masked, "parallelism.cp": 2}), reference
+    )
