@@ -203,17 +203,11 @@ def stage_inputs(
                 "got no input_tokens to build the mask from; the pipeline strategy in use must pass "
                 "them (titan's pp does), or set model.overrides.document_mask = False"
             )
-        if positions is None:
-            mask = document_mask(ids, model.args.bos_id)
-        elif ids.shape[1] > positions.numel():  # a context-parallel shard of the whole sequence
+        if positions is not None and ids.shape[1] > positions.numel():
+            # A context-parallel shard: its rows of the whole sequences' mask.
             mask = document_mask_rows(ids, model.args.bos_id, positions)
         else:
-            raise UsageError(
-                "model.overrides.document_mask: this forward holds a shard of each sequence (context "
-                "parallel) but got no input_tokens with the whole sequences, and a document may start "
-                "on another rank's shard; the context-parallel strategy in use must pass them (titan's "
-                "cp does), or set model.overrides.document_mask = False"
-            )
+            mask = document_mask(ids, model.args.bos_id)
     h = model.tok_embeddings(tokens) if first else tokens
     freqs_cis = model.freqs_cis[positions] if positions is not None else model.freqs_cis
     return h, freqs_cis, mask

@@ -35,8 +35,12 @@ def test_large_tp_recipes_mask_documents_and_their_layouts_accept_it(recipe: obj
     validate(args, layout(config, 64))  # FSDP 8 x TP 8: no error
     config.parallelism.pp = 2  # TP 8 x PP 2 x FSDP 4: the later stage masks from the token ids
     validate(resolved_args(config), layout(config, 64))
-    config.parallelism.pp, config.parallelism.cp = 1, 2  # context parallel is refused
-    with pytest.raises(UsageError, match=r"^model\.overrides\.document_mask: context parallel"):
+    config.parallelism.pp, config.parallelism.cp = 1, 2  # each CP rank masks its rows
+    validate(resolved_args(config), layout(config, 64))
+    config.parallelism.pp = 2  # CP x PP with the mask is refused
+    with pytest.raises(
+        UsageError, match=r"^model\.overrides\.document_mask: context parallel .* with pipeline"
+    ):
         validate(resolved_args(config), layout(config, 64))
 
 

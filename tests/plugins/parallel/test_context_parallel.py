@@ -74,18 +74,23 @@ def test_batch_sharder_passes_the_whole_sequences_for_the_document_mask() -> Non
     assert "input_tokens" not in cp_module.BatchSharder(positions)(inputs, inputs, {})[2]
 
 
-def test_a_shard_without_the_whole_sequences_cannot_build_the_document_mask() -> None:
-    """Built from the shard's own tokens, the mask would miss documents that start on another
-    rank's shard (and not fit the gathered keys)."""
-    from titan_core import blocks
-    from titan_plugins_llama3.flavors import Llama3Args
-    from titan_plugins_llama3.model import Llama3
+def test_a_shard_builds_its_rows_of_the_whole_sequences_mask() -> None:
+    """Given the whole sequences (``input_tokens``) and its positions, a shard's forward masks
+    its queries against every key; given as many positions as tokens, the sequence's own mask."""
+    from types import SimpleNamespace
 
-    with torch.device("meta"):
-        model = Llama3(Llama3Args(dim=16, n_layers=1, n_heads=2, vocab_size=32, document_mask=True, bos_id=1))
-    local = torch.tensor(cp_module.chunk_positions(0, 2, 8))
-    with pytest.raises(UsageError, match=r"holds a shard of each sequence .* got no input_tokens"):
-        blocks.stage_inputs(model, torch.ones(1, 4, dtype=torch.long, device="meta"), local.to("meta"))
+    from titan_core import blocks
+
+    tokens = torch.tensor([[5, 1, 6, 7, 1, 8, 9, 3]])
+    stage = SimpleNamespace(
+        args=SimpleNamespace(document_mask=True, bos_id=1),
+        tok_embeddings=torch.nn.Embedding(10, 4),
+        freqs_cis=torch.arange(8.0),
+    )
+    local = torch.tensor(cp_module.chunk_positions(1, 2, 8))
+    _, freqs, mask = blocks.stage_inputs(stage, tokens[:, local], local, input_tokens=tokens)
+    assert freqs.tolist() == local.float().tolist()
+    torch.testing.assert_close(mask, blocks.document_mask(tokens, 1)[:, :, local])
 
 
 def test_batch_sharder_takes_this_ranks_positions() -> None:
