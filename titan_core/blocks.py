@@ -156,11 +156,7 @@ def document_mask(tokens: torch.Tensor, bos_id: int) -> Any:
     """
     if tokens.device.type == "cuda":
         return _document_block_mask(document_ends(tokens, bos_id))
-    docs = document_ids(tokens, bos_id)
-    seq = tokens.shape[1]
-    pos = torch.arange(seq, device=tokens.device)
-    causal = pos[:, None] >= pos[None, :]
-    return (causal & (docs[:, :, None] == docs[:, None, :]))[:, None]
+    return document_mask_rows(tokens, bos_id, torch.arange(tokens.shape[1], device=tokens.device))
 
 
 def document_mask_rows(tokens: torch.Tensor, bos_id: int, positions: torch.Tensor) -> torch.Tensor:

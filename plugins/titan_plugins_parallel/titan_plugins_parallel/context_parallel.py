@@ -100,8 +100,7 @@ class GatheredKVAttention:
         v_all = _all_gather_seq(v, self.group)
         if mask is None:
             return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask)
-        order = self.order.to(k_all.device)
-        k_all, v_all = k_all.index_select(2, order), v_all.index_select(2, order)
+        k_all, v_all = k_all.index_select(2, self.order), v_all.index_select(2, self.order)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
 
 
