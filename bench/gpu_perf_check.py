@@ -21,6 +21,11 @@ What the CPU tests cannot see, on one CUDA device in bf16; one PASS/FAIL line pe
    bitwise deterministic); its ``meta.json`` holds the data files'
    CRC-32 and what a resume compares; a resume with another ``training.lr`` runs the LR of a run
    with that LR from the start, and keeps the optimizer fused.
+7. A context-parallel shard's masks on CUDA (``blocks.causal_mask_rows``,
+   ``blocks.document_mask_rows``; cp = 2 chunks of a 4096 sequence): flex-attention block masks
+   that give what SDPA gives with the dense boolean rows, forward and gradients, with grouped K/V
+   heads, and skip the blocks above the diagonal; SDPA with a dense mask and grouped K/V (the
+   path ``blocks.attention`` expands K/V for) fits where the math kernel would hold every score.
 
 ``python3 -m bench.gpu_perf_check [NAME ...]`` runs the checks whose function names contain a
 NAME (all without one).
@@ -279,6 +284,41 @@ def check_resume_on_cuda() -> None:
     )
 
 
+def check_context_parallel_shard_masks() -> None:
+    from titan_core import blocks
+    from titan_plugins_parallel.context_parallel import chunk_positions
+
+    torch.manual_seed(0)
+    b, hq, hkv, s, d, cp = 2, 16, 4, 4096, 64, 2
+    tokens = _packed_tokens(b, s, 1, 700, seed=1)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    worst, sparsity = 0.0, []
+    for rank in range(cp):
+        local = torch.tensor(chunk_positions(rank, cp, s), device="cuda")
+        q = torch.randn(b, hq, local.numel(), d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for name, sparse, dense in (
+            ("causal", blocks.causal_mask_rows(local, s), blocks.causal_mask_rows(local.cpu(), s).cuda()),
+            (
+                "documents",
+                blocks.document_mask_rows(tokens, 1, local),
+                blocks.document_mask_rows(tokens.cpu(), 1, local.cpu()).cuda(),
+            ),
+        ):
+            out = blocks.attention(q, k, v, mask=sparse)
+            ref = blocks.attention(q, k, v, mask=dense)  # SDPA, K/V expanded on CUDA
+            grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+            ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+            errors = [(g - r).abs().max() / r.abs().max() for g, r in zip(grads, ref_grads, strict=True)]
+            worst = max(worst, (out - ref).abs().max().item(), *(e.item() for e in errors))
+            sparsity.append(f"{name} rank {rank}: {sparse.sparsity():.0f}%")
+    report(
+        "context-parallel shard masks",
+        worst < 3e-2,
+        f"max error (output, relative grads) {worst:.2e}; blocks skipped: {', '.join(sparsity)}",
+    )
+
+
 def main() -> int:
     checks = (
         check_flex_document_mask,
@@ -287,6 +327,7 @@ def main() -> int:
         check_single_gpu_fsdp,
         check_gradients_on_compute_stream,
         check_resume_on_cuda,
+        check_context_parallel_shard_masks,
     )
     names = sys.argv[1:]
     return run_checks([c for c in checks if not names or any(n in c.__name__ for n in names)])

@@ -37,9 +37,10 @@ attention costs what the documents need; its mask function reads each key's docu
 :func:`document_ends`) and a boolean ``(batch, 1, seq, seq)`` tensor elsewhere (SDPA with an
 explicit mask: exact, for CPU runs and tests). Flex attention runs compiled: by a compiled
 block's graph when the caller is compiled, else by its own ``torch.compile`` (made once).
-Building the mask needs the tokens, so a model that uses it cannot run on pipeline stages after
-the first, and context parallelism (whose attention function sees sequence shards) would need
-the mask of the whole sequence: titan's Llama 3 refuses both layouts with the mask on.
+Building the mask needs the token ids: a pipeline stage after the first gets them as
+``input_tokens`` (:func:`stage_inputs`), and a context-parallel shard builds its rows of the whole
+sequences' mask (:func:`document_mask_rows`; :func:`causal_mask_rows` without documents), again a
+``BlockMask`` on CUDA, so that a shard skips the blocks above the diagonal too.
 """
 
 from __future__ import annotations
@@ -156,14 +157,31 @@ def document_mask(tokens: torch.Tensor, bos_id: int) -> Any:
     """
     if tokens.device.type == "cuda":
         return _document_block_mask(document_ends(tokens, bos_id))
-    return document_mask_rows(tokens, bos_id, torch.arange(tokens.shape[1], device=tokens.device))
+    return _dense_document_rows(tokens, bos_id, torch.arange(tokens.shape[1], device=tokens.device))
 
 
-def document_mask_rows(tokens: torch.Tensor, bos_id: int, positions: torch.Tensor) -> torch.Tensor:
+def document_mask_rows(tokens: torch.Tensor, bos_id: int, positions: torch.Tensor) -> Any:
     """The rows of the block-causal mask of ``tokens (batch, seq)`` at the query ``positions
-    (local,)``, over every key in sequence order: a boolean ``(batch, 1, local, seq)`` tensor,
-    True where the query may see the key. What a context-parallel rank holding those positions
-    attends with, once it has every rank's K/V (a document may start on another rank's shard)."""
+    (local,)``, over every key in sequence order. What a context-parallel rank holding those
+    positions attends with, once it has every rank's K/V (a document may start on another rank's
+    shard). On CUDA a flex-attention ``BlockMask`` of ``local x seq``; elsewhere a boolean
+    ``(batch, 1, local, seq)`` tensor, True where the query may see the key."""
+    if tokens.device.type == "cuda":
+        return _rows_block_mask(positions, tokens.shape[1], document_ends(tokens, bos_id))
+    return _dense_document_rows(tokens, bos_id, positions)
+
+
+def causal_mask_rows(positions: torch.Tensor, seq_len: int) -> Any:
+    """The rows at the query ``positions (local,)`` of the causal mask over ``seq_len`` keys in
+    sequence order: a context-parallel shard's mask without documents. On CUDA a flex-attention
+    ``BlockMask`` (the blocks above the diagonal are skipped, where a dense mask pays for every
+    score); elsewhere a boolean ``(local, seq_len)`` tensor, True where the query may see the key."""
+    if positions.device.type == "cuda":
+        return _rows_block_mask(positions, seq_len)
+    return positions[:, None] >= torch.arange(seq_len, device=positions.device)[None, :]
+
+
+def _dense_document_rows(tokens: torch.Tensor, bos_id: int, positions: torch.Tensor) -> torch.Tensor:
     docs = document_ids(tokens, bos_id)
     keys = torch.arange(tokens.shape[1], device=tokens.device)
     causal = positions[:, None] >= keys[None, :]
@@ -242,6 +260,33 @@ def _document_block_mask(ends: torch.Tensor, compiled: bool = True) -> Any:
     return build(block_causal, batch, None, seq, seq, device=ends.device)
 
 
+def _rows_block_mask(
+    positions: torch.Tensor, seq_len: int, ends: torch.Tensor | None = None, compiled: bool = True
+) -> Any:
+    """Flex attention's ``BlockMask`` of the rows at query ``positions (local,)`` over ``seq_len``
+    keys in sequence order: causal, and block-causal with ``ends`` (:func:`document_ends`).
+    Query block ``i`` holds the queries at ``positions[i*128:(i+1)*128]``; context parallel's
+    chunks are contiguous runs of positions, so whole blocks of keys are still skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if ends is None:
+
+        def rows(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return positions[q_idx] >= kv_idx
+
+    else:
+
+        def rows(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            query = positions[q_idx]
+            return (query >= kv_idx) & (query <= ends[b, kv_idx])
+
+    batch = None if ends is None else ends.shape[0]
+    build = (
+        _compiled_create_block_mask() if compiled and not torch.compiler.is_compiling() else create_block_mask
+    )
+    return build(rows, batch, None, positions.numel(), seq_len, device=positions.device)
+
+
 @functools.cache
 def _compiled_create_block_mask() -> Any:
     from torch.nn.attention.flex_attention import create_block_mask
@@ -292,6 +337,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Any = 
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if isinstance(mask, torch.Tensor):
+        if gqa and q.device.type == "cuda":
+            # On CUDA, SDPA with an explicit mask and enable_gqa falls back to its math kernel,
+            # which holds every score (O(seq^2) memory); expanded K/V keep the memory-efficient one.
+            repeats = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+            gqa = False
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     if torch.compiler.is_compiling():  # inside a compiled block: flex attention joins its graph
         from torch.nn.attention.flex_attention import flex_attention

@@ -5,11 +5,13 @@ Load balancing for causal attention: the sequence is cut into ``2 * cp`` equal c
 causal mask (an early chunk attends to little, its partner at the end to almost everything).
 
 Attention gathers K and V from all CP ranks with an autograd-aware functional all-gather
-(backward: reduce-scatter of the K/V gradients back to their owners) and masks by *global*
-position: a query at position ``p`` sees keys at positions ``<= p``. This is exact against
-attention without CP (the same scores, summed in another order), runs on gloo and NCCL, and
-costs ``O(seq)`` K/V memory per rank; PyTorch's own ``context_parallel`` (ring attention) needs
-CUDA and is not used so that CPU runs work too.
+(backward: reduce-scatter of the K/V gradients back to their owners; grouped-query K/V with
+their own, fewer heads) and masks by *global* position: a query at position ``p`` sees keys at
+positions ``<= p`` (of its own document, with a document mask). This is exact against attention
+without CP (the same scores, summed in another order), runs on gloo and NCCL, and costs
+``O(seq)`` K/V memory per rank; on CUDA the mask is a flex-attention block mask, so a shard skips
+the key blocks above its queries. PyTorch's own ``context_parallel`` (ring attention) needs CUDA
+and is not used so that CPU runs work too.
 
 The model supplies the hooks (titan's decoder protocol): attention modules call
 ``self.attention_fn(q, k, v)`` on ``(batch, heads, seq, head_dim)`` tensors, and the model's
@@ -75,33 +77,37 @@ def _all_gather_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
 class GatheredKVAttention:
     """Causal attention for a load-balanced sequence shard (replaces ``attention_fn``).
 
-    Without ``mask`` the mask is causal by global position. A model with a document mask passes
-    this shard's rows of it over every key in sequence order (``titan_core.blocks.
-    document_mask_rows``, ``(batch, 1, local, seq)``); the gathered K/V are then put in sequence
-    order to match it."""
+    The gathered K/V are put in sequence order, and the shard's queries attend to them through
+    ``titan_core.blocks.attention`` with this shard's rows of the mask: causal by global position
+    (``blocks.causal_mask_rows``), or the rows a model with a document mask passes
+    (``blocks.document_mask_rows``). On CUDA both are flex-attention block masks, so a shard
+    computes the scores at or below the diagonal only, as attention without CP does; elsewhere
+    they are boolean tensors for SDPA. K/V keep their own heads (``grouped_kv``): grouped-query
+    attention gathers ``n_kv_heads``, not ``n_heads``."""
+
+    #: K/V may arrive with fewer heads than Q (titan_core.blocks' attention-function contract).
+    grouped_kv = True
 
     def __init__(self, local_positions: torch.Tensor, all_positions: torch.Tensor, group: Any) -> None:
+        from titan_core import blocks
+
         self.group = group
         self.local_len = local_positions.numel()
-        # (local queries, all keys): True where the key's global position <= the query's.
-        self.mask = local_positions[:, None] >= all_positions[None, :]
         #: Gathered (rank-major) K/V rows -> sequence order.
         self.order = all_positions.argsort()
+        self.causal = blocks.causal_mask_rows(local_positions, all_positions.numel())
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
-        import torch.nn.functional as F
+        from titan_core import blocks
 
         if q.shape[2] != self.local_len:
             raise UsageError(
                 f"context parallel expected {self.local_len} local tokens per sequence, got "
                 f"{q.shape[2]}; every batch must have training.seq_len tokens"
             )
-        k_all = _all_gather_seq(k, self.group)
-        v_all = _all_gather_seq(v, self.group)
-        if mask is None:
-            return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask)
-        k_all, v_all = k_all.index_select(2, self.order), v_all.index_select(2, self.order)
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        k_all = _all_gather_seq(k, self.group).index_select(2, self.order)
+        v_all = _all_gather_seq(v, self.group).index_select(2, self.order)
+        return blocks.attention(q, k_all, v_all, mask=self.causal if mask is None else mask)
 
 
 class BatchSharder:

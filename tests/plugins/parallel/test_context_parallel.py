@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tests.parallel_harness import GLOBAL_BATCH
 from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
+from titan_core import blocks
 from titan_core.config import TrainerConfig
 from titan_core.errors import UsageError
 from titan_plugins_parallel import context_parallel as cp_module
@@ -26,44 +27,105 @@ def test_shards_cover_the_sequence_once_with_equal_causal_work(cp: int) -> None:
     assert len(work) == 1
 
 
-def test_mask_by_global_position_equals_causal_attention() -> None:
-    """What one CP rank computes from the gathered K/V is its rows of full causal attention."""
-    cp, seq = 2, 16
-    q, k, v = (torch.randn(2, 3, seq, 8) for _ in range(3))
-    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def _ranks_outputs(
+    monkeypatch: pytest.MonkeyPatch,
+    cp: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    masks: Any = None,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Size]]:
+    """Each CP rank's ``GatheredKVAttention`` output for its queries, with the all-gather
+    simulated (every rank's K/V shard in rank-major order, as the collective delivers them);
+    ``masks(rank, local)`` gives the mask a model passes. Also the shapes the gather was given."""
+    seq = q.shape[2]
     everyone = torch.tensor([p for r in range(cp) for p in cp_module.chunk_positions(r, cp, seq)])
+    gathered: list[torch.Size] = []
+    outs = []
     for rank in range(cp):
         local = torch.tensor(cp_module.chunk_positions(rank, cp, seq))
+        shards = {"k": k[:, :, local], "v": v[:, :, local]}
+        whole = {id(shards["k"]): k, id(shards["v"]): v}
+
+        def gather(x: torch.Tensor, group: Any, whole: dict = whole) -> torch.Tensor:
+            gathered.append(x.shape)
+            return whole[id(x)][:, :, everyone]
+
+        monkeypatch.setattr(cp_module, "_all_gather_seq", gather)
         attention = cp_module.GatheredKVAttention(local, everyone, group=None)
-        # K/V as the all-gather delivers them: rank-major shards.
-        out = F.scaled_dot_product_attention(
-            q[:, :, local], k[:, :, everyone], v[:, :, everyone], attn_mask=attention.mask
-        )
+        mask = None if masks is None else masks(rank, local)
+        out = blocks.call_attention(attention, q[:, :, local], shards["k"], shards["v"], mask)
+        outs.append((local, out))
+    return outs, gathered
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_each_rank_computes_its_rows_of_causal_attention_gathering_kv_with_their_own_heads(
+    monkeypatch: pytest.MonkeyPatch, kv_heads: int
+) -> None:
+    """What one CP rank computes from the gathered K/V is its rows of full causal attention;
+    grouped-query K/V are gathered with their n_kv_heads, not expanded to n_heads first."""
+    cp, seq = 2, 16
+    q = torch.randn(2, 4, seq, 8)
+    k, v = torch.randn(2, kv_heads, seq, 8), torch.randn(2, kv_heads, seq, 8)
+    full = blocks.attention(q, k, v)
+    outs, gathered = _ranks_outputs(monkeypatch, cp, q, k, v)
+    for local, out in outs:
         torch.testing.assert_close(out, full[:, :, local])
+    assert {shape[1] for shape in gathered} == {kv_heads}
 
 
-def test_document_masked_rows_over_the_gathered_kv_equal_document_masked_attention() -> None:
+def test_document_masked_rows_over_the_gathered_kv_equal_document_masked_attention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A CP rank's rows of document-masked attention: its queries against every rank's K/V (put
     back in sequence order), masked by the whole sequence's documents, a document starting on
-    another rank's shard included."""
-    from titan_core import blocks
-
+    another rank's shard included; grouped-query K/V too."""
     cp, seq, bos = 2, 16, 1
     tokens = torch.tensor([[5, 6, 1, 7, 8, 9, 1, 3, 4, 1, 2, 2, 7, 1, 6, 5], [1, *range(3, 18)]])
-    q, k, v = (torch.randn(2, 3, seq, 8) for _ in range(3))
+    q, k, v = torch.randn(2, 4, seq, 8), torch.randn(2, 2, seq, 8), torch.randn(2, 2, seq, 8)
     full = blocks.attention(q, k, v, mask=blocks.document_mask(tokens, bos))
-    everyone = torch.tensor([p for r in range(cp) for p in cp_module.chunk_positions(r, cp, seq)])
+
+    def rows(rank: int, local: torch.Tensor) -> torch.Tensor:
+        mask = blocks.document_mask_rows(tokens, bos, local)
+        assert mask.shape == (2, 1, local.numel(), seq)
+        return mask
+
+    outs, _ = _ranks_outputs(monkeypatch, cp, q, k, v, rows)
+    for local, out in outs:
+        torch.testing.assert_close(out, full[:, :, local])
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_the_cuda_block_masks_of_a_shard_equal_its_dense_rows(documents: bool) -> None:
+    """On CUDA a shard's rows are flex-attention block masks (blocks above the diagonal skipped):
+    built here on CPU (by the compiled builder CUDA uses) and run through eager flex attention,
+    they give what the dense rows give, with query chunks spanning several 128-blocks and
+    documents crossing the chunks."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cp, seq, bos = 2, 512, 1
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, 50, (2, seq), generator=generator)
+    tokens[0, [0, 37, 200, 300, 301, 460]] = bos
+    tokens[1, [130, 255]] = bos
+    q = torch.randn(2, 4, seq, 16, generator=generator)
+    k, v = torch.randn(2, 2, seq, 16, generator=generator), torch.randn(2, 2, seq, 16, generator=generator)
     for rank in range(cp):
         local = torch.tensor(cp_module.chunk_positions(rank, cp, seq))
-        attention = cp_module.GatheredKVAttention(local, everyone, group=None)
-        rows = blocks.document_mask_rows(tokens, bos, local)
-        assert rows.shape == (2, 1, local.numel(), seq)
-        # What __call__ does after the all-gather: K/V from rank-major order to sequence order.
-        k_all, v_all = k[:, :, everyone].index_select(2, attention.order), v[:, :, everyone]
-        out = F.scaled_dot_product_attention(
-            q[:, :, local], k_all, v_all.index_select(2, attention.order), attn_mask=rows
-        )
-        torch.testing.assert_close(out, full[:, :, local])
+        if documents:
+            dense = blocks.document_mask_rows(tokens, bos, local)
+            sparse = blocks._rows_block_mask(local, seq, blocks.document_ends(tokens, bos))
+        else:
+            dense = blocks.causal_mask_rows(local, seq)
+            sparse = blocks._rows_block_mask(local, seq)
+        expected = blocks.attention(q[:, :, local], k, v, mask=dense)
+        got = flex_attention(q[:, :, local], k, v, block_mask=sparse, enable_gqa=True)
+        torch.testing.assert_close(got, expected)
+        if not documents:
+            # Each shard skips what the whole sequence's causal mask skips: 6 of 16 pairs of
+            # (query block, key block) of 128 lie above the diagonal, 3 of each shard's 8.
+            assert sparse.sparsity() == pytest.approx(37.5)
 
 
 def test_batch_sharder_passes_the_whole_sequences_for_the_document_mask() -> None:
