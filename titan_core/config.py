@@ -72,6 +72,31 @@ def finite(_inst: Any, _attr: Any, value: Any) -> None:
         raise ValueError(f"expected a finite number, got {value!r}")
 
 
+#: The smallest normal float32 (``torch.finfo(torch.float32).tiny``): AdamW's state is float32.
+_FLOAT32_TINY = 1.1754943508222875e-38
+
+
+def _adamw_eps(_inst: Any, _attr: Any, value: float) -> None:
+    """Validator of ``training.eps``: a value float32 holds. AdamW divides by ``sqrt(v) + eps``
+    in float32, where a smaller eps is 0 (a subnormal one is 0 where denormals flush); a
+    parameter whose gradient is 0 so far (the embedding of a token no batch held yet) then
+    becomes 0 / 0 = NaN, and the run stopped as a divergence blamed on the LR or the data."""
+    if value < _FLOAT32_TINY:
+        raise ValueError(
+            f"{value:g} is below float32's smallest normal number ({_FLOAT32_TINY:.3g}): AdamW adds "
+            "it to float32 state, where it is 0, and a parameter whose gradient is 0 would become "
+            "0 / 0 = NaN; use 1e-08 (the default) or another value of at least 1.2e-38"
+        )
+
+
+def _max_norm(_inst: Any, _attr: Any, value: float) -> None:
+    """Validator of ``training.max_norm``: finite, and saying how to turn clipping off (torch's
+    idiom ``max_norm=inf`` is titan's ``<= 0``: config.toml and run.json record finite values)."""
+    if not math.isfinite(value):
+        off = "; 0 (or any value <= 0) turns gradient clipping off" if value == math.inf else ""
+        raise ValueError(f"expected a finite number, got {value!r}{off}")
+
+
 def _subfolder(_inst: Any, _attr: Any, value: str) -> None:
     """Validator: a folder of its own under the dump folder, not the dump folder itself."""
     if os.path.normpath(value or ".") == ".":
@@ -352,16 +377,20 @@ class Training:
     min_lr_factor: float = field(default=0.1, validator=in_range(0, 1))
     #: AdamW weight decay, on every parameter unless the model's ``ModelSpec.param_groups``
     #: says otherwise; the Llama 3 and MoE models define none, so norms and embeddings decay too
-    #: (torchtitan's convention; Megatron-LM exempts norms and biases).
+    #: (torchtitan's convention; Megatron-LM exempts norms and biases). ``lr x weight_decay``
+    #: must stay below 1 (each step multiplies the weights by ``1 - lr x weight_decay``).
     weight_decay: float = field(default=0.1, validator=[finite, non_negative])
     #: AdamW beta1, in [0, 1).
     beta1: float = field(default=0.9, validator=in_range(0, 1, hi_open=True))
     #: AdamW beta2, in [0, 1).
     beta2: float = field(default=0.95, validator=in_range(0, 1, hi_open=True))
-    #: AdamW epsilon.
-    eps: float = field(default=1e-8, validator=[finite, positive])
-    #: Gradient clipping max norm (total 2-norm over all parameters); <= 0 disables clipping.
-    max_norm: float = field(default=1.0, validator=finite)
+    #: AdamW epsilon, at least 1.2e-38 (float32's smallest normal number: a smaller one is 0 in
+    #: AdamW's float32 state, and a parameter whose gradient is 0 would become NaN).
+    eps: float = field(default=1e-8, validator=[finite, positive, _adamw_eps])
+    #: Gradient clipping: the total 2-norm over all parameters of the step's gradient (after
+    #: accumulation) is scaled down to at most this; the logs show the norm before clipping.
+    #: <= 0 disables clipping (``inf`` is refused: set 0).
+    max_norm: float = field(default=1.0, validator=_max_norm)
     #: Compute dtype: ``float32``, or ``bfloat16`` (FSDP2 mixed precision on CUDA, one GPU
     #: included unless ``single_device_mixed_precision``; autocast on CPU; parameters and
     #: optimizer state stay float32).
@@ -739,7 +768,19 @@ def optimizer_problems(t: Training) -> list[str]:
     non-finite-loss error (``Diverged``) instead."""
     step_size = t.lr / (1 - t.beta1)
     if step_size <= _FLOAT32_MAX:
-        return []
+        # Decoupled weight decay multiplies every parameter by 1 - lr x weight_decay each step:
+        # at 0 or below the weights were zeroed (or flipped) at the peak LR and the run went on
+        # at the loss of uniform predictions, exit 0. (Only when the LR fits: an LR too large is
+        # the one problem to name.)
+        shrink = t.lr * t.weight_decay
+        if shrink < 1:
+            return []
+        return [
+            f"training.weight_decay: {t.weight_decay:g} x training.lr {t.lr:g} = {shrink:g} is >= 1: "
+            "AdamW multiplies every parameter by 1 - lr x weight_decay each step, so the weights "
+            "would be zeroed or flip sign at the peak LR; lower training.weight_decay below "
+            f"{1 / t.lr:.3g} (1 / training.lr; usually 0.01 to 0.1)"
+        ]
     return [
         f"training.lr: {t.lr:g} is too large: AdamW's step size lr / (1 - training.beta1) = "
         f"{step_size:.3g} is beyond float32's range ({_FLOAT32_MAX:.3g}), so the first optimizer "

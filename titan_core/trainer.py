@@ -348,6 +348,15 @@ class Trainer:
                 f"never reaches training.lr={t.lr:g} (it ends at {t.lr * self.schedule(t.steps - 1):.3g}) "
                 "and never decays; lower warmup_steps below steps"
             )
+        elif self.schedule(0) == 0:
+            # The decay ends at the floor on the last step; with one step and no warm-up that is
+            # the only step, and at min_lr_factor = 0 it trains nothing (AdamW at LR 0).
+            log.warning(
+                f"training.steps={t.steps} with training.warmup_steps=0 decays to "
+                f"training.min_lr_factor={t.min_lr_factor:g} on its only step: it runs at learning "
+                "rate 0 and leaves the weights as they are; set warmup_steps >= 1, decay_ratio = 0 "
+                "or min_lr_factor > 0"
+            )
         # A function, not the schedule object: LambdaLR saves a callable object's attributes in
         # its state dict and a resume would silently bring back the old schedule.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: self.schedule(i))
