@@ -9,7 +9,6 @@ import pytest
 
 from tests.conftest import tiny_llama3
 from titan_core._registry import get_registry
-from titan_core.errors import UsageError
 from titan_core.parallel_dims import ParallelDims
 from titan_core.trainer import Trainer
 from titan_plugins_llama3 import recipes
@@ -37,11 +36,8 @@ def test_large_tp_recipes_mask_documents_and_their_layouts_accept_it(recipe: obj
     validate(resolved_args(config), layout(config, 64))
     config.parallelism.pp, config.parallelism.cp = 1, 2  # each CP rank masks its rows
     validate(resolved_args(config), layout(config, 64))
-    config.parallelism.pp = 2  # CP x PP with the mask is refused
-    with pytest.raises(
-        UsageError, match=r"^model\.overrides\.document_mask: context parallel .* with pipeline"
-    ):
-        validate(resolved_args(config), layout(config, 64))
+    config.parallelism.pp = 2  # CP x PP: every stage's CP rank masks its rows of its microbatch
+    validate(resolved_args(config), layout(config, 64))
 
 
 @pytest.mark.parametrize("recipe", [recipes.llama3_debugmodel, recipes.llama3_8b])

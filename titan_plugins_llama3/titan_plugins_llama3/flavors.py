@@ -158,11 +158,3 @@ def validate(args: Llama3Args, parallel_dims: Any) -> None:
             f"last pipeline stages, so they cannot be one parameter with parallelism.pp={parallel_dims.pp}; "
             "set tie_embeddings = False or pp = 1"
         )
-    if args.document_mask and parallel_dims.cp > 1 and parallel_dims.pp > 1:
-        # Each context-parallel rank builds its rows of the mask from the whole sequences' token
-        # ids; the pipeline schedule hands a stage only its microbatch's shard of them.
-        raise UsageError(
-            f"model.overrides.document_mask: context parallel (parallelism.cp={parallel_dims.cp}) with "
-            f"pipeline parallel (parallelism.pp={parallel_dims.pp}) cannot apply the document mask; set "
-            "document_mask = False, or parallelism.cp = 1 or parallelism.pp = 1 (either alone works)"
-        )

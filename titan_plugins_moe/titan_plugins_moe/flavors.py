@@ -531,11 +531,3 @@ def validate(args: MoEArgs, parallel_dims: Any) -> None:
                 f"tokens, the embedding and the output projection in one process, which {layout} "
                 "splits; set n_mtp_layers = 0 or those degrees to 1 (FSDP and EP work)"
             )
-    if args.document_mask and parallel_dims.cp > 1 and parallel_dims.pp > 1:
-        # Each context-parallel rank builds its rows of the mask from the whole sequences' token
-        # ids; the pipeline schedule hands a stage only its microbatch's shard of them.
-        raise UsageError(
-            f"model.overrides.document_mask: context parallel (parallelism.cp={parallel_dims.cp}) with "
-            f"pipeline parallel (parallelism.pp={parallel_dims.pp}) cannot apply the document mask; set "
-            "document_mask = False, or parallelism.cp = 1 or parallelism.pp = 1 (either alone works)"
-        )

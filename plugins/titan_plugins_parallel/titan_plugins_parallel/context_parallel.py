@@ -115,8 +115,8 @@ class BatchSharder:
 
     ``whole_tokens``: the model's forward also gets the whole sequences' token ids as
     ``input_tokens`` (a document mask needs them: a document may start on another rank's
-    shard). Not under pipeline parallelism, whose schedule passes each stage its microbatch's
-    ``input_tokens`` itself."""
+    shard). Under pipeline parallelism the schedule takes them from there and hands every stage
+    its microbatch's rows."""
 
     def __init__(self, positions: torch.Tensor, whole_tokens: bool = False) -> None:
         self.positions = positions
@@ -176,5 +176,5 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             "so it cannot run with context parallel; set parallelism.cp = 1"
         )
     takes_tokens = all("input_tokens" in inspect.signature(part.forward).parameters for part in parts)
-    ctx.batch_transforms.append(BatchSharder(local, whole_tokens=takes_tokens and ctx.parallel_dims.pp == 1))
+    ctx.batch_transforms.append(BatchSharder(local, whole_tokens=takes_tokens))
     return parts

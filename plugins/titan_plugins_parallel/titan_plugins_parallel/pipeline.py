@@ -379,7 +379,9 @@ class Pipeline:
     A stage whose ``forward`` takes the keyword ``input_tokens`` gets the token ids of each
     microbatch under it, on every stage: the schedule splits that keyword like the batch and
     hands it to each stage's forward. A stage after the first sees hidden states only, and the
-    ids are what a document mask comes from (``titan_core.blocks.stage_inputs``).
+    ids are what a document mask comes from (``titan_core.blocks.stage_inputs``). The ids are
+    ``kwargs["input_tokens"]`` when a batch transform gave them (context parallel: the whole
+    sequences, where ``inputs`` is this rank's shard), else ``inputs``.
     """
 
     def __init__(
@@ -473,12 +475,16 @@ class Pipeline:
         import torch.distributed as dist
 
         ctx = self.ctx
+        # Context parallel passes the whole sequences' token ids (its shards' document masks need
+        # every position): split by microbatch like the batch, not handed whole to every stage.
+        kwargs = dict(kwargs)
+        tokens = kwargs.pop("input_tokens", inputs)
         self._step_kwargs = kwargs
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.plan.has_first else ()
         target = labels if self.plan.has_last else None
         # Every rank loads the batch, so each stage can get its microbatch's token ids.
-        split = {"input_tokens": inputs} if self._passes_tokens else {}
+        split = {"input_tokens": tokens} if self._passes_tokens else {}
         with ExitStack() as stack:
             if self._autocast:
                 stack.enter_context(torch.autocast(ctx.topology.device.type, dtype=torch.bfloat16))

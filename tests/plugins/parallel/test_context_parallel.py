@@ -274,3 +274,19 @@ def test_cp2_with_the_document_mask_matches_one_process(tmp_path: Path, seed_che
     assert_rows_close(
         layout_rows(tmp_path / "cp2", 2, seed_checkpoint, {**masked, "parallelism.cp": 2}), reference
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "document_mask"])
+def test_cp2_with_pp2_matches_one_process(tmp_path: Path, seed_checkpoint: Path, masked: bool) -> None:
+    """CP inside pipeline stages: each stage's attention gathers its CP peers' K/V, and with the
+    document mask every stage builds its shard's rows from the whole sequences' token ids of its
+    microbatch (the pipeline schedule splits them like the batch). Losses and gradient norms are
+    one process's, read on the last stage's rank."""
+    from tests.parallel_harness import TINY_MODEL
+
+    model = {"model.overrides": {**TINY_MODEL, "document_mask": True}} if masked else {}
+    reference = layout_rows(tmp_path / "one", 1, seed_checkpoint, model)
+    overrides = {**model, "parallelism.cp": 2, "parallelism.pp": 2}
+    # Ranks are laid out pp-major: the last stage's first rank is 2.
+    assert_rows_close(layout_rows(tmp_path / "cp2_pp2", 4, seed_checkpoint, overrides, rank=2), reference)
