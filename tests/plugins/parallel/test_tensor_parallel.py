@@ -108,3 +108,17 @@ def test_fsdp_with_tp_matches_single_process(
         "training.local_batch_size": GLOBAL_BATCH // 2,
     }
     assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, layout), reference_losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [{"parallelism.tp": 2, "parallelism.cp": 2}, {"parallelism.tp": 2, "parallelism.pp": 2}],
+    ids=["tp2_cp2", "tp2_pp2"],
+)
+def test_tp_with_cp_or_pp_matches_single_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float], layout: dict
+) -> None:
+    """TP inside context-parallel shards (each TP rank gathers its heads' K/V from its CP peers)
+    and inside pipeline stages."""
+    assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, layout), reference_losses)
