@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from titan_core.data.loader import tokenizer_fingerprint
 from titan_core.errors import UsageError
 from titan_core.log import get_logger
 from titan_core.run_folder import plugin_results
@@ -43,8 +44,11 @@ def restore(trainer: Trainer) -> None:
     trainer.resumed_from = 0
     #: The last step this run saved (the Ctrl-C message names what a rerun resumes from).
     trainer.last_saved = 0
+    #: The tokenizer's fingerprint (``tokenizer_fingerprint``), once: every save records it.
+    trainer.tokenizer_record = None
     if trainer.checkpointer is None or trainer.config.checkpoint.create_seed_checkpoint:
         return
+    trainer.tokenizer_record = tokenizer_fingerprint(trainer.tokenizer)
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
     fresh_base_lrs = list(trainer.scheduler.base_lrs)
     resumed = resume_record(trainer.config, 0)
@@ -103,7 +107,16 @@ def restore(trainer: Trainer) -> None:
             f"names); this run's apply from step {trainer.step + 1}: " + ", ".join(changed)
         )
     saved_data = meta.get("data") or {}
-    changed = _changes(saved_data, resumed["data"], "")
+    now_data = resumed["data"]
+    saved_tokenizer = meta.get("tokenizer")
+    if saved_tokenizer is not None and trainer.tokenizer_record is not None:
+        # The tokenizer's fingerprint decides, not its path: a copy elsewhere is the same
+        # tokenizer, and another file at the same path is another one (named below, once).
+        now_data = {k: v for k, v in now_data.items() if k != "data.tokenizer_path"}
+        _warn_tokenizer_change(
+            saved_tokenizer, trainer.tokenizer_record, saved_data, resumed["data"], trainer.step
+        )
+    changed = _changes(saved_data, now_data, "")
     moved = _changes(saved_data, {"data.path": resumed["data"]["data.path"]}, "")
     if moved and changed == moved and _same_files(meta.get("data_files"), trainer.data_files):
         # Only the path moved (a copy, another mount): the same files, by names, sizes and
@@ -119,8 +132,22 @@ def restore(trainer: Trainer) -> None:
         )
     per_microbatch = trainer.config.training.local_batch_size * trainer.parallel_dims.dp  # all ranks'
     samples = meta.get("samples", trainer.step * trainer.accumulation * per_microbatch)  # earlier titans
+    saved_len, seq_len = meta.get("seq_len"), trainer.config.training.seq_len
     trainer.consumed, rest = divmod(int(samples), per_microbatch)
-    if rest:
+    if saved_len is not None and saved_len != seq_len:
+        # The saved steps consumed tokens, in sequences of the checkpoint's length: counted in
+        # sequences of the new length, the skip landed elsewhere (twice the length skipped as
+        # many tokens again, never trained on). The data continues after those tokens, at the
+        # next whole microbatch (the packed stream's position; with shuffling, near it).
+        tokens = int(samples) * (saved_len + 1)
+        trainer.consumed = -(-tokens // ((seq_len + 1) * per_microbatch))
+        log.warning(
+            f"resuming with training.seq_len {saved_len} -> {seq_len}: the saved steps consumed "
+            f"{samples} sequences of {saved_len + 1} tokens ({tokens} tokens); the data continues after "
+            f"them, at sequence {trainer.consumed * per_microbatch} of {seq_len + 1} tokens (the next "
+            "whole microbatch)"
+        )
+    elif rest:
         log.warning(
             f"the checkpoint's data stopped after {samples} sequences, not a multiple of the "
             f"{per_microbatch} a microbatch now takes (training.local_batch_size x DP degree); the "
@@ -154,6 +181,7 @@ class CheckpointSaves:
                 "step": step,
                 **resume_record(t.config, samples),
                 "data_files": t.data_files,
+                "tokenizer": t.tokenizer_record,
             }
             t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
             t.last_saved = step
@@ -206,6 +234,9 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
             for field, value in fields.items()
         },
         "samples": samples,
+        # The length of those sequences (``training.seq_len``): a resume with another one
+        # continues after the tokens they held.
+        "seq_len": t.seq_len,
     }
 
 
@@ -230,6 +261,42 @@ def model_changes(spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, 
     built = json.loads(json.dumps({"old": old, "new": new}, default=str))
     differ = _changes(built["old"], built["new"], "")
     return [*records, f"arguments that differ: {', '.join(differ)}"] if differ else []
+
+
+def _warn_tokenizer_change(
+    saved: Mapping[str, Any],
+    now: Mapping[str, Any],
+    saved_data: Mapping[str, Any],
+    now_data: Mapping[str, Any],
+    step: int,
+) -> None:
+    """Warn when the tokenizer differs from the checkpoint's (``tokenizer_fingerprint``): the
+    embedding and output rows the model learnt belong to the checkpoint's ids, which now stand
+    for other text. Not refused: the model's vocabulary (its embedding's shape) is the model
+    config's, compared already, and a run may change tokenizers on purpose."""
+    if saved.get("digest") == now["digest"]:
+        return
+    before, after = saved.get("vocab_size"), now["vocab_size"]
+    if before == after:
+        sizes = f"the same vocabulary size ({after} tokens), other tokens, ids or merges"
+    else:
+        sizes = f"a vocabulary of {before} -> {after} tokens"
+    was, now_path = saved_data.get("data.tokenizer_path"), now_data["data.tokenizer_path"]
+    paths = (
+        f"{_tokenizer_name(now_path)}, rewritten since"
+        if was == now_path
+        else f"{_tokenizer_name(was)} -> {_tokenizer_name(now_path)}"
+    )
+    log.warning(
+        f"resuming with another tokenizer than the checkpoint's ({paths}: {sizes}): the token ids "
+        f"the model learnt until step {step} mean other text now, and the data will not continue "
+        "where it stopped. Resume with the checkpoint's tokenizer (data.tokenizer_path), or start a new "
+        "run from these weights (checkpoint.initial_load_path) if the change is meant"
+    )
+
+
+def _tokenizer_name(path: str | None) -> str:
+    return "titan's bundled tokenizer" if path is None else repr(path)
 
 
 def _files_changes(saved: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:

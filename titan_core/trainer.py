@@ -27,7 +27,7 @@ from torch import nn
 from titan_core._registry import Registry
 from titan_core.callbacks import Callbacks
 from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
-from titan_core.data.loader import PackedBatches, files_fingerprint
+from titan_core.data.loader import PackedBatches, files_fingerprint, read_documents
 from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import (
     PluginError,
@@ -235,7 +235,9 @@ class Trainer:
         self.fake_tensors = wanted(config.debug.fake_tensors, self.topology, self.spec, self.device)
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.
-        if next(iter(dataset.documents(config.data)), None) is None:
+        # A plugin's exception there is one error naming the dataset (read_documents).
+        name = f"data.dataset {config.data.dataset!r}"
+        if next(read_documents(lambda: dataset.documents(config.data), name), None) is None:
             raise UsageError(f"data.dataset = {config.data.dataset!r} yields no documents; check data.path")
         c = config.checkpoint
         self.checkpointer: Any = None

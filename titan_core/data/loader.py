@@ -4,7 +4,8 @@ Documents are tokenized in order, framed by BOS/EOS, concatenated and cut into s
 ``seq_len + 1`` tokens (inputs and labels shifted by one). Sequence ``k`` belongs to data-parallel
 rank ``k % dp_degree``; each rank shuffles its sequences through a buffer seeded by
 ``(seed, dp_rank)``, so the order depends only on the seed and the DP rank. The corpus repeats
-(with a new shuffle) when it runs out.
+(with a new shuffle) when it runs out; the buffer is emptied at the end of each pass, so every
+sequence of a pass is served once before the next pass starts, whatever the buffer size.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from titan_core.errors import PluginError, UsageError
+from titan_core.errors import PluginError, TitanError, UsageError, describe
 
 BUNDLED_TOKENIZER = Path(__file__).with_name("assets") / "tokenizer.json"
 _BOS = ("<|begin_of_text|>", "<s>", "<|startoftext|>", "<bos>")
@@ -40,6 +41,8 @@ class Tokenizer:
     #: byte-level BPE (GPT-2, Llama 3, titan's bundled tokenizer), false for tokenizers that
     #: mark the start of every input (SentencePiece's ``Metaspace``).
     cuts_exact: bool = True
+    #: The ``tokenizer.json`` it was read from (what :func:`tokenizer_fingerprint` digests).
+    file: str | None = None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
@@ -65,6 +68,11 @@ def load_tokenizer(path: str | None) -> Tokenizer:
     except Exception as exc:
         raise UsageError(f"data.tokenizer_path: cannot read {str(file)!r} as tokenizer.json: {exc}") from None
     vocab = backend.get_vocab(with_added_tokens=True)
+    if not vocab:  # every text would encode to nothing, and the run would blame the data
+        raise UsageError(
+            f"data.tokenizer_path: {str(file)!r} has no tokens (an empty vocabulary); give a "
+            "tokenizer.json with its vocabulary, or None for titan's bundled tokenizer"
+        )
 
     def first(names: tuple[str, ...]) -> str | None:
         return next((n for n in names if n in vocab), None)
@@ -96,7 +104,35 @@ def load_tokenizer(path: str | None) -> Tokenizer:
             f"(titan looks for {looked}), so packed documents are not framed by one; a tokenizer "
             "with them keeps document boundaries (and the document mask) in the data"
         )
-    return Tokenizer(backend, size, *ids, cuts_exact=_cuts_exact(backend))
+    return Tokenizer(backend, size, *ids, cuts_exact=_cuts_exact(backend), file=str(file))
+
+
+#: The parts of a ``tokenizer.json`` that decide which ids a text gets (the decoder, the
+#: post-processor, padding and truncation do not: the loader adds no special tokens itself).
+_ENCODING_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens")
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> dict[str, Any] | None:
+    """The tokenizer's vocabulary size and a digest of what maps text to ids (its normalizer,
+    pre-tokenizer, model: vocabulary and merges, and added tokens), as parsed JSON with sorted
+    keys: a copy of the file, or one laid out otherwise, is the same tokenizer; another
+    vocabulary, another id for a token or other merges are not. A checkpoint records it, so a
+    resume whose token ids would mean other text says so. ``None``: no file to read."""
+    import hashlib
+
+    if tokenizer.file is None:
+        return None
+    try:
+        with open(tokenizer.file, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):  # read once already; changed since: nothing to compare
+        return None
+    if not isinstance(data, dict):
+        return None
+    encoding = {key: data.get(key) for key in _ENCODING_KEYS}
+    text = json.dumps(encoding, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return {"digest": digest, "vocab_size": tokenizer.vocab_size}
 
 
 #: Texts split where :func:`document_pieces` may cut them, to check a tokenizer against.
@@ -398,8 +434,12 @@ class PackedBatches:
     #: of one global batch), for the bound the warning gives.
     batches_per_step: int = 1
     _repeat_warned: bool = attrs.field(default=False, init=False, repr=False)
+    #: The pass over the data being read (1 the first), for errors.
+    _pass: int = attrs.field(default=1, init=False, repr=False)
 
-    def _sequences(self) -> Iterator[list[int]]:
+    def _sequences(self) -> Iterator[list[int] | None]:
+        """This rank's sequences, pass after pass, with ``None`` after each pass's last one (the
+        shuffle drains its pool there, so no pass mixes with the next)."""
         window = self.seq_len + 1
         epoch = 0
         # Sequence k of the whole stream, every pass in turn, goes to rank k % dp: counted over
@@ -412,6 +452,7 @@ class PackedBatches:
             first_index = index
             tokens = 0
             bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+            self._pass = epoch + 1
             for chunk in _chunks(self._segments(), 128, 8 * PIECE_CHARS):
                 for (_, first, last), ids in zip(
                     chunk, self.tokenizer.encode_batch([text for text, _, _ in chunk]), strict=True
@@ -439,12 +480,13 @@ class PackedBatches:
             epoch += 1
             if produced == 0:  # a later pass yields nothing: the documents changed under us
                 raise UsageError(f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data")
+            yield None  # the pass ended
 
     def _segments(self) -> Iterator[tuple[str, bool, bool]]:
         """``(text, starts a document, ends it)`` for each document of a pass, a long one in
         pieces (:func:`document_pieces`): tokenized whole, a document takes about 120 times its
         size in memory (a 14 MB text file took 1.7 GB), so one large file could exhaust the host."""
-        for document in self.documents():
+        for document in read_documents(self.documents, self.name, self._pass):
             if not isinstance(document, str):
                 raise PluginError(
                     f"{self.name} yielded {type(document).__name__} {_preview(document)} where a document "
@@ -501,14 +543,57 @@ class PackedBatches:
         pool: list[list[int]] = []
         batch: list[list[int]] = []
         for seq in self._sequences():
-            pool.append(seq)
-            if len(pool) < self.shuffle_buffer:
-                continue
-            batch.append(pool.pop(rng.randrange(len(pool)) if self.shuffle_buffer else 0))
-            if len(batch) == self.batch_size:
-                data = torch.tensor(batch, dtype=torch.long)
-                yield data[:, :-1], data[:, 1:]
-                batch = []
+            if seq is None:
+                # A pass ended: serve what the pool holds (in random order) before the next pass
+                # refills it. A pool kept across the end (a buffer larger than a pass, or the
+                # last ones of a pass) mixed two passes: one "pass" served some sequences twice
+                # and others not at all. Each pass is thus a shuffle of its own sequences, every
+                # one once; a buffer of a pass or more shuffles the whole pass.
+                taken = [pool.pop(rng.randrange(len(pool))) for _ in range(len(pool))]
+            else:
+                pool.append(seq)
+                if len(pool) < self.shuffle_buffer:
+                    continue
+                taken = [pool.pop(rng.randrange(len(pool)) if self.shuffle_buffer else 0)]
+            for row in taken:
+                batch.append(row)
+                if len(batch) == self.batch_size:
+                    data = torch.tensor(batch, dtype=torch.long)
+                    yield data[:, :-1], data[:, 1:]
+                    batch = []
+
+
+def read_documents(documents: Callable[[], Iterable[str]], name: str, pass_: int = 1) -> Iterator[str]:
+    """The documents ``documents()`` gives (a dataset plugin's, once per pass), its exceptions
+    other than a :class:`TitanError` (the plugin's own clean error) one :class:`PluginError`
+    naming the data, the document and the pass, chained to the original. Raised deep in a
+    stream (a network shard, a bad record of pass 2), the plugin's exception came out of the
+    training step as a bare traceback, attributed to the forward/backward, and from the
+    prefetch thread as well."""
+    count = 0
+
+    def failed(exc: Exception) -> PluginError:
+        return PluginError(
+            f"{name} failed reading document {count + 1} of pass {pass_} over the data: {describe(exc)}"
+        )
+
+    try:
+        stream = iter(documents())
+    except TitanError:
+        raise
+    except Exception as exc:
+        raise failed(exc) from exc
+    while True:
+        try:
+            document = next(stream)
+        except StopIteration:
+            return
+        except TitanError:
+            raise
+        except Exception as exc:
+            raise failed(exc) from exc
+        yield document
+        count += 1
 
 
 def _preview(value: object) -> str:

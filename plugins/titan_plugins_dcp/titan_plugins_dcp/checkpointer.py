@@ -394,6 +394,8 @@ class DCPCheckpointer:
         train = TrainState(found.step, self.data_geometry)
         _dcp(dcp.load, self._state(parts, optimizer, scheduler, train), checkpoint_id=found.path)
         changed = _data_changes(train.saved_data, self.data_geometry)
+        if "seq_len" in found.meta:  # the trainer's record: it continues after the tokens consumed
+            changed.pop("seq_len", None)
         if changed:
             log.warning(
                 "data geometry changed since the checkpoint; the data will not resume where it stopped",

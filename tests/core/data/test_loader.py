@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -636,3 +637,115 @@ def test_a_dataset_yielding_something_else_than_text_is_one_error_naming_it(item
     )
     with pytest.raises(PluginError, match=rf"data.dataset 'gen' yielded {type(item).__name__} .* must yield"):
         next(iter(loader))
+
+
+def _pass_of(texts: list[str], window: int) -> list[tuple[int, ...]]:
+    """The sequences of one pass over ``texts``, in packing order (an unshuffled loader)."""
+    tok = load_tokenizer(None)
+    count = sum(len(ids) + 2 for ids in tok.encode_batch(texts)) // window  # + BOS and EOS
+    rows = iter(PackedBatches(lambda: texts, tok, window - 1, 1, shuffle_buffer=0))
+    return [tuple(next(rows)[0][0].tolist()) for _ in range(count)]
+
+
+def _rows(loader: PackedBatches, count: int) -> list[tuple[int, ...]]:
+    """The first ``count`` input rows the loader serves, batch after batch."""
+    found: list[tuple[int, ...]] = []
+    for inputs, _ in loader:
+        found += [tuple(row.tolist()) for row in inputs]
+        if len(found) >= count:
+            return found[:count]
+    raise AssertionError("the loader ended")
+
+
+@pytest.mark.parametrize("buffer", [1, 5, 13, 14, 40, 1000])
+def test_each_pass_serves_every_sequence_once_whatever_the_shuffle_buffer(buffer: int) -> None:
+    """A buffer larger than one pass (or one spanning a pass's end) refilled from the next pass
+    before the current one was drained: one pass served some sequences twice, others never."""
+    texts = list(corpus.documents(5))
+    one_pass = _pass_of(texts, 17)
+    assert len(set(one_pass)) == len(one_pass) > 10  # distinct sequences, so counts are exact
+    loader = PackedBatches(lambda: texts, load_tokenizer(None), 16, 3, shuffle_buffer=buffer, seed=5)
+    served = _rows(loader, 3 * len(one_pass))
+    for start in range(0, len(served), len(one_pass)):
+        assert sorted(served[start : start + len(one_pass)]) == sorted(one_pass), (buffer, start)
+    assert served[: len(one_pass)] != one_pass or buffer <= 1  # still shuffled
+
+
+@pytest.mark.parametrize("buffer", [4, 1000])
+def test_dp_ranks_together_serve_each_pass_once_with_a_large_shuffle_buffer(buffer: int) -> None:
+    """Sequence k of the whole stream goes to rank k % 2: each pass, the two ranks' shares are
+    the pass's sequences, every one once (an odd pass alternates which rank gets one more)."""
+    texts = list(corpus.documents(4))  # 35 sequences: an odd pass
+    one_pass = _pass_of(texts, 17)
+    size = len(one_pass)
+    assert len(set(one_pass)) == size and size % 2 == 1
+    tok = load_tokenizer(None)
+    ranks = [PackedBatches(lambda: texts, tok, 16, 2, r, 2, seed=1, shuffle_buffer=buffer) for r in range(2)]
+    passes = 3
+    shares = [[k for k in range(passes * size) if k % 2 == r] for r in range(2)]
+    served = [_rows(loader, len(share)) for loader, share in zip(ranks, shares, strict=True)]
+    for p in range(passes):
+        got: list[tuple[int, ...]] = []
+        for r in range(2):
+            before = sum(1 for k in shares[r] if k < p * size)
+            mine = sum(1 for k in shares[r] if p * size <= k < (p + 1) * size)
+            got += served[r][before : before + mine]
+        assert sorted(got) == sorted(one_pass), (buffer, p)
+
+
+def _flaky(fail_on_pass: int, at: int) -> Any:
+    """A dataset plugin's ``documents``: the bundled corpus, failing at document ``at`` of a pass."""
+    calls = {"passes": 0}
+
+    def documents() -> Iterator[str]:
+        calls["passes"] += 1
+        for i, document in enumerate(corpus.documents(20)):
+            if calls["passes"] == fail_on_pass and i == at:
+                raise RuntimeError("connection reset by the shard server")
+            yield document
+
+    return documents
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_dataset_failing_deep_in_its_stream_is_one_error_naming_it(prefetch: bool) -> None:
+    """A plugin's exception while reading (a network shard, a bad record) came out of the step as
+    a bare traceback, attributed to the forward/backward phase; with the prefetch thread too."""
+    from titan_core.data.prefetch import Prefetcher
+    from titan_core.errors import PluginError
+
+    loader = PackedBatches(
+        _flaky(2, 5), load_tokenizer(None), 32, 4, shuffle_buffer=8, name="data.dataset 'flaky'"
+    )
+    batches: Iterator[Any] = Prefetcher(iter(loader), 2) if prefetch else iter(loader)
+    with pytest.raises(PluginError) as info:
+        for _ in range(1000):
+            next(batches)
+    message = str(info.value)
+    assert message.startswith("data.dataset 'flaky' failed reading document 6 of pass 2 over the data: ")
+    assert "RuntimeError: connection reset by the shard server (at " in message and __file__ in message
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_a_dataset_whose_documents_call_fails_is_one_error_naming_it() -> None:
+    from titan_core.errors import PluginError
+
+    def documents() -> list[str]:  # not a generator: the call itself fails
+        raise KeyError("shards")
+
+    loader = PackedBatches(documents, load_tokenizer(None), 32, 4, name="data.dataset 'flaky'")
+    with pytest.raises(
+        PluginError, match=r"data.dataset 'flaky' failed reading document 1 of pass 1 .*KeyError"
+    ):
+        next(iter(loader))
+
+
+def test_a_tokenizer_without_tokens_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """An empty vocabulary (a conversion that lost it) encoded every text to nothing, and the run
+    stopped blaming the data: 'too small for one batch: one pass gives 0 tokens'."""
+    data = json.loads(BUNDLED_TOKENIZER.read_text())
+    data["model"]["vocab"], data["model"]["merges"], data["added_tokens"] = {}, [], []
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"data.tokenizer_path: .*tokenizer.json' has no tokens"):
+        load_tokenizer(str(path))

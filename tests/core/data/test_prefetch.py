@@ -113,3 +113,40 @@ def test_the_trainer_stops_its_prefetch_thread_on_close(tmp_path: Path) -> None:
     finally:
         trainer.close(completed=True)
     assert not trainer.prefetcher._thread.is_alive()
+
+
+@pytest.mark.parametrize("failing_call", [1, 2], ids=["first read", "on the prefetch thread"])
+def test_a_dataset_plugin_failing_is_one_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing_call: int
+) -> None:
+    """The trainer reads one document before building the model (call 1), then the loader reads
+    pass 1 on the prefetch thread (call 2): a plugin's exception in either was a bare traceback."""
+    from tests.conftest import plugin_module
+    from titan_core import _registry
+    from titan_core.errors import PluginError
+    from titan_core.records import Dataset
+
+    calls = {"n": 0}
+    at = 0 if failing_call == 1 else 3  # the first read takes one document
+
+    def documents(data: object) -> Iterator[str]:
+        calls["n"] += 1
+        for i, document in enumerate(corpus.documents(200)):
+            if calls["n"] == failing_call and i == at:
+                raise ConnectionError("the shard server went away")
+            yield document
+
+    registry = _registry.Registry().load_entry_points()
+    registry.register(
+        plugin_module("flaky", titan_datasets=[Dataset("flaky", documents, reads_path=False)]), "flaky"
+    )
+    monkeypatch.setattr(_registry, "_default", registry)
+    config = tiny_llama3(tmp_path, steps=2)
+    config.data.dataset = "flaky"
+    with pytest.raises(PluginError) as info:
+        train(config, registry)
+    message = str(info.value)
+    assert message.startswith(
+        f"data.dataset 'flaky' failed reading document {at + 1} of pass 1 over the data: "
+    )
+    assert "ConnectionError: the shard server went away (at " in message

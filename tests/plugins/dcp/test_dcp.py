@@ -53,6 +53,17 @@ def test_resume_continues_with_the_losses_of_an_uninterrupted_run(tmp_path: Path
     assert resumed == {5: whole[5], 6: whole[6]}  # same weights, optimizer, LR and data position
 
 
+def test_resume_with_a_shuffle_buffer_larger_than_a_pass_continues_exactly(tmp_path: Path) -> None:
+    """3 bundled documents make about 11 sequences a pass, and the buffer holds 1000: each pass is
+    shuffled whole (drained before the next), and a resume in the second pass skips to exactly
+    where the stopped run was, so its losses are the uninterrupted run's."""
+    data = {"data.bundled_documents": 3, "data.shuffle_buffer": 1000}
+    whole = run(config_in(tmp_path / "whole", **data))
+    run(config_in(tmp_path / "split", **{**data, "debug.max_steps": 3}))
+    resumed = run(config_in(tmp_path / "split", **data))
+    assert resumed == {k: whole[k] for k in (4, 5, 6)}
+
+
 def test_load_only_loads_but_writes_nothing(tmp_path: Path) -> None:
     run(config_in(tmp_path, **{"debug.max_steps": 2}))
     assert saved_steps(tmp_path) == ["step-2"]

@@ -486,3 +486,99 @@ def test_initial_weights_of_untied_embeddings_into_a_tied_model_are_refused(
     rows(config_in(tmp_path / "tied_run", **{"training.steps": 2, "model.overrides": tied}))
     config.checkpoint.initial_load_path = str(tmp_path / "tied_run" / "checkpoint" / "step-2")
     Trainer(config, get_registry()).close()
+
+
+def _tokenizer_with_two_ids_swapped(source: Path, target: Path) -> None:
+    """The bundled tokenizer with two ordinary tokens' ids exchanged: the same vocabulary size
+    and file size, but ids 300 and 301 now mean each other's text."""
+    data = json.loads(source.read_text())
+    vocab = data["model"]["vocab"]
+    a, b = (next(t for t, i in vocab.items() if i == n) for n in (300, 301))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    target.write_text(json.dumps(data))
+
+
+def test_a_resume_with_another_tokenizer_at_the_same_path_says_so(tmp_path: Path, warnings: Warnings) -> None:
+    """The token ids the model was trained on mean other text after the tokenizer file changed;
+    the path alone (all the checkpoint recorded) was the same, so nothing was said."""
+    from titan_core.data.loader import BUNDLED_TOKENIZER
+
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text(json.dumps(json.loads(BUNDLED_TOKENIZER.read_text())))
+    own = {"data.tokenizer_path": str(tokenizer)}
+    rows(config_in(tmp_path / "run", **{**own, "debug.max_steps": 3}))
+    _tokenizer_with_two_ids_swapped(tokenizer, tokenizer)
+    assert sorted(rows(config_in(tmp_path / "run", **own))) == [4, 5, 6]
+    (message,) = [w for w in warnings.seen if "another tokenizer" in w]
+    assert "the token ids the model learnt until step 3 mean other text now" in message
+    assert f"{str(tokenizer)!r}, rewritten since" in message
+    assert "the same vocabulary size (612 tokens)" in message
+    assert not [w for w in warnings.seen if "another data configuration" in w]  # said once
+
+
+def test_a_resume_with_a_tokenizer_of_another_vocabulary_names_both_sizes(
+    tmp_path: Path, warnings: Warnings
+) -> None:
+    from titan_core.data.make_tokenizer import train_tokenizer
+
+    rows(config_in(tmp_path / "run", **{"debug.max_steps": 3}))  # the bundled tokenizer
+    smaller = tmp_path / "small" / "tokenizer.json"
+    smaller.parent.mkdir()
+    train_tokenizer(vocab_size=400).save(str(smaller))
+    rows(config_in(tmp_path / "run", **{"data.tokenizer_path": str(smaller.parent)}))
+    (message,) = [w for w in warnings.seen if "another tokenizer" in w]
+    assert "titan's bundled tokenizer ->" in message and "612 -> 400 tokens" in message
+
+
+def test_a_resume_with_a_copy_of_the_tokenizer_says_nothing(tmp_path: Path, warnings: Warnings) -> None:
+    """The same tokenizer at another path, its JSON laid out otherwise, is the same tokenizer."""
+    from titan_core.data.loader import BUNDLED_TOKENIZER
+
+    rows(config_in(tmp_path / "run", **{"debug.max_steps": 3}))
+    copy = tmp_path / "copy.json"
+    copy.write_text(json.dumps(json.loads(BUNDLED_TOKENIZER.read_text()), indent=2, sort_keys=True))
+    assert sorted(rows(config_in(tmp_path / "run", **{"data.tokenizer_path": str(copy)}))) == [4, 5, 6]
+    assert not [w for w in warnings.seen if "tokenizer" in w or "another data configuration" in w]
+
+
+def test_a_checkpoint_without_a_tokenizer_record_resumes_without_a_word(
+    tmp_path: Path, warnings: Warnings
+) -> None:
+    """An earlier titan's checkpoint records no tokenizer: nothing to compare, nothing said."""
+    rows(config_in(tmp_path / "run", **{"debug.max_steps": 3}))
+    meta_path = tmp_path / "run" / "checkpoint" / "step-3" / "meta.json"
+    record = json.loads(meta_path.read_text())
+    assert record["meta"]["tokenizer"]["vocab_size"] == 612
+    del record["meta"]["tokenizer"]
+    meta_path.write_text(json.dumps(record))
+    assert sorted(rows(config_in(tmp_path / "run"))) == [4, 5, 6]
+    assert warnings.seen == []
+
+
+def test_a_resume_with_another_seq_len_continues_after_the_tokens_consumed(
+    tmp_path: Path, warnings: Warnings
+) -> None:
+    """3 steps of 4 sequences of 33 tokens consumed 396 tokens; resumed with seq_len 64, the skip
+    counted 12 sequences of 65 (780 tokens), so 384 tokens were never trained on. Now step 4
+    starts at the first whole microbatch after token 396: sequences 8-11 of 65 tokens."""
+    import itertools
+
+    import torch
+
+    rows(config_in(tmp_path, **{"debug.max_steps": 3}))  # unshuffled, local batch 4
+    trainer = Trainer(config_in(tmp_path, **{"training.seq_len": 64}), get_registry())
+    seen: list[torch.Tensor] = []
+    real = trainer.forward_backward
+    trainer.forward_backward = lambda inputs, labels: (seen.append(inputs.clone()), real(inputs, labels))[1]
+    try:
+        stream = [inputs for inputs, _ in itertools.islice(iter(trainer.batches), 6)]  # from its start
+        trainer.train()
+    finally:
+        trainer.close()
+    assert [inputs.shape[1] for inputs in seen] == [64, 64, 64]
+    for i, inputs in enumerate(seen):
+        assert torch.equal(inputs, stream[2 + i]), i
+    (message,) = [w for w in warnings.seen if "training.seq_len" in w]
+    assert "resuming with training.seq_len 32 -> 64" in message
+    assert "12 sequences of 33 tokens (396 tokens)" in message and "at sequence 8 of 65 tokens" in message
+    assert not [w for w in warnings.seen if "not a multiple" in w]
