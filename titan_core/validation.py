@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from titan_core.data.loader import PackedBatches, path_field
+from titan_core.data.loader import PackedBatches, path_field, read_documents
 from titan_core.errors import UsageError
 from titan_core.log import get_logger
 from titan_core.run_folder import overlapping
@@ -65,7 +65,8 @@ def validation_batches(trainer: Trainer, registry: Registry) -> PackedBatches:
         )
     token = path_field.set("validation.path")  # a folder is listed (and warned of) on first read
     try:
-        first = next(iter(_as_validation(documents(data))), None)
+        # A plugin's exception there is one error naming the dataset, as later reads' are.
+        first = next(_as_validation(read_documents(lambda: documents(data), label)), None)
     finally:
         path_field.reset(token)
     if first is None:

@@ -411,3 +411,32 @@ def test_a_bad_line_deep_in_the_validation_data_names_validation_path(tmp_path: 
     config.validation.steps = 400  # reads past the good lines
     with pytest.raises(UsageError, match=r"^validation\.path: .*val\.jsonl:301 is not a JSON object"):
         train(config, get_registry())
+
+
+@pytest.mark.parametrize("where", ["call", "first document"])
+def test_a_validation_dataset_failing_on_its_first_read_is_one_error_naming_it(
+    tmp_path: Path, where: str
+) -> None:
+    """The build reads the first validation document (to refuse an empty set): a plugin's
+    exception there was a bare traceback, where the training data's is one error naming it."""
+    from titan_core.errors import PluginError
+
+    def broken(data: Data) -> Iterable[str]:
+        if where == "call":
+            raise ConnectionError("the validation shard server is down")
+        yield from ()
+        raise ConnectionError("the validation shard server is down")
+
+    registry = Registry().load_entry_points()
+    registry.register(
+        plugin(titan_datasets=[Dataset("remote", broken, reads_path=False)]), "third_party_data"
+    )
+    config = with_validation(tmp_path)
+    config.validation.dataset, config.validation.path = "remote", None
+    with pytest.raises(PluginError) as info:
+        Trainer(config, registry)
+    message = str(info.value)
+    assert message.startswith(
+        "validation.dataset 'remote' failed reading document 1 of pass 1 over the data: "
+    )
+    assert "ConnectionError: the validation shard server is down" in message
