@@ -303,6 +303,36 @@ def test_callback_gives_the_layers_the_context_parallel_group() -> None:
     assert (layer(other).aux_cp_group, layer(other).aux_cp) == (None, 1)
 
 
+def pipeline_trainer(model: torch.nn.Module, simulated: frozenset[str] = frozenset()) -> SimpleNamespace:
+    """A fake trainer of one pipeline stage out of two (the stages' group is ``"pp-group"``)."""
+    trainer = fake_trainer(model, MoEConfig(bias_update_rate=0.01), 2, 8)
+    trainer.parallel_dims = SimpleNamespace(dp=1, cp=1, pp=2)
+    trainer.mesh = {"dp_cp": SimpleNamespace(get_group=lambda: None)}
+    trainer.topology = SimpleNamespace(simulated=simulated, group=lambda dim, mesh: f"{dim}-group")
+    trainer.model_args = model.args
+    return trainer
+
+
+def test_under_pipeline_parallelism_every_stage_joins_the_sum_of_all_layers() -> None:
+    """Each stage lays its layers out among every MoE layer of the model (summed over the ``pp``
+    group on logging steps); a stage of dense blocks only takes part too (else the others wait)."""
+    model = build(attrs.evolve(ARGS, n_layers=4))
+    del model.layers["1"], model.layers["2"]  # this stage holds blocks 0 (dense) and 3
+    callback = RouterCallback.build(pipeline_trainer(model))
+    assert callback.stage_group == "pp-group"
+    assert (callback.labels, callback.slots) == (["1", "2", "3"], [2])
+    dense_only = build(attrs.evolve(ARGS, n_layers=4))
+    for i in ("1", "2", "3"):
+        del dense_only.layers[i]
+    joined = RouterCallback.build(pipeline_trainer(dense_only))
+    assert joined is not None and joined.layers == [] and joined.slots == []
+    joined.after_optimizer_step(1)  # nothing routed here: no counts, no update
+    # Simulated stages (a fake comm backend) move nothing: each reports its own layers.
+    alone = RouterCallback.build(pipeline_trainer(model, simulated=frozenset({"pp"})))
+    assert alone.stage_group is None and alone.labels == ["3"]
+    assert RouterCallback.build(pipeline_trainer(dense_only, simulated=frozenset({"pp"}))) is None
+
+
 def test_the_aux_loss_is_reported() -> None:
     model = build()
     callback = RouterCallback.build(fake_trainer(model, MoEConfig(aux_loss_weight=0.01), batch=2, seq=8))

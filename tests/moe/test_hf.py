@@ -5,6 +5,7 @@ in both directions; the exported config and Hub-layout weights load with ``from_
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,12 @@ def test_settings_titan_does_not_compute_are_refused_not_dropped(base: str, fiel
         },
         {k: v for k, v in DEEPSEEK_V2.items() if k not in ("n_shared_experts", "routed_scaling_factor")},
         {k: v for k, v in QWEN3.items() if k not in ("norm_topk_prob", "decoder_sparse_step")},
+        # Leading dense layers however the file spells them: transformers makes layer i dense when
+        # i is in mlp_only_layers (any order, repeats, indices past the last layer ignored) or
+        # (i + 1) is not a multiple of decoder_sparse_step.
+        {**QWEN3, "num_hidden_layers": 4, "mlp_only_layers": [1, 0, 1]},
+        {**QWEN3, "mlp_only_layers": [0, 9]},
+        {**QWEN3, "mlp_only_layers": [], "decoder_sparse_step": 3},
     ],
     ids=[
         "qwen3_yarn_no_original",
@@ -278,6 +285,9 @@ def test_settings_titan_does_not_compute_are_refused_not_dropped(base: str, fiel
         "deepseek_v3_defaults",
         "deepseek_v2_defaults",
         "qwen3_defaults",
+        "qwen3_mlp_only_unordered",
+        "qwen3_mlp_only_past_the_end",
+        "qwen3_sparse_step_last_layer",
     ],
 )
 def test_a_config_json_imports_as_transformers_reads_it(raw: dict[str, Any]) -> None:
@@ -315,6 +325,48 @@ def test_yarn_settings_titan_does_not_compute_are_refused_not_dropped(field: str
     computed = yarn_attention_factor(args)
     same = {**QWEN3, "rope_scaling": {**YARN, "attention_factor": computed, "truncate": True}}
     assert hf.args_from_hf(same) == args
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3", "deepseek_v2"])
+def test_a_config_json_without_shape_fields_imports_transformers_defaults(kind: str) -> None:
+    """transformers fills every field a config.json leaves out (Qwen3-MoE: 4 key/value heads,
+    128 experts, top-8, not the query heads and a KeyError); titan reads the same model."""
+    sparse = {"model_type": kind, "num_experts_per_tok": 6} if kind == "deepseek_v2" else {"model_type": kind}
+    defaults = transformers.AutoConfig.for_model(**sparse).to_dict()
+    assert hf.args_from_hf(dict(sparse)) == hf.args_from_hf(defaults)
+    if kind == "qwen3_moe":
+        assert hf.args_from_hf(dict(sparse)).kv_heads == 4
+
+
+def test_a_config_json_without_a_field_transformers_has_no_default_for_is_refused() -> None:
+    """DeepSeek-V2's num_experts_per_tok has no default (transformers cannot build the model)."""
+    with pytest.raises(UsageError, match=r"Hugging Face config: num_experts_per_tok is not set"):
+        hf.args_from_hf({k: v for k, v in DEEPSEEK_V2.items() if k != "num_experts_per_tok"})
+
+
+@pytest.mark.parametrize("topk_method", ["group_limited_greedy", "noaux_tc"])
+def test_deepseek_v2_routing_titan_does_not_compute_is_refused_naming_it(topk_method: str) -> None:
+    """Group-limited greedy scores a group by its best expert (titan: its best two); transformers'
+    DeepSeek-V2 has no noaux_tc. The error names the value the file has."""
+    with pytest.raises(UsageError, match=rf"topk_method = '{topk_method}' is not supported"):
+        hf.args_from_hf({**DEEPSEEK_V2, "topk_method": topk_method, "n_group": 4, "topk_group": 2})
+
+
+@pytest.mark.parametrize(
+    ("changes", "dense"),
+    [
+        ({"decoder_sparse_step": 2, "mlp_only_layers": []}, [0, 2]),
+        ({"mlp_only_layers": [1]}, [1]),
+        ({"num_experts": 0}, [0, 1, 2]),
+    ],
+    ids=["sparse_step_2", "middle_layer", "no_experts"],
+)
+def test_dense_layers_titan_cannot_place_are_refused_naming_them(
+    changes: dict[str, Any], dense: list[int]
+) -> None:
+    """titan's dense blocks lead the model; transformers' other layouts are one clear refusal."""
+    with pytest.raises(UsageError, match=re.escape(f"transformers builds dense layers {dense} of 3")):
+        hf.args_from_hf({**QWEN3, **changes})
 
 
 def test_deepseek_v2_without_shared_experts_imports() -> None:

@@ -3,11 +3,14 @@ process (losses within 1e-4) from the same seed checkpoint, with both balancing 
 bias update's token counts are summed over the data-parallel ranks; the balance loss of pipeline
 microbatches adds up to the batch mean).
 
-EP 2 (experts sharded, dense weights FSDP 2), EP 2 with expert FSDP 2 (4 ranks), TP 2 (with
-sequence and loss parallel) and PP 2 for DeepSeek-V3's shape (MLA, group-limited sigmoid routing,
-shared expert, dense first layer); EP 2 and TP 2 for Qwen3-MoE's (q/k norm, explicit head_dim),
-and PP 2 for Qwen3-MoE's with document masking; CP 2 and CP 2 x FSDP 2 (4 ranks) for Qwen3-MoE's
-with a stronger balance loss (each sequence's expert counts summed over its shards).
+EP 2 (experts sharded, dense weights FSDP 2), EP 2 with expert FSDP 2 (4 ranks, also with
+multi-token prediction), TP 2 (with sequence and loss parallel) and PP 2 (also interleaved, and
+with a first stage of dense blocks only) for DeepSeek-V3's shape (MLA, group-limited sigmoid
+routing, shared expert, dense first layer); EP 2, EP 2 with expert FSDP 2 and TP 2 for Qwen3-MoE's
+(q/k norm, explicit head_dim), and PP 2 for Qwen3-MoE's with document masking; CP 2 and CP 2 x
+FSDP 2 (4 ranks) for Qwen3-MoE's with a stronger balance loss (each sequence's expert counts summed
+over its shards). Every layout logs the one-process run's balance loss, bias and router statistics
+of every MoE layer (under PP the stages add theirs up).
 """
 
 from __future__ import annotations
@@ -75,11 +78,33 @@ ARCHS["qwen3_masked"] = {
 #: only the logged value) shows whether each sequence's loss is the whole sequence's.
 ARCHS["qwen3_aux"] = {**ARCHS["qwen3"], "moe.aux_loss_weight": 0.1}
 
+#: DeepSeek-V3 with multi-token prediction: its MoE block's experts are sharded by EP too.
+ARCHS["deepseek_v3_mtp"] = {
+    **ARCHS["deepseek_v3"],
+    "model.overrides": {**ARCHS["deepseek_v3"]["model.overrides"], "n_mtp_layers": 1},
+}
+
+#: DeepSeek-V3 with two dense blocks: PP 2's first stage holds no MoE layer, and still joins the
+#: stages' sum of the router statistics on logging steps (else the other stage would wait).
+ARCHS["deepseek_v3_dense2"] = {
+    **ARCHS["deepseek_v3"],
+    "model.overrides": {**ARCHS["deepseek_v3"]["model.overrides"], "n_dense_layers": 2},
+}
+
 LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
     "ep2": (2, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 2}),
     "ep2_efsdp2": (4, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 4}),
     "tp2": (2, {"parallelism.tp": 2}),
     "pp2": (2, {"parallelism.pp": 2}),
+    # Two stages per rank (an interleaved schedule): a rank's layers come from two model parts.
+    "pp2_interleaved": (
+        2,
+        {
+            "parallelism.pp": 2,
+            "parallelism.pp_schedule": "Interleaved1F1B",
+            "parallelism.pp_stages_per_rank": 2,
+        },
+    ),
     "cp2": (2, {"parallelism.cp": 2}),
     "cp2_fsdp2": (
         4,
@@ -92,7 +117,11 @@ CASES = [
     ("deepseek_v3", "ep2_efsdp2"),
     ("deepseek_v3", "tp2"),
     ("deepseek_v3", "pp2"),
+    ("deepseek_v3", "pp2_interleaved"),
+    ("deepseek_v3_dense2", "pp2"),
+    ("deepseek_v3_mtp", "ep2_efsdp2"),
     ("qwen3", "ep2"),
+    ("qwen3", "ep2_efsdp2"),
     ("qwen3", "tp2"),
     ("qwen3_masked", "pp2"),
     ("qwen3_masked", "cp2"),
@@ -123,11 +152,15 @@ def test_layout_matches_one_process(
 ) -> None:
     seed, expected = reference(arch, tmp_path_factory)
     nproc, overrides = LAYOUTS[layout]
-    rank = 1 if layout == "pp2" else 0  # the last stage logs the loss
+    rank = 1 if layout.startswith("pp2") else 0  # the last stage logs the loss
     rows = layout_rows(tmp_path, nproc, seed, {**ARCHS[arch], **overrides}, rank=rank)
     assert_rows_close(rows, expected)
-    if layout != "pp2":  # a pipeline rank reports its own stages' layers only
-        # The balance loss is the whole batch's, the statistics count every rank's tokens.
-        for key in ("moe/aux_loss", "moe/expert_bias_absmax", "moe/imbalance_max", "moe/layer3/tokens_max"):
-            got, want = [r[key] for r in rows], [r[key] for r in expected]
-            assert got == pytest.approx(want, rel=1e-4), key
+    # The balance loss is the whole batch's, the statistics count every rank's tokens and cover
+    # every MoE layer: under PP the logging (last) stage reports the first stage's layers too.
+    keys = sorted(k for k in expected[0] if k.startswith("moe/"))
+    first_moe = ARCHS[arch]["model.overrides"].get("n_dense_layers", 1)
+    assert f"moe/layer{first_moe}/imbalance" in keys and "moe/aux_loss" in keys
+    assert sorted(k for k in rows[0] if k.startswith("moe/")) == keys
+    for key in keys:
+        got, want = [r[key] for r in rows], [r[key] for r in expected]
+        assert got == pytest.approx(want, rel=1e-4), key

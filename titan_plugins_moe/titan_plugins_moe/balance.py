@@ -26,8 +26,10 @@ Built once per run (``titan_callbacks``) from the ``moe`` config section, it
   Layers are labelled by block index (``moe/layer3/...``), those of multi-token-prediction
   modules ``moe/layermtp0/...``.
 
-Under pipeline parallelism a rank sees its own stages' layers: the logging rank (the last stage)
-reports those; ``LOG_RANK`` picks another rank to see earlier layers.
+Under pipeline parallelism a rank holds its own stages' layers only: on logging steps the stages
+add up their per-layer sums (one small all-reduce over the ``pp`` group, each layer living on one
+stage), so every rank, the logging one (the last stage) included, reports every MoE layer and the
+whole model's balance loss.
 """
 
 from __future__ import annotations
@@ -82,6 +84,28 @@ def _cp_group(trainer: Any) -> Any:
     return trainer.mesh["cp"].get_group()
 
 
+def _stage_group(trainer: Any) -> Any:
+    """The process group of the pipeline stages (None: no pipeline parallelism, or simulated
+    stages: a fake comm backend's all-reduce moves nothing, and the other stages' layers would
+    read as zeros)."""
+    if trainer.mesh is None or getattr(trainer.parallel_dims, "pp", 1) == 1:
+        return None
+    if "pp" in trainer.topology.simulated:
+        return None
+    return trainer.topology.group("pp", trainer.mesh)
+
+
+def all_labels(model_args: Any) -> list[str] | None:
+    """The labels of every MoE layer of the whole model (all pipeline stages), in model order, from
+    its arguments; ``None`` when they are not this plugin's (no ``n_layers``/``n_dense_layers``)."""
+    try:
+        n_layers, n_dense = int(model_args.n_layers), int(model_args.n_dense_layers)
+        n_mtp = int(getattr(model_args, "n_mtp_layers", 0))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return [str(i) for i in range(min(n_dense, n_layers), n_layers)] + [f"mtp{k}" for k in range(n_mtp)]
+
+
 def take_step(moe: MoE, tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-expert counts and balance loss of the last forwards of ``moe`` that routed ``tokens``
     tokens in all (earlier ones are a pipeline schedule's metadata inference); clears ``stats``."""
@@ -110,9 +134,18 @@ class RouterCallback:
         group: Any,
         device: torch.device,
         mtp: list[Any] = (),  # type: ignore[assignment]
+        stage_group: Any = None,
+        labels: list[str] | None = None,
     ) -> None:
         self.index = [i for i, _ in layers]
         self.layers = [m for _, m in layers]
+        #: Pipeline parallel: the ``pp`` group and every stage's MoE layer labels (``labels``), whose
+        #: per-layer sums the stages add up on logging steps; this rank's layers are at ``slots``.
+        self.stage_group = None
+        self.labels, self.slots = list(self.index), list(range(len(self.index)))
+        if stage_group is not None and labels is not None and set(self.index) <= set(labels):
+            self.stage_group = stage_group
+            self.labels, self.slots = list(labels), [labels.index(i) for i in self.index]
         self.tokens = tokens
         self.rate = settings.bias_update_rate
         self.stats = settings.router_stats
@@ -130,7 +163,11 @@ class RouterCallback:
     def build(cls, trainer: Any) -> RouterCallback | None:
         layers = moe_layers(trainer.parts)
         settings = trainer.config.moe
-        if not layers:
+        stages = _stage_group(trainer)
+        labels = all_labels(getattr(trainer, "model_args", None)) if stages is not None else None
+        # A pipeline stage without MoE layers (only dense blocks) still joins the stages' sum on
+        # logging steps: every rank of the ``pp`` group has to call the all-reduce.
+        if not layers and not labels:
             return None
         t = trainer.config.training
         # Gradient accumulation divides each microbatch's loss by their number (the trainer's
@@ -156,7 +193,7 @@ class RouterCallback:
         for model in mtp:
             model.mtp_stats = []
         tokens = t.local_batch_size * accumulation * t.seq_len // trainer.parallel_dims.cp
-        return cls(layers, settings, tokens, _dp_group(trainer), trainer.device, mtp)
+        return cls(layers, settings, tokens, _dp_group(trainer), trainer.device, mtp, stages, labels)
 
     def _all_reduce(self, counts: torch.Tensor) -> torch.Tensor:
         if self.group is not None:
@@ -167,6 +204,9 @@ class RouterCallback:
 
     @torch.no_grad()
     def after_optimizer_step(self, step: int) -> None:
+        self.steps += 1
+        if not self.layers:  # a pipeline stage of dense blocks only: nothing routed here
+            return
         taken = [take_step(m, self.tokens) for m in self.layers]
         counts = torch.stack([c for c, _ in taken])
         load = None
@@ -191,16 +231,20 @@ class RouterCallback:
             if model.mtp_stats:
                 self.mtp_window += torch.stack(model.mtp_stats).sum()
                 model.mtp_stats.clear()
-        self.steps += 1
 
-    @torch.no_grad()
-    def metrics(self, step: int) -> dict[str, float]:
-        steps, self.steps = max(self.steps, 1), 0
-        if is_fake(self.window):  # shape-only steps: no counts to report
-            return {}
-        per_step = self.window.cpu() / steps  # the one host read
-        self.window.zero_()
-        row: dict[str, float] = {}
+    def _gather(self, steps: int) -> torch.Tensor:
+        """``(5, max(len(labels), 2))`` float64 on the host: per layer (columns in ``labels``
+        order) the interval's mean imbalance, fewest and most tokens of an expert, and the layer's
+        largest bias; row 4 holds the balance loss and MTP term per step (columns 0 and 1),
+        whole-batch means. Under PP every stage's layers: the stages' tensors added up (each layer
+        lives on one stage, the others hold zeros for it)."""
+        device = self.window.device
+        packed = torch.zeros(5, max(len(self.labels), 2), dtype=torch.float64, device=device)
+        slots = torch.tensor(self.slots, dtype=torch.long, device=device)
+        packed[:3].index_copy_(1, slots, self.window / steps)
+        if self.rate > 0 and self.layers:
+            bias = torch.stack([m.router.expert_bias.abs().max() for m in self.layers]).double()
+            packed[3].index_copy_(0, slots, bias)
         if self.aux or self.mtp:
             # Each rank's terms are the means over its own sequences: the batch's is their mean.
             ranks = 1
@@ -208,23 +252,38 @@ class RouterCallback:
                 import torch.distributed as dist
 
                 ranks = dist.get_world_size(self.group)
-            losses = self._all_reduce(torch.stack([self.aux_window, self.mtp_window])).cpu() / (steps * ranks)
-            self.aux_window.zero_()
-            self.mtp_window.zero_()
-            if self.aux:
-                row["moe/aux_loss"] = float(f"{float(losses[0]):.6g}")
-            if self.mtp:
-                row["moe/mtp_loss"] = float(f"{float(losses[1]):.6g}")
+            losses = self._all_reduce(torch.stack([self.aux_window, self.mtp_window])) / (steps * ranks)
+            packed[4, :2] = losses.double()
+        if self.stage_group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(packed, group=self.stage_group)
+        return packed.cpu()  # the one host read
+
+    @torch.no_grad()
+    def metrics(self, step: int) -> dict[str, float]:
+        steps, self.steps = max(self.steps, 1), 0
+        if is_fake(self.window):  # shape-only steps: no counts to report
+            return {}
+        packed = self._gather(steps)
+        imbalance, lows, highs, bias = packed[:4, : len(self.labels)]
+        losses = packed[4]
+        self.window.zero_()
+        self.aux_window.zero_()
+        self.mtp_window.zero_()
+        row: dict[str, float] = {}
+        if self.aux:
+            row["moe/aux_loss"] = float(f"{float(losses[0]):.6g}")
+        if self.mtp:
+            row["moe/mtp_loss"] = float(f"{float(losses[1]):.6g}")
         if self.rate > 0:
-            bias = torch.stack([m.router.expert_bias.abs().max() for m in self.layers]).max()
-            row["moe/expert_bias_absmax"] = float(f"{float(bias):.6g}")
+            row["moe/expert_bias_absmax"] = float(f"{float(bias.max()):.6g}")
         if self.stats == "off":
             return row
-        imbalance, lows, highs = per_step
         row["moe/imbalance_max"] = round(float(imbalance.max()), 4)
         row["moe/imbalance_mean"] = round(float(imbalance.mean()), 4)
         if self.stats == "per_layer":
-            for i, layer in enumerate(self.index):
+            for i, layer in enumerate(self.labels):
                 row[f"moe/layer{layer}/imbalance"] = round(float(imbalance[i]), 4)
                 row[f"moe/layer{layer}/tokens_min"] = round(float(lows[i]), 2)
                 row[f"moe/layer{layer}/tokens_max"] = round(float(highs[i]), 2)

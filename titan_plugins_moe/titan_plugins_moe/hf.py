@@ -410,7 +410,11 @@ _UNSUPPORTED: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {
         ("scoring_func", ("sigmoid",), "sigmoid router scores"),
         ("topk_method", ("noaux_tc",), "group-limited top-k over bias-corrected sigmoid scores"),
     ],
-    "deepseek_v2": [("scoring_func", ("softmax",), "softmax router scores")],
+    "deepseek_v2": [
+        ("scoring_func", ("softmax",), "softmax router scores"),
+        # group_limited_greedy scores a group by its best expert, titan's groups by their best two.
+        ("topk_method", ("greedy",), "greedy top-k over all experts, without group-limited routing"),
+    ],
 }
 
 
@@ -427,8 +431,30 @@ def _refuse_unsupported(config: dict[str, Any], kind: str) -> None:
 #: transformers' defaults (its ``Qwen3MoeConfig``, ``DeepseekV3Config``, ``DeepseekV2Config``) of
 #: the fields :func:`args_from_hf` reads, for a ``config.json`` that leaves some out.
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
-    "qwen3_moe": {"norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3_moe": {
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        # Not the query heads: a file without it has grouped-query attention with 4 K/V heads.
+        "num_key_value_heads": 4,
+        "num_experts_per_tok": 8,
+        "max_position_embeddings": 32768,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
     "deepseek_v3": {
+        "vocab_size": 129280,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_experts_per_tok": 8,
+        "max_position_embeddings": 4096,
         "routed_scaling_factor": 2.5,
         "n_group": 8,
         "topk_group": 4,
@@ -440,9 +466,15 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64,
         "v_head_dim": 128,
-        "n_routed_experts": 256,
     },
     "deepseek_v2": {
+        "vocab_size": 102400,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "moe_intermediate_size": 1407,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
         "routed_scaling_factor": 1.0,
         "first_k_dense_replace": 0,
         "n_shared_experts": 2,
@@ -451,10 +483,22 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64,
         "v_head_dim": 128,
-        "n_routed_experts": 64,
         "topk_method": "greedy",
     },
 }
+
+#: transformers' default number of routed experts (``num_experts`` / ``n_routed_experts``).
+_EXPERTS_DEFAULT = {"qwen3_moe": 128, "deepseek_v3": 256, "deepseek_v2": 64}
+
+
+def _qwen3_dense_layers(config: dict[str, Any], n_experts: int) -> list[int]:
+    """The layers transformers' Qwen3-MoE builds with a dense MLP: those in ``mlp_only_layers``
+    (any order; indices past the last layer name none) and, without experts or where ``(i + 1)``
+    is not a multiple of ``decoder_sparse_step``, the others too."""
+    only = set(config.get("mlp_only_layers") or [])
+    step = config.get("decoder_sparse_step") or 1
+    n_layers = config["num_hidden_layers"]
+    return [i for i in range(n_layers) if i in only or n_experts <= 0 or (i + 1) % step]
 
 
 def args_from_hf(config: dict[str, Any]) -> MoEArgs:
@@ -467,8 +511,21 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
         )
     # A field the file leaves out means transformers' default, not titan's: a config without
     # routed_scaling_factor is a DeepSeek-V3 with 2.5, which no tensor of the folder shows.
+    # The number of routed experts under the file's name for it, else the name transformers 5
+    # writes (``num_local_experts``), else transformers' default.
+    n_experts = config.get(
+        "num_experts" if kind == "qwen3_moe" else "n_routed_experts",
+        config.get("num_local_experts", _EXPERTS_DEFAULT[kind]),
+    )
     config = {**_HF_DEFAULTS[kind], **config}
     _refuse_unsupported(config, kind)
+    # Fields transformers has no default for (DeepSeek-V2's num_experts_per_tok: its model cannot
+    # be built without it): one error naming the field, not a TypeError in the model's checks.
+    required = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
+    required += ["num_experts_per_tok", "moe_intermediate_size"]
+    for field in required:
+        if config.get(field) is None:
+            raise UsageError(f"Hugging Face config: {field} is not set (transformers has no default for it)")
     common: dict[str, Any] = {
         "dim": config["hidden_size"],
         "n_layers": config["num_hidden_layers"],
@@ -483,13 +540,14 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
         **_rope_fields(config),
     }
     if kind == "qwen3_moe":
-        dense = list(config.get("mlp_only_layers") or [])
-        if dense != list(range(len(dense))) or config.get("decoder_sparse_step", 1) != 1:
+        dense = _qwen3_dense_layers(config, n_experts or 0)
+        if dense != list(range(len(dense))) or len(dense) == config["num_hidden_layers"]:
             raise UsageError(
-                "Hugging Face config: titan's dense layers lead the model; mlp_only_layers must be "
-                f"0, 1, ... and decoder_sparse_step 1 (got {dense}, {config.get('decoder_sparse_step')})"
+                f"Hugging Face config: transformers builds dense layers {dense} of "
+                f"{config['num_hidden_layers']} (mlp_only_layers = {config.get('mlp_only_layers')}, "
+                f"decoder_sparse_step = {config.get('decoder_sparse_step')}, num_experts = {n_experts}); "
+                "titan's dense blocks lead the model and at least one MoE block follows them"
             )
-        n_experts = config.get("num_experts", config.get("num_local_experts"))
         return MoEArgs(
             **common,
             n_kv_heads=config.get("num_key_value_heads"),
@@ -506,7 +564,6 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
         raise UsageError(
             "Hugging Face config: rope_interleave = false is not supported (titan rotates pairs)"
         )
-    n_experts = config.get("n_routed_experts", config.get("num_local_experts"))
     args = MoEArgs(
         **common,
         attention="mla",
@@ -528,6 +585,5 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
             n_expert_groups=config.get("n_group") or 1,
             n_limited_groups=config.get("topk_group") or 1,
         )
-    if config.get("topk_method", "greedy") != "greedy":
-        raise UsageError("Hugging Face config: DeepSeek-V2's group_limited_greedy routing is not supported")
+    # topk_method other than greedy is refused by _refuse_unsupported.
     return attrs.evolve(args, score_func="softmax", route_norm=False)
