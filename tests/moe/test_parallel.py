@@ -7,7 +7,8 @@ EP 2 (experts sharded, dense weights FSDP 2), EP 2 with expert FSDP 2 (4 ranks, 
 multi-token prediction), TP 2 (with sequence and loss parallel) and PP 2 (also interleaved, and
 with a first stage of dense blocks only) for DeepSeek-V3's shape (MLA, group-limited sigmoid
 routing, shared expert, dense first layer); EP 2, EP 2 with expert FSDP 2 and TP 2 for Qwen3-MoE's
-(q/k norm, explicit head_dim), and PP 2 for Qwen3-MoE's with document masking; CP 2 and CP 2 x
+(q/k norm, explicit head_dim), and PP 2, CP 2 and CP 2 x PP 2 for Qwen3-MoE's with document
+masking; CP 2 for DeepSeek-V3's (MLA's decoupled RoPE key at the shard's positions); CP 2 and CP 2 x
 FSDP 2 (4 ranks) for Qwen3-MoE's with a stronger balance loss (each sequence's expert counts summed
 over its shards). Every layout logs the one-process run's balance loss, bias and router statistics
 of every MoE layer (under PP the stages add theirs up).
@@ -106,6 +107,8 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
         },
     ),
     "cp2": (2, {"parallelism.cp": 2}),
+    # CP inside pipeline stages: each stage's shard rows of the mask come from its microbatch.
+    "cp2_pp2": (4, {"parallelism.cp": 2, "parallelism.pp": 2}),
     "cp2_fsdp2": (
         4,
         {"parallelism.cp": 2, "parallelism.dp_shard": 2, "training.local_batch_size": GLOBAL_BATCH // 2},
@@ -125,6 +128,8 @@ CASES = [
     ("qwen3", "tp2"),
     ("qwen3_masked", "pp2"),
     ("qwen3_masked", "cp2"),
+    ("qwen3_masked", "cp2_pp2"),
+    ("deepseek_v3", "cp2"),
     ("qwen3_aux", "cp2"),
     ("qwen3_aux", "cp2_fsdp2"),
 ]
