@@ -279,7 +279,12 @@ def report_error(exc: TitanError) -> int:
     When the logs are JSON (``TITAN_LOG_FORMAT=json``, or stdout not a terminal), the error is
     also one JSON record in the log stream, with the rank, so log collectors see it.
     """
-    print(f"titan: error: {exc}", file=sys.stderr)
+    import contextlib
+
+    # A reader that went away (`titan run ... 2>&1 | head`) must not turn the error's exit status
+    # into the 0 of a quietly ended pipe (_guarded_main's BrokenPipeError).
+    with contextlib.suppress(BrokenPipeError):
+        print(f"titan: error: {exc}", file=sys.stderr)
     from titan_core.log import json_logs
 
     if json_logs():
@@ -287,7 +292,8 @@ def report_error(exc: TitanError) -> int:
         record["exit_code"] = exc.exit_code
         if os.environ.get("RANK", "").isdigit():
             record["rank"] = int(os.environ["RANK"])
-        print(json.dumps(record), flush=True)
+        with contextlib.suppress(BrokenPipeError):
+            print(json.dumps(record), flush=True)
     return exc.exit_code
 
 
@@ -386,10 +392,19 @@ def configure_recipes(parser: argparse.ArgumentParser) -> None:
         "NAME: the fields NAME changed are assignments, the others are listed with their defaults. "
         "Run it with `titan run --module <FILE's module> --recipe <function>`.",
     )
-    copy.add_argument("name", metavar="NAME", help="recipe to start from (titan recipes list)")
+    copy.add_argument(
+        "name",
+        metavar="NAME",
+        help="recipe to start from (titan recipes list), or a run's job.dump_folder or config file "
+        "(config.toml, --print-config output): a recipe of exactly the config that run ran",
+    )
     copy.add_argument("file", metavar="FILE", help="the module to write, e.g. my_recipes.py")
     copy.add_argument("--module", metavar="MOD", help="look NAME up in module MOD instead of plugins")
-    copy.add_argument("--function", metavar="FN", help="name of the new recipe function (default: NAME)")
+    copy.add_argument(
+        "--function",
+        metavar="FN",
+        help="name of the new recipe function (default: NAME, or the recipe a config file records)",
+    )
     copy.add_argument("--force", action="store_true", help="replace FILE if it exists")
 
 
@@ -461,10 +476,13 @@ def _recipes_copy(args: argparse.Namespace) -> int:
 
     from titan_core._registry import get_registry
     from titan_core.errors import UsageError
-    from titan_core.recipes import find_recipe, recipe_module_source
+    from titan_core.recipes import config_file_recipe, config_source, find_recipe, recipe_module_source
 
     path = Path(args.file)
-    function = args.function or args.name
+    config_path = None if args.module else config_source(args.name, get_registry())
+    # From a config file, the recipe's name is the one the run recorded (config.toml's `recipe`).
+    from_file = config_file_recipe(config_path, args.function) if config_path is not None else None
+    function = from_file.name if from_file is not None else args.function or args.name
     if path.suffix != ".py" or not path.stem.isidentifier():
         raise UsageError(f"FILE {args.file!r}: give a Python module file name, e.g. my_recipes.py")
     if keyword.iskeyword(path.stem):
@@ -490,11 +508,14 @@ def _recipes_copy(args: argparse.Namespace) -> int:
     if args.module:
         _user_module_path()
     registry = get_registry()
-    recipe = find_recipe(registry, args.name, args.module)
-    if args.module:
-        origin = f"module {args.module}"
+    if from_file is not None:
+        recipe, origin = from_file, f"run config {config_path}"
     else:
-        origin = f"plugin {registry.provider('recipes', args.name).name}"
+        recipe = find_recipe(registry, args.name, args.module)
+        if args.module:
+            origin = f"module {args.module}"
+        else:
+            origin = f"plugin {registry.provider('recipes', args.name).name}"
     folder = path.resolve().parent
     run = f"titan run --module {path.stem} --recipe {function}"
     if folder != Path.cwd().resolve():
@@ -509,7 +530,7 @@ def _recipes_copy(args: argparse.Namespace) -> int:
         path.write_text(source)
     except OSError as exc:
         raise UsageError(f"FILE {args.file!r}: cannot write it ({exc.strerror})") from None
-    print(f"wrote {path} (recipe {function}, from {args.name}); run it with:\n  {run}")
+    print(f"wrote {path} (recipe {function}, from {config_path or args.name}); run it with:\n  {run}")
     return 0
 
 

@@ -106,6 +106,18 @@ def _subfolder(_inst: Any, _attr: Any, value: str) -> None:
         )
 
 
+def local_path(_inst: Any, _attr: Any, value: str | None) -> None:
+    """Validator of a path field: not starting with ``~``. The shell expands ``~`` to the home
+    folder; Python's file functions do not, so ``"~/runs/a"`` was a folder named ``~`` in the
+    current folder (a run written where no one looks) or a file said not to exist."""
+    if value is not None and value.startswith("~"):
+        raise ValueError(
+            f"{value!r} starts with '~', which only a shell expands to a home folder: titan would "
+            f"use a folder named {value.split('/', 1)[0]!r} in the current folder; write "
+            f"os.path.expanduser({value!r}) in the recipe, or the full path"
+        )
+
+
 def in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable:
     """Validator: ``lo <= value <= hi`` (``lo_open``/``hi_open`` exclude the ends)."""
     text = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
@@ -315,7 +327,7 @@ PLUGIN_SERVED = "titan_plugin_served"
 @section
 class Job:
     #: Folder for everything a run writes: logs, TensorBoard, memory reports, checkpoints.
-    dump_folder: str = "./outputs"
+    dump_folder: str = field(default="./outputs", validator=local_path)
     #: Free text shown in the first log line.
     description: str = ""
 
@@ -337,9 +349,9 @@ class Data:
     dataset: str = "bundled"
     #: File or folder for datasets that read local files (``.jsonl`` with a ``text`` field,
     #: or ``.txt``); ``None`` for the bundled corpus (which refuses a path: it reads no files).
-    path: str | None = None
+    path: str | None = field(default=None, validator=local_path)
     #: Hugging Face ``tokenizer.json``; ``None`` uses the tokenizer shipped with titan.
-    tokenizer_path: str | None = None
+    tokenizer_path: str | None = field(default=None, validator=local_path)
     #: Number of documents of the bundled corpus (ignored by other datasets).
     bundled_documents: int = field(default=4000, validator=positive)
     #: Sequences each data-parallel rank shuffles among; 0 keeps the packing order, so runs
@@ -454,7 +466,7 @@ class Validation:
     dataset: str | None = None
     #: File or folder for datasets that read local files (with ``validation.dataset`` or
     #: ``data.dataset`` ``text``); ``None`` uses ``data.path``.
-    path: str | None = None
+    path: str | None = field(default=None, validator=local_path)
     #: Steps between validations (the last step always validates).
     freq: int = field(default=100, validator=positive)
     #: Global batches per validation (``training.global_batch_size`` sequences, read in the
@@ -484,7 +496,7 @@ class Metrics:
     enable_tensorboard: bool = False
     #: Folder (under ``job.dump_folder``) for TensorBoard event files; one outside it (an absolute
     #: path), which runs of several dump folders may share, gets a subfolder per dump folder.
-    save_tb_folder: str = "tb"
+    save_tb_folder: str = field(default="tb", validator=local_path)
     #: Peak dense bf16 TFLOP/s of one device for MFU; ``None`` looks the device up.
     peak_tflops: float | None = field(default=None, validator=[finite, positive])
 
@@ -496,7 +508,7 @@ class Checkpoint:
     #: Checkpointer plugin.
     backend: str = "dcp"
     #: Folder (under ``job.dump_folder``) for checkpoints.
-    folder: str = field(default="checkpoint", validator=_subfolder)
+    folder: str = field(default="checkpoint", validator=[local_path, _subfolder])
     #: Steps between checkpoints (the last step is always saved).
     interval: int = field(default=500, validator=positive)
     #: Load checkpoints but never save one (for debugging with a seed checkpoint).
@@ -506,7 +518,7 @@ class Checkpoint:
     #: Initial weights loaded after initialisation, whatever the parallel layout: a DCP checkpoint
     #: folder (e.g. a seed ``.../checkpoint/step-0``), a ``.pt`` file holding a full (unsharded)
     #: model state dict, or a Hugging Face model folder (config.json + safetensors).
-    initial_load_path: str | None = None
+    initial_load_path: str | None = field(default=None, validator=local_path)
 
 
 @section
@@ -1015,6 +1027,7 @@ __all__ = [
     "finite",
     "from_dict",
     "in_range",
+    "local_path",
     "non_negative",
     "positive",
     "render",

@@ -48,16 +48,24 @@ def _si(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _fixed(value: Any, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals, or in scientific notation when those would show a
+    non-zero value as zero (a vanishing gradient norm of 3e-5 read ``0.000``)."""
+    if isinstance(value, (int, float)) and 0 < abs(value) < 0.5 * 10**-decimals:
+        return f"{value:.3e}"
+    return f"{value:.{decimals}f}"
+
+
 def _step_text(event: dict[str, Any]) -> str:
     """``step 12/30 | loss 3.2100 | lr 8.00e-04 | ...``; the values used are removed from ``event``."""
     step, total = event.pop("step"), event.pop("of", None)
     parts = [f"step {step}/{total}" if total else f"step {step}"]
     if "loss" in event:
-        parts.append(f"loss {event.pop('loss'):.4f}")
+        parts.append(f"loss {_fixed(event.pop('loss'), 4)}")
     if "lr" in event:
         parts.append(f"lr {event.pop('lr'):.2e}")
     if "grad_norm" in event:
-        parts.append(f"gnorm {event.pop('grad_norm'):.3f}")
+        parts.append(f"gnorm {_fixed(event.pop('grad_norm'), 3)}")
     if "tps" in event:
         parts.append(f"{_si(event.pop('tps'))} tok/s")
     if "mfu_pct" in event:
@@ -156,6 +164,52 @@ class _FileSink:
 _sink = _FileSink()
 
 
+class _Stdout:
+    """The log's stdout (the current ``sys.stdout``, as structlog's own logger writes to), which
+    outlives its reader: when the pipe it writes into closes (``titan run ... | head``, a ``tee``
+    that ended), the run goes on with its lines in the log file alone, and says so once on stderr.
+    A ``BrokenPipeError`` out of a log call stopped the training at that line instead, and
+    ``titan`` (which ends ``titan models list | head`` quietly) exited 0 after a partial run."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return sys.stdout.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                sys.stdout.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        # Python flushes stdout again at exit: onto /dev/null, where it cannot fail (an
+        # "Exception ignored ... BrokenPipeError" line otherwise).
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        where = _sink.path or "train.log in job.dump_folder"
+        with contextlib.suppress(OSError):  # stderr may be the same closed pipe (2>&1 | head)
+            print(
+                f"titan: warning: stdout was closed (its reader went away, e.g. `| head`); the run "
+                f"goes on, its log lines in {where} only",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+_stdout = _Stdout()
+
+
 def capture() -> None:
     """Start keeping this process's lines for a log file attached later (see :func:`attach_file`)."""
     detach_file()
@@ -211,11 +265,11 @@ def setup_logging(**context: Any) -> None:
         render = _Render(_format())
         structlog.configure(
             processors=[*shared, structlog.processors.format_exc_info, render],
-            logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+            logger_factory=structlog.PrintLoggerFactory(file=_stdout),  # type: ignore[arg-type]
             wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
             cache_logger_on_first_use=True,
         )
-        handler = logging.StreamHandler(sys.stdout)
+        handler = logging.StreamHandler(_stdout)  # type: ignore[arg-type]
         handler.setFormatter(
             structlog.stdlib.ProcessorFormatter(
                 processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, render],

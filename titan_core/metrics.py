@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import resource
 import time
@@ -58,10 +59,11 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 def check_callback_metrics(values: Any, source: str) -> Any:
     """``values``, what a callback's ``metrics(step)`` returned, if the metric writers can take it:
-    a mapping of ``str`` keys to ``bool``, ``int`` or ``float`` values (NaN and inf included),
-    what TensorBoard writes and ``metrics.jsonl`` reads back as numbers. Anything else is one
-    :class:`PluginError` naming ``source`` (``callback 'x' (plugin p)``), the key and the type;
-    TensorBoard would drop it silently and the log line and ``metrics.jsonl`` carry it as text."""
+    a mapping of ``str`` keys to ``bool``, ``int`` or ``float`` values (NaN and inf included:
+    TensorBoard writes them, ``metrics.jsonl`` null, as JSON has no such numbers). Anything else
+    is one :class:`PluginError` naming ``source`` (``callback 'x' (plugin p)``), the key and the
+    type; TensorBoard would drop it silently and the log line and ``metrics.jsonl`` carry it as
+    text."""
     from collections.abc import Mapping
 
     if not isinstance(values, Mapping):
@@ -299,6 +301,25 @@ def _quiet_tensorboard_threads() -> None:
     threading.excepthook = hook
 
 
+def _finite_json(value: Any) -> Any:
+    """``value`` with every NaN and infinite float (in dicts, lists and tuples) replaced by
+    ``None``: JSON has no such numbers, and Python's ``json`` writes them as bare ``NaN`` and
+    ``Infinity``, which other readers (jq, JavaScript, Go, strict parsers) refuse, the whole
+    file with them. A fake-backend run's losses are NaN, and a callback may report NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def _json_dumps(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`_finite_json`'s ``value``: always valid JSON (non-finite -> null)."""
+    return json.dumps(_finite_json(value), allow_nan=False, **kwargs)
+
+
 def _keep_rows_up_to(path: str, step: int) -> None:
     """Rewrite ``path`` (atomically) without the rows of steps after ``step``; lines that are no
     row of a step are kept as they are, except a last line cut short (no newline, no JSON): the
@@ -363,7 +384,9 @@ class MetricsFileWriter:
                 "stopped. Restore the folder, or run again (the same command resumes from the last "
                 "checkpoint left in job.dump_folder, if any)"
             )
-        data = (json.dumps(metrics) + "\n").encode()
+        # NaN and inf as null: JSON has no such numbers, and readers other than Python's refuse
+        # a file holding them (a fake-backend run's losses are NaN).
+        data = (_json_dumps(metrics) + "\n").encode()
         fd = self.file.fileno()
         end = os.fstat(fd).st_size
         try:

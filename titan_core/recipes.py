@@ -66,8 +66,9 @@ def find_recipe(registry: Registry, name: str, module: str | None = None) -> Rec
         if given and given.endswith((".toml", ".json")):
             raise UsageError(
                 f"{flag} {given!r}: titan runs recipes (Python functions returning the config), not "
-                "config files; a run's config.toml records what it ran. Run the recipe it names "
-                "(`recipe = ...` at its top), or `titan recipes copy NAME my_recipe.py` for one to edit"
+                "config files; a run's config.toml records what it ran: `titan recipes copy "
+                f"{given} my_rerun.py` writes a recipe module building exactly that config, to run "
+                "(or edit) with `titan run --module my_rerun --recipe NAME`"
             )
     if module:
         mod = import_module(module)
@@ -215,6 +216,71 @@ def describe_recipe(registry: Registry, name: str, module: str | None = None) ->
         info["file"] = "(source not available)"
     info["doc"] = inspect.cleandoc(fn.__doc__ or "") or "(no docstring)"
     return info
+
+
+def config_source(name: str, registry: Registry) -> str | None:
+    """The config file ``titan recipes copy NAME`` reads when NAME names one rather than a recipe:
+    a ``.toml``/``.json`` file (a run's ``config.toml``, ``--print-config`` output), a path, or a
+    run folder holding ``config.toml`` (unless a recipe has that name); else ``None``."""
+    import os
+
+    run_folder = os.path.isdir(name) and os.path.isfile(os.path.join(name, "config.toml"))
+    if run_folder and ("/" in name or name not in registry.records("recipes")):
+        return os.path.join(name, "config.toml")
+    if name.endswith((".toml", ".json")) or "/" in name or os.sep in name:
+        return name
+    return None
+
+
+def config_file_recipe(path: str, function: str | None) -> Recipe:
+    """A recipe returning the config ``path`` holds (a run's ``config.toml`` or ``--print-config``
+    output, TOML or JSON), checked as a recipe's (:func:`titan_core.config.from_dict`): what
+    ``titan recipes copy`` turns into a recipe module that reruns that run. ``function``: the
+    recipe's name, by default the one the file records (``recipe = ...``)."""
+    import json
+    import keyword
+    import os
+
+    import tomllib
+
+    from titan_core.config import ConfigError, from_dict
+
+    if os.path.isdir(path):
+        raise UsageError(
+            f"{path!r}: a folder without config.toml; give a run's job.dump_folder or config file"
+        )
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise UsageError(
+            f"{path!r}: cannot be read ({exc.strerror or exc}); give a run's config.toml"
+        ) from None
+    try:
+        text = raw.decode()
+        data = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        kind = "JSON" if path.endswith(".json") else "TOML"
+        raise UsageError(f"{path!r}: not a {kind} file ({exc}); give a run's config.toml") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path!r}: not a config (a table of sections), got {type(data).__name__}")
+    try:
+        config = from_dict(data)
+    except ConfigError as exc:
+        problems = "\n".join(f"  {p}" for p in exc.problems)
+        raise UsageError(f"{path!r} is not a config titan accepts:\n{problems}") from None
+    recorded = data.get("recipe")
+    name = function or (recorded if isinstance(recorded, str) else "")
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise UsageError(
+            f"{path!r} records the recipe {recorded!r}, not a Python function name; pass --function NAME"
+        )
+
+    def from_file() -> TrainerConfig:
+        return config
+
+    from_file.__doc__ = f"The config of {path} (recipe {recorded!r} as it ran)."
+    return Recipe(name, from_file, _first_line(from_file.__doc__))
 
 
 def _literal(value: object) -> str:

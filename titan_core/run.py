@@ -148,6 +148,12 @@ def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
     if args.dump_folder is not None:
         if not args.dump_folder.strip():  # an unset shell variable: not "use the recipe's folder"
             raise UsageError("--dump-folder: got an empty path; give the folder for this run's outputs")
+        if args.dump_folder.startswith("~"):  # bash leaves `--dump-folder=~/x` and "~/x" as they are
+            raise UsageError(
+                f"--dump-folder {args.dump_folder!r}: the shell did not expand '~' (it does not after "
+                f"'=' or in quotes); write --dump-folder {args.dump_folder} (a space, no quotes) or "
+                "the full path"
+            )
         config.job.dump_folder = args.dump_folder
     # run_train.sh limits simulated runs to one step unless the recipe set debug.max_steps.
     max_steps = os.environ.get("TITAN_DEFAULT_MAX_STEPS")

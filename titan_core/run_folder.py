@@ -466,6 +466,16 @@ class RunFolder:
         if not is_logging_rank:
             return self.resumed
         if self.restart and self.prior is not None:
+            from titan_core.log import get_logger
+
+            # Said where the user reads the run (and in the new train.log): the earlier attempt
+            # may have completed, and a rerun meant to keep it needs a folder of its own.
+            get_logger("titan.run_folder").warning(
+                f"starting the same run over: replaces the earlier attempt's train.log, metrics.jsonl "
+                f"and TensorBoard events ({self._prior_progress(self.prior)}); to keep an earlier run's "
+                "outputs, give a rerun a folder of its own (--dump-folder DIR)",
+                dump_folder=self.dump,
+            )
             self._remove(self.prior, checkpoints=False)
         record = {
             "recipe": self.config.recipe,
@@ -482,6 +492,26 @@ class RunFolder:
         except OSError as exc:
             raise write_failure(path, exc, what="the run's record") from None
         return self.resumed
+
+    def _prior_progress(self, prior: dict[str, Any]) -> str:
+        """``it logged steps 1-30 of 30``: how far the earlier attempt got, from its metrics.jsonl."""
+        steps: list[int] = []
+        try:
+            with open(os.path.join(self.dump, "metrics.jsonl")) as f:
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(row, dict) and isinstance(row.get("step"), int):
+                        steps.append(row["step"])
+        except OSError:
+            pass
+        total = (prior.get("identity") or {}).get("training", {}).get("steps")
+        of = f" of {total}" if isinstance(total, int) else ""
+        if not steps:
+            return "it logged no step"
+        return f"it logged steps {min(steps)}-{max(steps)}{of}"
 
     def _prior_checkpoints(self, prior: dict[str, Any]) -> tuple[str, str]:
         """The earlier run's ``checkpoint.folder`` as it named it, and its path."""

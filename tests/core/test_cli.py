@@ -309,6 +309,18 @@ def test_an_empty_dump_folder_is_refused_not_ignored(tmp_path: Path) -> None:
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_dump_folder_the_shell_did_not_expand_is_refused_not_made_in_the_current_folder(
+    tmp_path: Path,
+) -> None:
+    """``--dump-folder=~/runs/a`` (bash expands no ``~`` after ``=``) wrote the run into
+    ``./~/runs/a`` of the current folder, exit 0."""
+    result = run_titan("run", "--recipe", "llama3_debugmodel", "--dump-folder=~/runs/a", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--dump-folder '~/runs/a': the shell did not expand '~'" in result.stderr
+    assert "--dump-folder ~/runs/a (a space, no quotes)" in result.stderr
+    assert not (tmp_path / "~").exists()
+
+
 def test_a_recipe_that_calls_sys_exit_is_one_clear_error(tmp_path: Path) -> None:
     write_module(tmp_path, "import sys\n\ndef quits():\n    sys.exit(3)\n")
     result = run_titan(
@@ -387,3 +399,55 @@ def test_abbreviated_options_of_a_plugins_nested_subcommand_are_refused(tmp_path
         parser.parse_args(["toy", "show", "--verb"])
     result = run_titan("memory", "compare", "a.json", "b.json", "--js", cwd=tmp_path)
     assert result.returncode == 2 and "unrecognized arguments: --js" in result.stderr, result.stderr
+
+
+def test_a_run_whose_stdout_reader_goes_away_trains_on_and_keeps_its_log(tmp_path: Path) -> None:
+    """``titan run ... | head -3`` (or a ``tee`` that ended): the trainer stopped at its next log
+    line with ``BrokenPipeError``, and titan, which ends ``titan models list | head`` quietly,
+    exited 0, with nothing on stderr, after 1 step of 3 and no row in metrics.jsonl."""
+    from tests.conftest import tiny_recipe_source
+
+    (tmp_path / "pipe_recipes.py").write_text(
+        tiny_recipe_source("tiny", 3, '    c.job.dump_folder = "out"\n')
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "titan_core.cli", "run", "--module", "pipe_recipes", "--recipe", "tiny"],
+        cwd=tmp_path,
+        env=titan_env(TITAN_LOG_FORMAT="console"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()  # the reader takes one line, then goes away
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "stdout was closed" in err and "train.log" in err and "Traceback" not in err
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert "step 3/3" in log and "run summary" in log and "training stopped" not in log
+
+
+class _ClosedPipe:
+    """A stream whose reader went away: every write raises ``BrokenPipeError``."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_an_error_whose_stderr_reader_went_away_keeps_its_exit_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``titan run ... 2>&1 | head``: the error line could not be written, and the
+    ``BrokenPipeError`` turned the failed command's exit status into 0."""
+    from titan_core.cli import main
+
+    monkeypatch.setattr(sys, "stderr", _ClosedPipe())
+    assert main(["run", "--recipe", "no_such_recipe", "--print-config"]) == 2

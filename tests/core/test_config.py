@@ -308,3 +308,29 @@ def test_config_toml_holds_any_string_and_the_largest_seed() -> None:
     assert from_dict(data) == config
     with pytest.raises(ConfigError, match=r"debug\.seed"):
         config.debug.seed = 2**63  # beyond a TOML integer
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "job.dump_folder",
+        "data.path",
+        "data.tokenizer_path",
+        "validation.path",
+        "checkpoint.folder",
+        "checkpoint.initial_load_path",
+        "metrics.save_tb_folder",
+    ],
+)
+def test_a_path_starting_with_the_home_shorthand_is_refused_naming_the_fix(path: str) -> None:
+    """``job.dump_folder = "~/runs/a"`` wrote the run into ``./~/runs/a`` of the current folder
+    (nothing under the home folder, exit 0); ``data.path = "~/corpus.jsonl"`` said the file does
+    not exist while it did: the shell expands ``~``, Python's file functions do not."""
+    config = TrainerConfig()
+    section, name = path.split(".")
+    with pytest.raises(ConfigError) as info:
+        setattr(getattr(config, section), name, "~/runs/a")
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{path}: '~/runs/a' starts with '~'"), problem
+    assert "os.path.expanduser('~/runs/a')" in problem
+    setattr(getattr(config, section), name, "runs/~a")  # a '~' further in is a plain character

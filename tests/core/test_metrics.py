@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -209,3 +210,38 @@ def test_a_tensorboard_folder_that_cannot_be_written_is_one_error_without_thread
     board.on_failure(2, caught.value)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err
+
+
+def _strict(line: str) -> dict:
+    """``json.loads`` as every other JSON reader parses: ``NaN`` and ``Infinity`` are no JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_non_finite_values_are_null_in_metrics_jsonl(tmp_path: Path) -> None:
+    """A fake-backend run logs NaN losses, a callback may report NaN or inf: metrics.jsonl held
+    bare ``NaN``/``Infinity``, which jq, JavaScript, Go and other strict readers refuse (the
+    whole file, for one row)."""
+    row = {"step": 1, "loss": float("nan"), "grad_norm": float("inf"), "lr": 1e-3, "x/y": -math.inf}
+    writer = MetricsFileWriter(str(tmp_path / "metrics.jsonl"))
+    writer.on_step_end(1, row, last=True)
+    writer.on_train_end(1)
+    written = _strict((tmp_path / "metrics.jsonl").read_text())
+    assert written == {"step": 1, "loss": None, "grad_norm": None, "lr": 1e-3, "x/y": None}
+
+
+def test_the_console_line_shows_small_values_without_rounding_them_to_zero() -> None:
+    """A vanishing gradient norm of 3e-5 showed as ``gnorm 0.000``, a loss of 4e-6 as ``loss
+    0.0000``: zeros that were not (metrics.jsonl kept the values; the line a person reads did not)."""
+    from titan_core.log import _for_console
+
+    row = {"event": "step", "step": 2, "of": 3, "loss": 4.2e-6, "lr": 1e-3, "grad_norm": 3.1e-5}
+    line = _for_console(row)["event"]
+    assert "loss 4.200e-06" in line and "gnorm 3.100e-05" in line
+    usual = _for_console({**row, "loss": 3.21, "grad_norm": 1.5})["event"]
+    assert "loss 3.2100" in usual and "gnorm 1.500" in usual  # the usual sizes as before
+    zero = _for_console({**row, "loss": 0.0, "grad_norm": float("nan")})["event"]
+    assert "loss 0.0000" in zero and "gnorm nan" in zero

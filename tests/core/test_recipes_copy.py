@@ -89,3 +89,74 @@ def test_show_names_plugin_distribution_function_file_and_docstring(tmp_path: Pa
     assert "Llama 3 debug model" in out
     unknown = run_titan("recipes", "show", "nope", cwd=tmp_path)
     assert unknown.returncode == 2 and "unknown recipe 'nope'" in unknown.stderr
+
+
+def _tiny_run_module(folder: Path) -> None:
+    from tests.conftest import tiny_recipe_source
+
+    # A plugin section's Literal, a small float, an optional set: the copy gives them back exactly.
+    extra = (
+        '    c.training.eps, c.activation_checkpoint.mode = 1e-07, "full"\n'
+        '    c.training.global_batch_size, c.job.dump_folder = 4, "first"\n'
+    )
+    (folder / "orig_recipes.py").write_text(tiny_recipe_source("tiny", 2, extra))
+
+
+def test_a_runs_config_toml_copied_into_a_recipe_reruns_the_same_run(tmp_path: Path) -> None:
+    """The run folder's config.toml was a dead end: `--config config.toml` was refused, and the
+    recipe it names may since have changed (or come from a --module the file does not record)."""
+    _tiny_run_module(tmp_path)
+    first = run_titan("run", "--module", "orig_recipes", "--recipe", "tiny", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "orig_recipes.py").unlink()  # the recipe is gone; the run folder remains
+    copy = run_titan("recipes", "copy", "first", "rerun.py", cwd=tmp_path)
+    assert copy.returncode == 0, copy.stderr
+    wrote = "wrote rerun.py (recipe tiny, from first/config.toml); run it with:\n"
+    assert copy.stdout == wrote + "  titan run --module rerun --recipe tiny\n"
+    again = run_titan("run", "--module", "rerun", "--recipe", "tiny", "--dump-folder", "second", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    rows = [
+        [json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        for run in ("first", "second")
+    ]
+    assert rows[0] == rows[1] and len(rows[0]) == 2
+    configs = [(tmp_path / run / "config.toml").read_text() for run in ("first", "second")]
+    assert configs[0] == configs[1].replace('dump_folder = "second"', 'dump_folder = "first"')
+    # The file itself, as torchtitan users hand it over, the same.
+    by_file = run_titan("recipes", "copy", "first/config.toml", "rerun2.py", cwd=tmp_path)
+    assert by_file.returncode == 0, by_file.stderr
+    assert (tmp_path / "rerun2.py").read_text().replace("rerun2", "rerun") == (
+        tmp_path / "rerun.py"
+    ).read_text()
+
+
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+def test_print_config_output_copied_into_a_recipe_prints_the_same_config(tmp_path: Path, fmt: str) -> None:
+    _tiny_run_module(tmp_path)
+    printed = run_titan(
+        "run", "--module", "orig_recipes", "--recipe", "tiny", "--print-config", fmt, cwd=tmp_path
+    )
+    assert printed.returncode == 0, printed.stderr
+    (tmp_path / f"printed.{fmt}").write_text(printed.stdout)
+    copy = run_titan("recipes", "copy", f"printed.{fmt}", "from_print.py", "--function", "mine", cwd=tmp_path)
+    assert copy.returncode == 0, copy.stderr
+    copied = printed_config("--module", "from_print", "--recipe", "mine", cwd=tmp_path)
+    assert copied == printed_config("--module", "orig_recipes", "--recipe", "tiny", cwd=tmp_path)
+    assert copied["training"]["eps"] == 1e-07 and copied["activation_checkpoint"]["mode"] == "full"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("[training]\nsteps = 'many'\n", "training.steps: expected an integer, got str 'many'"),
+        ("[trainingg]\nsteps = 3\n", "trainingg: no config section of that name"),
+        ("[training\n", "not a TOML file"),
+    ],
+)
+def test_copying_a_config_file_titan_cannot_read_is_one_error_naming_it(
+    tmp_path: Path, content: str, expected: str
+) -> None:
+    (tmp_path / "bad.toml").write_text(content)
+    result = run_titan("recipes", "copy", "bad.toml", "out.py", "--function", "f", cwd=tmp_path)
+    assert result.returncode == 2 and expected in result.stderr and "bad.toml" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out.py").exists()

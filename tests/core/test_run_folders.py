@@ -525,3 +525,17 @@ def test_a_checkpointers_outputs_stay_at_the_top_of_its_folder(pattern: object) 
         Checkpointer("toy", print, outputs=(pattern,))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"Checkpointer\.outputs: expected"):
         Checkpointer("toy", print, outputs="step-*")  # type: ignore[arg-type]
+
+
+def test_a_rerun_of_the_same_run_says_it_replaces_the_earlier_attempts_outputs(tmp_path: Path) -> None:
+    """A second run of the same config into the folder replaced the first one's train.log,
+    metrics.jsonl and TensorBoard events without a word (the first run had completed: 2 of 2)."""
+    for _ in range(2):
+        config = tiny_llama3(tmp_path, 2)
+        config.metrics.enable_tensorboard = True
+        train(config, get_registry())
+    log = (tmp_path / "train.log").read_text()
+    line = next(line for line in log.splitlines() if "replaces" in line)
+    assert "[warning" in line and "the same run" in line
+    assert "logged steps 1-2 of 2" in line and "metrics.jsonl" in line and "--dump-folder" in line
+    assert log.index("replaces") < log.index("step 1/2")
