@@ -15,7 +15,9 @@ first line.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import os
 import sys
 from typing import IO, Any
@@ -109,12 +111,32 @@ def _for_console(event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+def _finite_json(value: Any) -> Any:
+    """``value`` with every NaN and infinite float (in dicts, lists and tuples) replaced by
+    ``None``: JSON has no such numbers, and Python's ``json`` writes them as bare ``NaN`` and
+    ``Infinity``, which other readers (jq, JavaScript, Go, strict parsers) refuse, the whole
+    file with them. A fake-backend run's losses are NaN, and a callback may report NaN. The JSON
+    log lines and ``metrics.jsonl`` are both written with it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def json_dumps(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`_finite_json`'s ``value``: always valid JSON (non-finite -> null)."""
+    return json.dumps(_finite_json(value), allow_nan=False, **kwargs)
+
+
 class _Render:
     """The last processor: the line for stdout, and its console copy for the log file."""
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
-        self.json = structlog.processors.JSONRenderer()
+        self.json = structlog.processors.JSONRenderer(serializer=json_dumps)
         self.console = structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty(), sort_keys=False)
         self.plain = structlog.dev.ConsoleRenderer(colors=False, sort_keys=False)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import resource
 import time
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 
 from titan_core.errors import PluginError, TitanError, write_failure
-from titan_core.log import get_logger
+from titan_core.log import get_logger, json_dumps
 
 GiB = 1024**3
 
@@ -301,25 +300,6 @@ def _quiet_tensorboard_threads() -> None:
     threading.excepthook = hook
 
 
-def _finite_json(value: Any) -> Any:
-    """``value`` with every NaN and infinite float (in dicts, lists and tuples) replaced by
-    ``None``: JSON has no such numbers, and Python's ``json`` writes them as bare ``NaN`` and
-    ``Infinity``, which other readers (jq, JavaScript, Go, strict parsers) refuse, the whole
-    file with them. A fake-backend run's losses are NaN, and a callback may report NaN."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_json(v) for v in value]
-    return value
-
-
-def _json_dumps(value: Any, **kwargs: Any) -> str:
-    """``json.dumps`` of :func:`_finite_json`'s ``value``: always valid JSON (non-finite -> null)."""
-    return json.dumps(_finite_json(value), allow_nan=False, **kwargs)
-
-
 def _keep_rows_up_to(path: str, step: int) -> None:
     """Rewrite ``path`` (atomically) without the rows of steps after ``step``; lines that are no
     row of a step are kept as they are, except a last line cut short (no newline, no JSON): the
@@ -386,7 +366,7 @@ class MetricsFileWriter:
             )
         # NaN and inf as null: JSON has no such numbers, and readers other than Python's refuse
         # a file holding them (a fake-backend run's losses are NaN).
-        data = (_json_dumps(metrics) + "\n").encode()
+        data = (json_dumps(metrics) + "\n").encode()
         fd = self.file.fileno()
         end = os.fstat(fd).st_size
         try:

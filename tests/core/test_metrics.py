@@ -245,3 +245,18 @@ def test_the_console_line_shows_small_values_without_rounding_them_to_zero() -> 
     assert "loss 3.2100" in usual and "gnorm 1.500" in usual  # the usual sizes as before
     zero = _for_console({**row, "loss": 0.0, "grad_norm": float("nan")})["event"]
     assert "loss 0.0000" in zero and "gnorm nan" in zero
+
+
+def test_json_log_lines_write_non_finite_values_as_null(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The JSON log lines on stdout (what `titan run ... | jq` and log collectors read) held bare
+    ``NaN`` for a fake-backend run's loss, refused by strict readers like metrics.jsonl was."""
+    from titan_core.log import LOG_FORMAT_ENV, get_logger, setup_logging
+
+    monkeypatch.setenv(LOG_FORMAT_ENV, "json")
+    setup_logging()
+    get_logger("titan.test").info("step", step=1, loss=float("nan"), grad_norm=math.inf, lr=1e-3)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    record = _strict(line)
+    assert (record["loss"], record["grad_norm"], record["lr"]) == (None, None, 1e-3)
