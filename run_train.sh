@@ -7,7 +7,7 @@
 #                 default 0. A comma-separated list shows several ("0,1"); each must be < NGPU.
 #                 Under COMM_BACKEND=fake (one process, local rank 0) it must include 0.
 #   MODULE        Python module holding the recipe (none needed for installed plugins' recipes);
-#                 with MODULE, CONFIG is required.
+#                 with MODULE, CONFIG (or a --config flag) is required.
 #   CONFIG        recipe name; default llama3_debugmodel (only without MODULE).
 #   COMM_BACKEND  empty (torchrun, real communication) or "fake": one plain process standing
 #                 for one rank of an NGPU-rank job (NGPU then required), limited to one step
@@ -64,12 +64,14 @@ export NGPU
 cli_backend=""
 wants_help=0
 prints_config=0
+cli_recipe=0  # the recipe named by --config/--recipe instead of CONFIG
 previous=""
 for arg in "$@"; do
   case "${arg}" in
     --comm-backend=*) cli_backend="${arg#*=}" ;;
     -h | --help) wants_help=1 ;;
     --print-config | --print-config=*) prints_config=1 ;;
+    --config | --config=* | --recipe | --recipe=*) cli_recipe=1 ;;
   esac
   [ "${previous}" = "--comm-backend" ] && cli_backend="${arg}"
   previous="${arg}"
@@ -101,11 +103,10 @@ else
   done
 fi
 
-if [ -n "${MODULE:-}" ] && [ -z "${CONFIG:-}" ]; then
+if [ -n "${MODULE:-}" ] && [ -z "${CONFIG:-}" ] && [ "${cli_recipe}" = 0 ]; then
   die "MODULE=${MODULE} is set but CONFIG is not: set CONFIG to the recipe of ${MODULE} to run" \
     "(titan recipes list --module ${MODULE} lists them)"
 fi
-CONFIG=${CONFIG:-llama3_debugmodel}
 export PYTORCH_ALLOC_CONF=${PYTORCH_ALLOC_CONF:-expandable_segments:True}
 # Log lines in the console format on a terminal: torchrun pipes the workers' output, so they
 # cannot see the terminal themselves and would print JSON. A TITAN_LOG_FORMAT already set wins.
@@ -117,7 +118,10 @@ args=()
 if [ -n "${MODULE:-}" ]; then
   args+=(--module "${MODULE}")
 fi
-args+=(--config "${CONFIG}")
+# A recipe flag among the arguments names it; CONFIG (or the default) otherwise.
+if [ -n "${CONFIG:-}" ] || [ "${cli_recipe}" = 0 ]; then
+  args+=(--config "${CONFIG:-llama3_debugmodel}")
+fi
 
 # The checks torchrun's workers would make before building anything, in one process first
 # (titan_core.run.preflight): the recipe resolves and validates, the comm backend's and plugins'

@@ -115,6 +115,22 @@ def test_module_without_config_is_an_error(tmp_path: Path) -> None:
     assert "MODULE=my_recipes is set but CONFIG is not" in line
 
 
+@pytest.mark.parametrize("flag", [["--config", "layout"], ["--config=layout"], ["--recipe", "layout"]])
+def test_module_with_the_recipe_given_as_a_flag_runs_it(tmp_path: Path, flag: list[str]) -> None:
+    """``MODULE=m ./run_train.sh --config r`` names the recipe on the command line (the flag
+    the usage text and titan take): it was refused as 'MODULE is set but CONFIG is not'."""
+    module = write_recipe_module(tmp_path, {"training.steps": 2, "training.lr": 0.000125})
+    env = child_env(tmp_path, MODULE=module, NGPU="1")
+    env.pop("CONFIG", None)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    result = subprocess.run(
+        [str(SCRIPT), *flag, "--print-config", "json"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = "\n".join(line.removeprefix("[rank0]:") for line in result.stdout.splitlines())
+    assert json.loads(printed[printed.index("{") :])["training"]["lr"] == 0.000125  # the module's recipe
+
+
 def test_unknown_recipe_and_bad_config_stop_before_torchrun(tmp_path: Path) -> None:
     unknown = launch(tmp_path / "a", {}, NGPU="2", CONFIG="no_such_recipe")
     assert "unknown recipe 'no_such_recipe'" in one_error_line(unknown)
