@@ -23,6 +23,7 @@ def test_valid_layouts_pass() -> None:
     validate(attrs.evolve(ARGS, document_mask=True, bos_id=0), dims(tp=2, pp=2))
     validate(attrs.evolve(ARGS, tie_embeddings=True), dims(tp=2, cp=2))
     validate(attrs.evolve(ARGS, document_mask=True, bos_id=0), dims(cp=2))  # each CP rank its rows
+    validate(attrs.evolve(ARGS, document_mask=True, bos_id=0), dims(cp=2, pp=2))  # and within stages
 
 
 def test_tp_that_does_not_divide_the_vocabulary_is_refused() -> None:
@@ -40,11 +41,6 @@ def test_tp_names_heads_and_kv_heads() -> None:
     ("args", "layout", "message"),
     [
         (attrs.evolve(ARGS, tie_embeddings=True), dims(pp=2), r"^model.overrides.tie_embeddings: .*pp=2"),
-        (
-            attrs.evolve(ARGS, document_mask=True),
-            dims(cp=2, pp=2),
-            r"^model.overrides.document_mask: context",
-        ),
         (attrs.evolve(ARGS, n_kv_heads=4), dims(), r"^model.overrides: n_heads=6 must be a multiple of n_kv"),
         (attrs.evolve(ARGS, dim=100), dims(), r"^model.overrides: dim=100 must be a multiple of n_heads=6"),
     ],
