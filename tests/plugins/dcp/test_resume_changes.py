@@ -48,6 +48,22 @@ def rows(config: Any) -> dict[int, dict[str, float]]:
     return {int(r["step"]): r for r in train(config, get_registry())}
 
 
+def resumed_inputs(trainer: Trainer, batches: int) -> tuple[list[Any], list[Any]]:
+    """The inputs of each microbatch ``trainer`` trains on (it resumes from its checkpoint), and
+    the first ``batches`` of its data stream from the start, to find them in."""
+    import itertools
+
+    seen: list[Any] = []
+    real = trainer.forward_backward
+    trainer.forward_backward = lambda inputs, labels: (seen.append(inputs.clone()), real(inputs, labels))[1]
+    try:
+        stream = [inputs for inputs, _ in itertools.islice(iter(trainer.batches), batches)]  # from its start
+        trainer.train()
+    finally:
+        trainer.close()
+    return seen, stream
+
+
 def test_a_resume_applies_this_runs_optimizer_settings_and_says_so(
     tmp_path: Path, warnings: Warnings
 ) -> None:
@@ -93,7 +109,6 @@ def test_a_resume_into_another_model_of_the_same_shapes_is_refused(tmp_path: Pat
 def test_the_data_continues_where_it_stopped_when_the_accumulation_changes(tmp_path: Path) -> None:
     """3 steps of 2 microbatches of 2 sequences consumed 12 sequences; resumed with one
     microbatch a step (a smaller global batch), step 4 trains on sequences 13-14, not 7-8."""
-    import itertools
 
     import torch
 
@@ -104,14 +119,7 @@ def test_the_data_continues_where_it_stopped_when_the_accumulation_changes(tmp_p
         )
     )
     trainer = Trainer(config_in(tmp_path, **{"training.local_batch_size": 2}), get_registry())
-    seen: list[torch.Tensor] = []
-    real = trainer.forward_backward
-    trainer.forward_backward = lambda inputs, labels: (seen.append(inputs.clone()), real(inputs, labels))[1]
-    try:
-        stream = [inputs for inputs, _ in itertools.islice(iter(trainer.batches), 9)]  # from its start
-        trainer.train()
-    finally:
-        trainer.close()
+    seen, stream = resumed_inputs(trainer, 9)
     assert len(seen) == 3  # steps 4-6, one microbatch each
     for i, inputs in enumerate(seen):
         assert torch.equal(inputs, stream[6 + i])
@@ -561,20 +569,12 @@ def test_a_resume_with_another_seq_len_continues_after_the_tokens_consumed(
     """3 steps of 4 sequences of 33 tokens consumed 396 tokens; resumed with seq_len 64, the skip
     counted 12 sequences of 65 (780 tokens), so 384 tokens were never trained on. Now step 4
     starts at the first whole microbatch after token 396: sequences 8-11 of 65 tokens."""
-    import itertools
 
     import torch
 
     rows(config_in(tmp_path, **{"debug.max_steps": 3}))  # unshuffled, local batch 4
     trainer = Trainer(config_in(tmp_path, **{"training.seq_len": 64}), get_registry())
-    seen: list[torch.Tensor] = []
-    real = trainer.forward_backward
-    trainer.forward_backward = lambda inputs, labels: (seen.append(inputs.clone()), real(inputs, labels))[1]
-    try:
-        stream = [inputs for inputs, _ in itertools.islice(iter(trainer.batches), 6)]  # from its start
-        trainer.train()
-    finally:
-        trainer.close()
+    seen, stream = resumed_inputs(trainer, 6)
     assert [inputs.shape[1] for inputs in seen] == [64, 64, 64]
     for i, inputs in enumerate(seen):
         assert torch.equal(inputs, stream[2 + i]), i
