@@ -46,11 +46,14 @@ def _torchao_float8() -> tuple[Any, type]:
 
     torchao's import tries to load its own CUDA extensions and logs a warning per library that a
     CPU or another CUDA build of torch cannot load; float8 training does not use them (it calls
-    ``torch._scaled_mm``), so those warnings are held back while importing.
+    ``torch._scaled_mm``), so those warnings are held back while importing. So is torch's (2.13+)
+    deprecation warning about torchao registering an enum as a pytree constant: it named no
+    setting of the run and came before titan's first line of every float8 run.
     """
-    torchao_log = logging.getLogger("torchao")
-    level = torchao_log.level
-    torchao_log.setLevel(logging.ERROR)
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         import torchao.float8 as float8
         from torchao.float8.float8_linear import Float8Linear
@@ -61,7 +64,8 @@ def _torchao_float8() -> tuple[Any, type]:
             "(pip install 'titan-plugins-float8[torchao]'), or set float8.enable = False"
         ) from None
     finally:
-        torchao_log.setLevel(level)
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
     return float8, Float8Linear
 
 
@@ -123,6 +127,26 @@ def _check_filter_names(keep: list[str], given: str, ctx: ParallelContext) -> No
     raise UsageError(problem + "; correct the name, or leave it out")
 
 
+def _warn_final_projection_converted(converted: list[str], given: str, ctx: ParallelContext) -> None:
+    """Name the final projection (the spec's ``last_stage_modules``) when it was converted: a
+    ``filter_fqns`` written to add a name (``feed_forward``) replaces the default ``output``, and
+    the projection to the vocabulary then ran in float8 while the log only counted it."""
+    ends = set(getattr(ctx.spec, "last_stage_modules", ("output",)))
+    final = [name for name in converted if name.split(".")[0] in ends]
+    if not final:
+        return
+    log.warning(
+        "float8 converts the final projection",
+        converted=final,
+        reason=(
+            f"float8.filter_fqns = {given!r} names none of {', '.join(final)}, so the projection to "
+            "the vocabulary computes in float8 (torchtitan and titan's default keep it in high "
+            f"precision: its outputs are the logits); add {final[0].split('.')[-1]!r} to "
+            "float8.filter_fqns to keep it"
+        ),
+    )
+
+
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     from torch import nn
 
@@ -150,6 +174,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             f"{cfg.filter_fqns!r} or has a width that is not a multiple of {_ALIGN}); narrow "
             "float8.filter_fqns or set float8.enable = False"
         )
+    _warn_final_projection_converted(converted, cfg.filter_fqns, ctx)
     ctx.state["float8"] = {"converted": converted}
     log.info(
         "float8 linear layers",

@@ -4,10 +4,13 @@
 follows ``selective_ac_option``: ``op`` wraps every block with a selective-checkpoint policy that
 keeps the expensive outputs (attention, flex attention included; every other matmul, float8's
 too; reduce-scatters, all-to-alls and all-reduces, whose recomputation would communicate again)
-and recomputes the cheap elementwise rest; an integer ``N`` wraps every N-th block whole (``2``:
-blocks 1, 3, ...). ``memory_budget`` wraps nothing: the compiler decides (``compile.py``). The
-other fields go to ``torch.utils.checkpoint.checkpoint`` (non-reentrant): ``preserve_rng_state``,
-``determinism_check`` and ``debug``.
+and recomputes the cheap elementwise rest; an integer ``N`` wraps every N-th block of the model
+whole (``2``: blocks 1, 3, ...), counted by the block's model-wide index (its ``ModuleDict`` key,
+which a pipeline stage keeps), so the same blocks are recomputed in every layout. ``memory_budget``
+wraps nothing: the compiler decides (``compile.py``). The other fields go to
+``torch.utils.checkpoint.checkpoint`` (non-reentrant): ``preserve_rng_state``,
+``determinism_check`` and ``debug``. A block with dropout is refused without
+``preserve_rng_state``: its recomputation would draw other masks than its forward.
 
 Blocks are wrapped with ``checkpoint_wrapper`` from ``torch.distributed.algorithms._checkpoint``,
 a private module path, because it is PyTorch's own wrapper for exactly this (torchtitan and FSDP
@@ -34,14 +37,64 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     return config.activation_checkpoint.mode in ("full", "selective")
 
 
-def wrapped_indices(mode: str, n_blocks: int, option: str = "op") -> list[int]:
-    """Which blocks (by position in ``model.layers``) are wrapped for recomputation."""
+def is_wrapped(mode: str, index: int, option: str = "op") -> bool:
+    """Whether the model's block ``index`` (0-based, model-wide) is wrapped for recomputation."""
     if mode == "full" or (mode == "selective" and option == "op"):
-        return list(range(n_blocks))
-    if mode == "selective":
-        every = int(option)
-        return [i for i in range(n_blocks) if (i + 1) % every == 0]
-    return []
+        return True
+    return mode == "selective" and (index + 1) % int(option) == 0
+
+
+def wrapped_indices(mode: str, n_blocks: int, option: str = "op") -> list[int]:
+    """Which blocks of a model of ``n_blocks`` blocks are wrapped for recomputation."""
+    return [i for i in range(n_blocks) if is_wrapped(mode, i, option)]
+
+
+def blocks(part: nn.Module) -> list[tuple[Any, int]] | None:
+    """``(key, model-wide index)`` of each block of ``part.layers``; ``None``: no such container.
+
+    ``layers`` may be an ``nn.ModuleDict`` (titan's models: keys ``"0"``, ``"1"``, ..., which a
+    pipeline stage keeps for the blocks it holds, so they are the model-wide indices), an
+    ``nn.ModuleList`` or an ``nn.Sequential`` (keys are positions). Keys that are not all
+    numbers count by position.
+    """
+    layers = getattr(part, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        keys: list[Any] = list(layers.keys())
+        numbered = all(k.isascii() and k.isdigit() for k in keys)
+        return [(k, int(k) if numbered else i) for i, k in enumerate(keys)]
+    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
+        return [(i, i) for i in range(len(layers))]
+    return None
+
+
+def _model_blocks(ctx: ParallelContext, seen: int) -> int:
+    """The number of blocks of the whole model: the model argument ``n_layers`` when it has one
+    (a pipeline rank holds some of them), else the ``seen`` ones (every block is here)."""
+    args = getattr(ctx, "model_args", None)
+    n = args.get("n_layers") if isinstance(args, dict) else getattr(args, "n_layers", None)
+    return n if isinstance(n, int) and n >= seen else seen
+
+
+def _refuse_dropout_without_rng_state(name: str, block: nn.Module, ac: Any) -> None:
+    """Recomputation draws its dropout masks afresh unless the RNG state is stashed and
+    restored: backward would then differentiate another network than the forward ran, and the
+    gradients would be wrong without a word (``determinism_check`` compares shapes, not values).
+    Only ``nn.Dropout``-style modules are seen; dropout called as a function is not."""
+    if ac.preserve_rng_state:
+        return
+    for sub, module in block.named_modules():
+        # ``_DropoutNd``: the private base of every dropout module (Dropout, Dropout1d-3d,
+        # AlphaDropout, ...), the same in torch 2.11-2.14; no public one exists.
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            from titan_core.errors import UsageError
+
+            raise UsageError(
+                f"activation_checkpoint.mode = {ac.mode!r} recomputes block layers.{name}, which has "
+                f"dropout (layers.{name}.{sub}: {module}): without "
+                "activation_checkpoint.preserve_rng_state = True its recomputation draws other "
+                "dropout masks than its forward and the gradients are wrong; set "
+                "activation_checkpoint.preserve_rng_state = True, or set the dropout to 0"
+            )
 
 
 def _ops(*names: str) -> frozenset[Any]:
@@ -93,10 +146,10 @@ _ALWAYS_SAVED = _ops(
     "aten.amax",
 ) | _higher_order_ops("flex_attention", "inductor_compiled_code")
 
-#: The matmuls of which the ``op`` policy keeps every other output: bf16/fp32 ``mm`` and the
-#: float8 ``_scaled_mm`` of torchao's ``Float8Linear`` (without it, float8 blocks would
-#: recompute every matmul).
-_MATMULS = _ops("aten.mm", "aten._scaled_mm")
+#: The matmuls of which the ``op`` policy keeps every other output: bf16/fp32 ``mm``, the
+#: ``addmm`` of a linear layer with a bias (a plugin model's), and the float8 ``_scaled_mm`` of
+#: torchao's ``Float8Linear`` (without either, such blocks would recompute every matmul).
+_MATMULS = _ops("aten.mm", "aten.addmm", "aten._scaled_mm")
 
 
 def op_policy() -> Any:
@@ -169,20 +222,20 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     if ac.mode == "selective" and ac.selective_ac_option == "op":
         kwargs["context_fn"] = op_policy_contexts
         let_profiler_annotations_through()
-    blocks = wrapped = 0
+    seen = wrapped = 0
     containers = 0
     for part in parts:
-        layers = getattr(part, "layers", None)
-        if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
+        found = blocks(part)
+        if found is None:
             continue
         containers += 1
-        keys: list[Any] = (
-            list(layers.keys()) if isinstance(layers, nn.ModuleDict) else list(range(len(layers)))
-        )
-        blocks += len(keys)
-        for i in wrapped_indices(ac.mode, len(keys), ac.selective_ac_option):
-            layers[keys[i]] = checkpoint_wrapper(layers[keys[i]], **kwargs)
-            wrapped += 1
+        layers = part.layers
+        seen += len(found)
+        for key, index in found:
+            if is_wrapped(ac.mode, index, ac.selective_ac_option):
+                _refuse_dropout_without_rng_state(str(key), layers[key], ac)
+                layers[key] = checkpoint_wrapper(layers[key], **kwargs)
+                wrapped += 1
     if not containers:
         # Listed as applied, it would recompute nothing: the run would take the memory of no
         # checkpointing while the log said otherwise.
@@ -190,20 +243,23 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
 
         raise UsageError(
             f"activation_checkpoint.mode = {ac.mode!r} wraps each block of the model's `layers` "
-            f"(an nn.ModuleDict or nn.ModuleList), and model {ctx.config.model.name!r} has no `layers`: "
+            f"(an nn.ModuleDict, nn.ModuleList or nn.Sequential), and model {ctx.config.model.name!r} has "
+            "no `layers`: "
             "nothing would be recomputed. Keep the blocks in model.layers (docs/plugins.md, the "
             "decoder protocol), or set activation_checkpoint.mode = 'none'"
         )
-    if blocks and not wrapped:
-        # Every N-th block with N above this rank's block count: the strategy is listed as
-        # applied, so say that it recomputes nothing.
+    total = _model_blocks(ctx, seen)
+    if seen and not wrapped and int(ac.selective_ac_option) > total:
+        # Every N-th block with N above the model's block count: the strategy is listed as
+        # applied, so say that it recomputes nothing. A pipeline rank whose stages hold none of
+        # the N-th blocks is not warned: other stages recompute theirs.
         from titan_core.log import get_logger
 
         get_logger("titan.parallel").warning(
             "activation checkpointing wraps no block",
             reason=(
                 f"activation_checkpoint.selective_ac_option = {ac.selective_ac_option!r} wraps every "
-                f"{ac.selective_ac_option}-th block, and this rank's model parts have {blocks}; nothing "
+                f"{ac.selective_ac_option}-th block, and the model's layers have {total}; nothing "
                 "is recomputed: lower it, or set activation_checkpoint.mode = 'none'"
             ),
         )

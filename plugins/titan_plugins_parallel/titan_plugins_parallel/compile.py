@@ -3,7 +3,10 @@
 Blocks are compiled one by one and in place (``nn.Module.compile``), as torchtitan does: all
 blocks share one compiled graph (they have the same structure), compilation stays short, FSDP
 still sees plain modules to shard, and state-dict keys gain no ``_orig_mod.`` prefix. Applied
-after activation checkpointing so the recomputed region is the compiled block.
+after activation checkpointing so the recomputed region is the compiled block. The blocks are
+those of ``model.layers`` (:func:`titan_plugins_parallel.activation_checkpoint.blocks`); a model
+without ``layers`` is refused, as activation checkpointing refuses it, rather than listed as
+compiled while it runs eager.
 
 Nothing recompiles after the first step: dynamo inlines the blocks' modules (their parameters
 are graph inputs, not guarded constants), so every block reuses the graph of the first, and a
@@ -40,6 +43,7 @@ import torch
 from torch import nn
 
 from titan_core.errors import UsageError
+from titan_plugins_parallel.activation_checkpoint import blocks
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -103,9 +107,20 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     options: dict[str, Any] = {"backend": chosen} if chosen != "inductor" else {}
     if chosen == "inductor" and settings:
         options["options"] = settings
+    containers = 0
     for part in parts:
-        layers = getattr(part, "layers", None)
-        if isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
-            for block in layers.values() if isinstance(layers, nn.ModuleDict) else layers:
-                block.compile(**options)
+        found = blocks(part)
+        if found is None:
+            continue
+        containers += 1
+        for key, _ in found:
+            part.layers[key].compile(**options)
+    if not containers:
+        # Listed as applied, the model would run eager while the log said it was compiled.
+        raise UsageError(
+            f"compile.enable compiles each block of the model's `layers` (an nn.ModuleDict, "
+            f"nn.ModuleList or nn.Sequential), and model {ctx.config.model.name!r} has no `layers`: "
+            "nothing would be compiled. Keep the blocks in model.layers (docs/plugins.md, the "
+            "decoder protocol), or set compile.enable = False"
+        )
     return parts

@@ -13,7 +13,9 @@ from titan_core.config import field, in_range, section
 
 
 def _selective_option(_inst: Any, _attr: Any, value: str) -> None:
-    if value != "op" and not (value.isdigit() and int(value) > 0):
+    # ASCII digits only: ``str.isdigit`` also takes a superscript two (which ``int`` then
+    # refuses with its own message) and other scripts' digits.
+    if value != "op" and not (value.isascii() and value.isdigit() and int(value) > 0):
         raise ValueError(f"expected 'op' or a positive integer such as '2', got {value!r}")
 
 

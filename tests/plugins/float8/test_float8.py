@@ -145,3 +145,53 @@ def test_a_float8_setting_without_float8_enable_is_refused() -> None:
         validate(config, source="r")
     config.float8.enable = True
     validate(config, source="r")
+
+
+@pytest.mark.parametrize(
+    ("filter_fqns", "warned"), [("feed_forward", True), ("", True), ("output,feed_forward", False)]
+)
+def test_a_filter_that_leaves_out_output_says_the_final_projection_is_converted(
+    tmp_path: Path, filter_fqns: str, warned: bool
+) -> None:
+    """``filter_fqns = 'feed_forward'`` (meant as "also keep the FFN") replaces the default
+    ``output``: the final projection was converted to float8, and the log only counted it among the
+    converted layers."""
+    from structlog.testing import capture_logs
+
+    config = float8_config(tmp_path, **{"float8.filter_fqns": filter_fqns, "training.steps": 1})
+    with capture_logs() as logs:
+        trainer = Trainer(config, get_registry())
+    trainer.close()
+    warnings = [e for e in logs if e["log_level"] == "warning" and "final projection" in e["event"]]
+    if not warned:
+        assert warnings == []
+        return
+    (warning,) = warnings
+    assert warning["converted"] == ["output"]
+    assert "float8.filter_fqns" in warning["reason"] and "output" in warning["reason"]
+
+
+def test_float8_on_cpu_without_emulation_is_one_error_line_from_titan_run(tmp_path: Path) -> None:
+    """torchao's import printed a torch deprecation warning (``register_constant() on Enum
+    subclasses``) before titan's error line, and before every float8 run's first log line."""
+    import subprocess
+
+    from tests.parallel_harness import REPO, child_env, write_recipe_module
+
+    module = write_recipe_module(
+        tmp_path, {"float8.enable": True, "training.steps": 1, "job.dump_folder": str(tmp_path / "out")}
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "titan_core.train", "--module", module, "--recipe", "layout"],
+        cwd=REPO,
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "titan: error: float8.enable: the run computes on cpu, which has no float8 matmul; train on a "
+        "CUDA GPU of compute capability 8.9+ (H100, H200), set float8.emulate = True (float8 numerics "
+        "in high precision, no speed-up), or set float8.enable = False"
+    ]

@@ -319,3 +319,182 @@ def test_blocks_in_a_module_list_are_wrapped_and_a_model_without_layers_is_refus
         UsageError, match=r"mode = 'full' wraps each block of the model's `layers`.*has no `layers`"
     ):
         apply([Unlisted()], Ctx())  # type: ignore[arg-type]
+
+
+def _stage(keys: list[str]) -> Any:
+    """A pipeline stage as the PP split leaves it: the model's blocks it holds, under their keys."""
+    from torch import nn
+
+    part = nn.Module()
+    part.layers = nn.ModuleDict({key: nn.Linear(4, 4) for key in keys})
+    return part
+
+
+def _ac_ctx(n_layers: int, **fields: Any) -> Any:
+    from types import SimpleNamespace
+
+    config = tiny_config(**{f"activation_checkpoint.{k}": v for k, v in fields.items()})
+    return SimpleNamespace(config=config, model_args={"n_layers": n_layers})
+
+
+def _wrapped_keys(parts: list[Any]) -> list[list[str]]:
+    return [[k for k, b in p.layers.items() if type(b).__name__ == "CheckpointWrapper"] for p in parts]
+
+
+@pytest.mark.parametrize(
+    ("n_layers", "stages", "option", "wrapped"),
+    [
+        # Interleaved PP, one block per stage, two stages per rank: every 2nd block of the model is
+        # 1 and 3; counted per stage, each stage's only block was its 1st, and nothing was wrapped
+        # (with a warning that the rank's parts "have 2" blocks).
+        (4, [["0"], ["2"]], "2", [[], []]),
+        (4, [["1"], ["3"]], "2", [["1"], ["3"]]),
+        # PP 2 of 6 blocks: blocks 1, 3, 5 as documented, not 1 and 4 (each stage's 2nd).
+        (6, [["0", "1", "2"]], "2", [["1"]]),
+        (6, [["3", "4", "5"]], "2", [["3", "5"]]),
+        (4, [["2", "3"]], "3", [["2"]]),
+    ],
+)
+def test_every_nth_block_is_counted_over_the_whole_model_on_each_pipeline_stage(
+    n_layers: int, stages: list[list[str]], option: str, wrapped: list[list[str]]
+) -> None:
+    """``selective_ac_option = N`` recomputes the model's blocks N-1, 2N-1, ... whatever the
+    layout: a stage holds the blocks under their model-wide keys, which are what is counted."""
+    from structlog.testing import capture_logs
+
+    from titan_plugins_parallel.activation_checkpoint import apply
+
+    ctx = _ac_ctx(n_layers, mode="selective", selective_ac_option=option)
+    with capture_logs() as logs:
+        parts = apply([_stage(keys) for keys in stages], ctx)
+    assert _wrapped_keys(parts) == wrapped
+    # A rank holding none of the recomputed blocks is not warned: other stages hold them.
+    assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+def test_an_every_nth_option_beyond_the_models_blocks_warns_on_every_stage() -> None:
+    from structlog.testing import capture_logs
+
+    from titan_plugins_parallel.activation_checkpoint import apply
+
+    with capture_logs() as logs:
+        apply([_stage(["2", "3"])], _ac_ctx(4, mode="selective", selective_ac_option="5"))
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert "selective_ac_option = '5'" in warning["reason"] and "have 4" in warning["reason"]
+
+
+def _dropout_model(p: float) -> Any:
+    """A third-party model whose blocks use dropout: a linear, ``nn.Dropout(p)``, a linear."""
+    import torch
+    from torch import nn
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleDict(
+                {str(i): nn.Sequential(nn.Linear(8, 8), nn.Dropout(p), nn.Linear(8, 8)) for i in range(2)}
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.layers.values():
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    return Model()
+
+
+def _dropout_grads(model: Any) -> Any:
+    import torch
+
+    torch.manual_seed(1)
+    model(torch.ones(4, 8)).square().sum().backward()
+    return model.layers["0"][0].weight.grad
+
+
+@pytest.mark.parametrize(("mode", "option"), [("full", "op"), ("selective", "op"), ("selective", "1")])
+def test_dropout_in_a_recomputed_block_needs_the_rng_state_preserved(mode: str, option: str) -> None:
+    """Recomputation without ``preserve_rng_state`` draws other dropout masks than the forward:
+    the gradients were those of another network, without a word. Refused, naming the module;
+    with the state preserved, the gradients are those of no checkpointing."""
+    import torch
+
+    from titan_core.errors import UsageError
+    from titan_plugins_parallel.activation_checkpoint import apply
+
+    fields = {"mode": mode} if mode == "full" else {"mode": mode, "selective_ac_option": option}
+    with pytest.raises(UsageError) as info:
+        apply([_dropout_model(0.1)], _ac_ctx(2, **fields))
+    message = str(info.value)
+    assert "layers.0.1" in message and "Dropout(p=0.1" in message, message
+    assert "activation_checkpoint.preserve_rng_state = True" in message and "\n" not in message
+
+    expected = _dropout_grads(_dropout_model(0.1))
+    [model] = apply([_dropout_model(0.1)], _ac_ctx(2, preserve_rng_state=True, **fields))
+    assert type(model.layers["0"]).__name__ == "CheckpointWrapper"
+    torch.testing.assert_close(_dropout_grads(model), expected, rtol=0, atol=0)
+    # Dropout with p = 0 draws nothing: no refusal.
+    apply([_dropout_model(0.0)], _ac_ctx(2, **fields))
+
+
+def test_blocks_in_a_sequential_are_wrapped() -> None:
+    """``layers = nn.Sequential(...)`` was refused as having no `layers`."""
+    import torch
+    from torch import nn
+
+    from titan_plugins_parallel.activation_checkpoint import apply
+
+    model = nn.Module()
+    model.layers = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    [model] = apply([model], _ac_ctx(2, mode="full"))
+    assert [type(b).__name__ for b in model.layers] == ["CheckpointWrapper"] * 2
+    assert model.layers(torch.ones(2, 4)).shape == (2, 4)
+
+
+@pytest.mark.parametrize("option", ["\u00b2", "\u0663"])
+def test_an_every_nth_option_of_other_digits_is_refused_as_such(option: str) -> None:
+    """A superscript two failed as ``invalid literal for int()``; an Arabic-Indic three was taken
+    as 3 (``str.isdigit`` accepts both)."""
+    from titan_core.config import ConfigError, TrainerConfig
+
+    with pytest.raises(ConfigError, match=r"expected 'op' or a positive integer such as '2'"):
+        TrainerConfig().activation_checkpoint.selective_ac_option = option
+
+
+@pytest.mark.slow
+def test_every_nth_block_under_interleaved_pipeline_stages_matches_one_process(
+    tmp_path: Path, seed_checkpoint: Path, reference_losses: list[float]
+) -> None:
+    """PP 2 with two one-block stages per rank and every 2nd block recomputed: each stage's only
+    block was counted as its 1st, so nothing was recomputed (and each rank warned that its parts
+    "have 2" blocks). Now blocks 1 and 3 are, with the one-process losses."""
+    from tests.parallel_harness import assert_losses_close, log_records, run_titan_train, step_losses
+
+    overrides = {
+        "checkpoint.initial_load_path": str(seed_checkpoint),
+        "parallelism.pp": 2,
+        "parallelism.dp_shard": 1,
+        "parallelism.pp_stages_per_rank": 2,
+        "parallelism.pp_schedule": "Interleaved1F1B",
+        "activation_checkpoint.mode": "selective",
+        "activation_checkpoint.selective_ac_option": "2",
+    }
+    result = run_titan_train(tmp_path, 2, overrides)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_losses_close(step_losses(result.stdout, rank=1), reference_losses)
+    records = log_records(result.stdout)
+    assert not [r for r in records if r.get("event") == "activation checkpointing wraps no block"]
+
+
+def test_op_policy_counts_the_matmuls_of_biased_linears() -> None:
+    """``nn.Linear(bias=True)`` multiplies with ``aten.addmm``, which the policy did not count:
+    a plugin model with biased projections recomputed every matmul under ``op``, as ``full``."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from titan_plugins_parallel.activation_checkpoint import op_policy
+
+    mm, addmm = torch.ops.aten.mm.default, torch.ops.aten.addmm.default
+    policy = op_policy()
+    save, redo = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    assert [policy(_PolicyCtx(False), op) for op in (addmm, addmm, mm, addmm)] == [save, redo, save, redo]

@@ -272,3 +272,79 @@ def test_memory_budget_composes_with_fsdp_and_pipeline_stages(
     assert_losses_close(run_layout(tmp_path / "fsdp", 2, seed_checkpoint, fsdp), reference_losses)
     pp = {**budget, "parallelism.pp": 2, "parallelism.dp_shard": 1}
     assert_losses_close(run_layout(tmp_path / "pp", 2, seed_checkpoint, pp, rank=1), reference_losses)
+
+
+def test_a_model_without_layers_is_refused_and_sequential_blocks_are_compiled() -> None:
+    """A plugin model without ``layers`` (blocks named ``blocks``, say) was listed as compiled
+    and ran eager, without a word; blocks in an ``nn.Sequential`` were skipped the same way."""
+    from types import SimpleNamespace
+
+    from titan_core.errors import UsageError
+    from titan_plugins_parallel import compile as compile_strategy
+
+    config = tiny_config(**{"compile.enable": True})
+    ctx = SimpleNamespace(config=config, topology=SimpleNamespace(device=torch.device("cpu")))
+
+    unlisted = torch.nn.Module()
+    unlisted.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    with pytest.raises(
+        UsageError, match=r"compile.enable compiles each block of the model's `layers`.*has no"
+    ):
+        compile_strategy.apply([unlisted], ctx)  # type: ignore[arg-type]
+
+    sequential = torch.nn.Module()
+    sequential.layers = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    compile_strategy.apply([sequential], ctx)  # type: ignore[arg-type]
+    assert [b._compiled_call_impl is not None for b in sequential.layers] == [True, True]
+
+
+@pytest.mark.slow
+def test_compiled_moe_blocks_with_selective_checkpointing_keep_the_eager_losses_and_router_statistics(
+    tmp_path: Path,
+) -> None:
+    """The MoE model (DeepSeek-V3 debug shape, document mask, balance loss, bias update),
+    compiled block by block with selective recomputation: the eager losses, gradient norms and
+    router statistics, so no forward, recomputed or compiled, is counted twice."""
+    from titan_plugins_moe import recipes
+
+    rows = {}
+    for name, fields in (
+        ("eager", {}),
+        (
+            "compiled",
+            {
+                "compile.enable": True,
+                "compile.backend": "aot_eager",
+                "activation_checkpoint.mode": "selective",
+            },
+        ),
+    ):
+        torch._dynamo.reset()
+        config = recipes.deepseek_v3_debugmodel()
+        for path, value in {
+            "job.dump_folder": str(tmp_path / name),
+            "training.steps": 3,
+            "training.warmup_steps": 1,
+            "training.seq_len": 32,
+            "training.local_batch_size": 2,
+            "training.device": "cpu",
+            "training.dtype": "float32",
+            "data.bundled_documents": 100,
+            "metrics.enable_tensorboard": False,
+            "moe.bias_update_rate": 0.01,
+            "moe.aux_loss_weight": 0.1,
+            **fields,
+        }.items():
+            section, field_name = path.split(".")
+            setattr(getattr(config, section), field_name, value)
+        config.model.overrides = {"dim": 64, "n_layers": 3, "document_mask": True, "bos_id": 0}
+        trainer = Trainer(config, get_registry())
+        try:
+            rows[name] = trainer.train()
+        finally:
+            trainer.close()
+    keys = ["loss", "grad_norm", "moe/aux_loss", "moe/expert_bias_absmax", "moe/layer1/tokens_max"]
+    keys += ["moe/layer2/tokens_min", "moe/imbalance_mean"]
+    assert len(rows["eager"]) == 3
+    for eager, compiled in zip(rows["eager"], rows["compiled"], strict=True):
+        assert {k: compiled[k] for k in keys} == pytest.approx({k: eager[k] for k in keys}, rel=1e-5)
