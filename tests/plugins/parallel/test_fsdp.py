@@ -90,11 +90,17 @@ def _tiny_llama3_args() -> Any:
 
 def _reduce_scatter_comms(model: torch.nn.Module) -> list[list[Any]]:
     """Per ``fully_shard`` unit of ``model``, the reduce-scatter objects of its parameter groups
-    (private: ``_fsdp_param_groups[*]._reduce_scatter_comm``)."""
+    (private: ``_fsdp_param_groups[*]._reduce_scatter_comm`` in newer torch, one
+    ``_fsdp_param_group`` in torch 2.11)."""
     from torch.distributed.fsdp import FSDPModule
 
+    def groups(state: Any) -> list[Any]:
+        if hasattr(state, "_fsdp_param_groups"):
+            return list(state._fsdp_param_groups)
+        return [state._fsdp_param_group] if state._fsdp_param_group is not None else []
+
     return [
-        [group._reduce_scatter_comm for group in unit._get_fsdp_state()._fsdp_param_groups]
+        [group._reduce_scatter_comm for group in groups(unit._get_fsdp_state())]
         for unit in model.modules()
         if isinstance(unit, FSDPModule)
     ]
