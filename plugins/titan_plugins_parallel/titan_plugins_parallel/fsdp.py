@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from titan_plugins_parallel.activation_checkpoint import blocks as model_blocks
+
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
     from titan_core.parallel_dims import ParallelDims
@@ -161,8 +163,8 @@ def shard_part(part: nn.Module, mesh: Any, mp_policy: Any, reshard_after_forward
     kwargs: dict[str, Any] = {"mesh": mesh}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
-    layers = getattr(part, "layers", None)
-    blocks = list(layers.values()) if isinstance(layers, (nn.ModuleDict, nn.ModuleList)) else []
+    # The blocks AC and compile find (an nn.ModuleDict, nn.ModuleList or nn.Sequential).
+    blocks = [part.layers[key] for key, _ in model_blocks(part) or []]
     for i, block in enumerate(blocks):
         last = i == len(blocks) - 1
         fully_shard(block, reshard_after_forward=reshard_after_forward and not last, **kwargs)

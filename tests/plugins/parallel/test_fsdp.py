@@ -240,3 +240,34 @@ def test_blocks_keep_their_gathered_parameters_after_forward_only_when_asked(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("container", [torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict])
+def test_each_block_of_a_list_or_sequential_is_its_own_unit(container: type) -> None:
+    """A plugin model's ``layers`` may be an ``nn.ModuleList`` or ``nn.Sequential`` (as AC and
+    compile take them): FSDP called ``layers.values()``, which a ModuleList has not, and left a
+    Sequential's blocks in the root unit (the whole model gathered at once, no word)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    class Blocks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            made = [torch.nn.Linear(8, 8) for _ in range(3)]
+            if container is torch.nn.ModuleDict:
+                self.layers = container({str(i): m for i, m in enumerate(made)})
+            else:
+                self.layers = container(*made) if container is torch.nn.Sequential else container(made)
+            self.output = torch.nn.Linear(8, 2)
+
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        model = Blocks()
+        fsdp.shard_part(model, init_device_mesh("cpu", (2,)), None, reshard_after_forward=True)
+        units = [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+        assert units == ["", "layers.0", "layers.1", "layers.2"]
+    finally:
+        dist.destroy_process_group()
