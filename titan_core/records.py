@@ -128,6 +128,13 @@ class ModelSpec:
     last_stage_modules: tuple[str, ...] = attrs.field(
         default=("norm", "output"), converter=_names("ModelSpec.last_stage_modules", "module names")
     )
+    #: Parts of module names (as ``named_modules`` gives them) that low-precision strategies
+    #: (float8) leave in the training dtype, whatever their own settings: layers whose outputs
+    #: decide discrete choices, such as an MoE router's gate (``"router.gate"``), where float8
+    #: rounding would change which experts a token goes to.
+    high_precision_modules: tuple[str, ...] = attrs.field(
+        default=(), converter=_names("ModelSpec.high_precision_modules", "module names")
+    )
 
     def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""

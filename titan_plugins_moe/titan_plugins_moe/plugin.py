@@ -40,6 +40,8 @@ def titan_models() -> list[ModelSpec]:
             description="MoE decoders: Llama-style, Qwen3-MoE and DeepSeek-V2/V3 (MLA), grouped experts",
             validate=flavors.validate,
             num_active_params=flavors.num_active_params,
+            # Top-k expert choices from float8-rounded scores would move tokens between experts.
+            high_precision_modules=("router.gate",),
             state_dict_adapter=StateDictAdapter(
                 hf.to_hf, hf.from_hf, hf.hf_config, hf.args_from_hf, hf.for_run
             ),

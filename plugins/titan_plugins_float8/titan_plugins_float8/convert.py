@@ -1,7 +1,8 @@
 """The ``float8`` strategy: torchao's ``convert_to_float8_training`` on the meta model.
 
-Every ``nn.Linear`` of each part becomes a ``Float8Linear`` unless ``float8.filter_fqns`` names
-it or a width is not a multiple of 16 (``torch._scaled_mm`` needs that). A ``Float8Linear``
+Every ``nn.Linear`` of each part becomes a ``Float8Linear`` unless ``float8.filter_fqns`` or the
+model (``ModelSpec.high_precision_modules``: an MoE router's gate) names it, or a width is not a
+multiple of 16 (``torch._scaled_mm`` needs that). A ``Float8Linear``
 keeps its weight a plain high-precision parameter (same name, same shape, so checkpoints, FSDP
 and the optimizer are unchanged) and casts input, weight and output gradient to float8 with a
 dynamic scale at each matmul (``tensorwise``: one scale per tensor; ``rowwise``: per row).
@@ -162,10 +163,14 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     recipe = dataclasses.replace(recipe, emulate=cfg.emulate)
     keep = filter_names(cfg.filter_fqns)
     _check_filter_names(keep, cfg.filter_fqns, ctx)
+    # The model's own (ModelSpec.high_precision_modules): kept whatever filter_fqns says.
+    model_keeps = list(getattr(ctx.spec, "high_precision_modules", ()))
     converted: list[str] = []
     kept: list[str] = []
     for part in parts:
-        float8.convert_to_float8_training(part, config=recipe, module_filter_fn=module_filter(keep))
+        float8.convert_to_float8_training(
+            part, config=recipe, module_filter_fn=module_filter([*keep, *model_keeps])
+        )
         converted += [n for n, m in part.named_modules() if isinstance(m, float8_linear)]
         kept += [n for n, m in part.named_modules() if type(m) is nn.Linear]
     if not converted:
@@ -182,6 +187,8 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
         converted=len(converted),
         kept=kept[:8] + ([f"... {len(kept) - 8} more"] if len(kept) > 8 else []),  # the layers left bf16
         emulate=cfg.emulate,
+        # Named apart: a model's choice, not float8.filter_fqns (ModelSpec.high_precision_modules).
+        **({"kept_by_the_model": model_keeps} if model_keeps else {}),
     )
     if not ctx.config.compile.enable and not cfg.emulate:
         log.warning(

@@ -195,3 +195,36 @@ def test_float8_on_cpu_without_emulation_is_one_error_line_from_titan_run(tmp_pa
         "CUDA GPU of compute capability 8.9+ (H100, H200), set float8.emulate = True (float8 numerics "
         "in high precision, no speed-up), or set float8.enable = False"
     ]
+
+
+def test_a_models_high_precision_modules_stay_out_of_float8(tmp_path: Path) -> None:
+    """An MoE router's gate (dim -> 16 experts, aligned) was converted by the default filter:
+    top-k expert choices from float8 scores, without a word (torchtitan keeps the router in
+    high precision). Its model declares it (``ModelSpec.high_precision_modules``); whatever
+    float8.filter_fqns says, it stays an nn.Linear, and the run says which layers the model kept."""
+    from torch import nn
+
+    config = float8_config(
+        tmp_path,
+        **{
+            "model.name": "moe",
+            "model.flavor": "qwen3_debugmodel",
+            "model.overrides": {
+                "dim": 64,
+                "n_layers": 2,
+                "n_experts": 16,
+                "top_k": 2,
+                "expert_hidden_dim": 32,
+            },
+            "float8.filter_fqns": "output",
+            "training.steps": 2,
+        },
+    )
+    trainer, losses = train(config)
+    model = trainer.parts[0]
+    gates = [m for n, m in model.named_modules() if n.endswith("router.gate")]
+    assert gates and all(type(m) is nn.Linear for m in gates)
+    converted = float8_names(trainer)
+    assert converted and not any("router" in name for name in converted)
+    assert all(math.isfinite(x) for x in losses)
+    assert "router.gate" in (tmp_path / "train.log").read_text()  # named as kept by the model
