@@ -64,14 +64,18 @@ def chunk_positions(cp_rank: int, cp: int, seq_len: int) -> list[int]:
     return [*range(first * size, (first + 1) * size), *range(second * size, (second + 1) * size)]
 
 
-def _all_gather_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """All-gather ``(batch, heads, seq, dim)`` along ``seq`` with autograd (rank-major order)."""
+def _all_gather_seq(x: torch.Tensor, group: Any, order: torch.Tensor) -> torch.Tensor:
+    """All-gather ``(batch, heads, seq, dim)`` along ``seq`` with autograd, the gathered rows
+    (rank-major) taken in ``order``."""
     import torch.distributed._functional_collectives as funcol
 
     # all_gather_single_autograd (newer torch) and all_gather_tensor_autograd (2.11) gather
-    # along dim 0; gathering there and moving seq back keeps both paths the same.
+    # along dim 0; gathering there and moving seq back keeps both paths the same. The rows are
+    # reordered before seq moves back, so that the gradient reaching the gather is contiguous:
+    # torch 2.11's reduce-scatter backward refuses a strided one.
     gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
-    return gather(x.movedim(2, 0).contiguous(), gather_dim=0, group=group).movedim(0, 2)
+    gathered = gather(x.movedim(2, 0).contiguous(), gather_dim=0, group=group)
+    return gathered.index_select(0, order).movedim(0, 2)
 
 
 class GatheredKVAttention:
@@ -105,8 +109,8 @@ class GatheredKVAttention:
                 f"context parallel expected {self.local_len} local tokens per sequence, got "
                 f"{q.shape[2]}; every batch must have training.seq_len tokens"
             )
-        k_all = _all_gather_seq(k, self.group).index_select(2, self.order)
-        v_all = _all_gather_seq(v, self.group).index_select(2, self.order)
+        k_all = _all_gather_seq(k, self.group, self.order)
+        v_all = _all_gather_seq(v, self.group, self.order)
         return blocks.attention(q, k_all, v_all, mask=self.causal if mask is None else mask)
 
 

@@ -47,9 +47,9 @@ def _ranks_outputs(
         shards = {"k": k[:, :, local], "v": v[:, :, local]}
         whole = {id(shards["k"]): k, id(shards["v"]): v}
 
-        def gather(x: torch.Tensor, group: Any, whole: dict = whole) -> torch.Tensor:
+        def gather(x: torch.Tensor, group: Any, order: torch.Tensor, whole: dict = whole) -> torch.Tensor:
             gathered.append(x.shape)
-            return whole[id(x)][:, :, everyone]
+            return whole[id(x)][:, :, everyone].index_select(2, order)
 
         monkeypatch.setattr(cp_module, "_all_gather_seq", gather)
         attention = cp_module.GatheredKVAttention(local, everyone, group=None)
@@ -94,6 +94,42 @@ def test_document_masked_rows_over_the_gathered_kv_equal_document_masked_attenti
     outs, _ = _ranks_outputs(monkeypatch, cp, q, k, v, rows)
     for local, out in outs:
         torch.testing.assert_close(out, full[:, :, local])
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_the_gradient_reaching_the_kv_all_gather_is_contiguous(
+    monkeypatch: pytest.MonkeyPatch, documents: bool
+) -> None:
+    """The all-gather's backward is a reduce-scatter, which refuses a strided gradient in torch
+    2.11 (the GPU machine's): CP training stopped at step 1's backward there ("Expected
+    input.is_contiguous()"). A one-rank gather records the gradients it is given."""
+    import torch.distributed._functional_collectives as funcol
+
+    contiguous: list[bool] = []
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            contiguous.append(grad.is_contiguous())
+            return grad
+
+    def gather(x: torch.Tensor, gather_dim: int, group: Any) -> torch.Tensor:
+        return Gather.apply(x)
+
+    for name in ("all_gather_single_autograd", "all_gather_tensor_autograd"):
+        monkeypatch.setattr(funcol, name, gather, raising=False)
+    seq, bos = 16, 1
+    positions = torch.arange(seq)
+    attention = cp_module.GatheredKVAttention(positions, positions, group=None)
+    q, k, v = (torch.randn(2, 4, seq, 8, requires_grad=True) for _ in range(3))
+    tokens = torch.tensor([[5, 6, 1, 7, 8, 9, 1, 3, 4, 1, 2, 2, 7, 1, 6, 5]] * 2)
+    mask = blocks.document_mask_rows(tokens, bos, positions) if documents else None
+    attention(q, k, v, mask=mask).square().sum().backward()
+    assert contiguous == [True, True]  # K and V
 
 
 @pytest.mark.parametrize("documents", [False, True])
