@@ -308,7 +308,29 @@ def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, m
         return [*problems, str(exc)]
     if (problem := schedule_problem(cls, n_micro, num_stages, pp)) is not None:
         problems.append(problem)
+    if (problem := _v_schedule_on_gloo_problem(cls, config)) is not None:
+        problems.append(problem)
     return problems
+
+
+def _v_schedule_on_gloo_problem(cls: type, config: TrainerConfig) -> str | None:
+    """torch 2.11's V-schedule start-up sends from each stage to its neighbours, the rank's own
+    other stage included, and gloo has no connection to itself: the run ended at step 1 with
+    gloo's "Pair is not connected" and a peer-died error (torch 2.13 starts it without)."""
+    import torch
+
+    if cls.__name__ not in _V_SCHEDULES or config.comm.backend == "fake":  # fake: no gloo pairs
+        return None
+    if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13):
+        return None
+    if config.training.device != "cpu" and torch.cuda.is_available():  # NCCL
+        return None
+    name = cls.__name__.removeprefix("Schedule")
+    return (
+        f"parallelism.pp_schedule={name} on the CPU (gloo) needs torch 2.13 or newer: torch "
+        f"{torch.__version__} starts a V schedule by sending from each stage to the rank's own other "
+        "stage, which gloo cannot; use 1F1B or Interleaved1F1B here, or a newer torch"
+    )
 
 
 _TIED = (
