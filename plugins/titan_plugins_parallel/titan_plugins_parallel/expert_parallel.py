@@ -76,13 +76,15 @@ def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, m
 
 
 def dispatch(
-    tokens: torch.Tensor, num_tokens_per_expert: torch.Tensor, group: Any
+    tokens: torch.Tensor, num_tokens_per_expert: torch.Tensor, group: Any, *, peers_simulated: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, DispatchState]:
     """Send tokens (sorted by global expert) to the ranks owning their experts.
 
     Returns the tokens this rank's experts must process (sorted by local expert), how many each
     local expert gets, and the state for :func:`combine`. ``num_tokens_per_expert`` has one
     entry per global expert; rank ``r`` owns experts ``[r*E/ep, (r+1)*E/ep)``.
+    ``peers_simulated`` (a fake comm backend): nothing is received, so each peer is taken to send
+    this rank's experts what this rank sends its experts (as many tokens arrive as leave).
     """
     import torch
     import torch.distributed as dist
@@ -94,6 +96,10 @@ def dispatch(
     received = torch.empty_like(num_tokens_per_expert)
     dist.all_to_all_single(received, num_tokens_per_expert.contiguous(), group=group)
     received = received.view(ep, n_local)
+    if peers_simulated and not is_fake(received):
+        # The buffer holds whatever memory did (torch 2.11: a count of -1.2e18 tokens; zeros
+        # elsewhere, a step with no expert compute to account for).
+        received = num_tokens_per_expert.view(ep, n_local).clone()
     if is_fake(received):  # shape-only steps: every rank sends every rank an even share
         send_splits = recv_splits = even_split(tokens.shape[0], ep)
     else:
@@ -134,9 +140,11 @@ def _shard_experts(name: str, module: nn.Module, mesh: Any) -> None:
         module.register_parameter(pname, sharded)
 
 
-def _dispatch_hook(module: nn.Module, inputs: Any, mesh: Any) -> Any:
+def _dispatch_hook(module: nn.Module, inputs: Any, mesh: Any, peers_simulated: bool = False) -> Any:
     tokens, counts = inputs
-    local, local_counts, module._ep_state = dispatch(tokens, counts, mesh.get_group())
+    local, local_counts, module._ep_state = dispatch(
+        tokens, counts, mesh.get_group(), peers_simulated=peers_simulated
+    )
     return local, local_counts
 
 
@@ -185,8 +193,14 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
     options["reshard_after_forward"] = reshard_after_forward(ctx)
     device = ctx.topology.device.type
+    # EP's ranks are borrowed from dp_shard x cp: simulated there, they send nothing real.
+    simulated = bool(ctx.topology.simulated & {"dp_shard", "cp"})
+
+    def dispatch_hook(module: nn.Module, inputs: Any, mesh: Any) -> Any:
+        return _dispatch_hook(module, inputs, mesh, simulated)
+
     for module in experts:
-        distribute_module(module, mesh["ep"], _shard_experts, _dispatch_hook, _combine_hook)
+        distribute_module(module, mesh["ep"], _shard_experts, dispatch_hook, _combine_hook)
         fully_shard(module, mesh=dp_mesh, **options)
         _set_divide_factor(module, pd.dp_replicate * pd.dp_shard * pd.cp, mesh["efsdp"].size(), device)
     return parts

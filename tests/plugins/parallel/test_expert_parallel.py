@@ -162,3 +162,33 @@ def test_ep2_with_selective_activation_checkpointing_matches_one_process(
         "activation_checkpoint.mode": "selective",
     }
     assert_rows_close(layout_rows(tmp_path, 2, moe_seed, overrides), moe_reference)
+
+
+def test_dispatch_over_simulated_peers_reads_no_received_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a fake comm backend the counts all-to-all receives nothing (its buffer is whatever
+    memory held): torch 2.11's computed EP step built a tensor of -1236420453705004724 rows and
+    stopped, and where the memory happened to be zero no token reached the experts (a step that
+    accounts for no expert compute). Simulated peers send what this rank sends them."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    real = dist.all_to_all_single
+
+    def garbage(output: torch.Tensor, *args: object, **kwargs: object) -> object:
+        work = real(output, *args, **kwargs)
+        output.fill_(-(2**40))  # what an unreceived buffer may hold
+        return work
+
+    monkeypatch.setattr(dist, "all_to_all_single", garbage)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        counts = torch.tensor([3, 0, 1, 4])  # to experts 0, 1 (rank 0) and 2, 3 (rank 1)
+        tokens = torch.randn(8, 3)
+        local, local_counts, state = expert_parallel.dispatch(
+            tokens, counts, dist.group.WORLD, peers_simulated=True
+        )
+        assert local_counts.tolist() == [3 + 1, 0 + 4]  # each peer's share stands in for its own
+        assert local.shape == (8, 3) and state.send_splits == state.recv_splits == [3, 5]
+    finally:
+        dist.destroy_process_group()
