@@ -144,13 +144,231 @@ def test_the_seed_examples_runs_keep_their_own_metrics() -> None:
     assert len(set(folders)) == 3, folders
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/getting_started.md", "docs/checkpointing.md"])
+@pytest.mark.parametrize("page", [page for page in DOC_PAGES if _modules_written(page)])
 def test_a_pages_recipe_modules_have_names_no_other_page_gives_other_contents(page: str) -> None:
     """``my_recipes.py`` held checkpointing.md's recipes in one page and profiling.md's in
     another: a reader following both in one folder replaced the first (or ``titan recipes copy``
-    refused the existing file)."""
+    refused the existing file); parallelism.md's ``my_recipes.py`` was profiling.md's too. Every
+    page that has its reader write a module is checked."""
     mine = _modules_written(page)
     assert mine, page
     for other in DOC_PAGES:
         if other != page:
             assert not mine & _modules_written(other) - {"my_project/recipes.py"}, (page, other)
+
+
+# -- what the docs name exists: commands and flags, config fields, links, modules, variables -----------
+
+
+def _fenced_and_prose(page: str) -> tuple[list[str], str]:
+    """The lines of a page's fenced blocks (a ``\\``-continued line joined to the next) and the
+    text outside them."""
+    blocks, prose, fence = [], [], None
+    for line in (REPO / page).read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            if fence is None:
+                fence = []
+            else:
+                blocks += "\n".join(fence).replace("\\\n", " ").splitlines()
+                fence = None
+            continue
+        (prose if fence is None else fence).append(line)
+    return blocks, "\n".join(prose)
+
+
+def _code(page: str) -> list[str]:
+    """A page's code: its fenced blocks' lines and its inline code spans."""
+    import re
+
+    lines, prose = _fenced_and_prose(page)
+    return lines + [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", prose)]
+
+
+def _subcommands(parser: object) -> dict:
+    import argparse
+
+    for action in parser._actions:  # type: ignore[attr-defined]
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def test_every_titan_command_and_flag_the_docs_show_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command line of the docs (``titan ...``, ``python -m titan_core.train ...``,
+    ``./run_train.sh ...``, in a fenced block or an inline span) names subcommands titan has and
+    flags its parser takes (``run_train.sh`` passes its arguments to ``titan_core.train``, which
+    are ``titan run``'s). Placeholders in capitals (``titan NAME``) and ``...`` are skipped."""
+    import re
+
+    from titan_core._registry import get_registry, reset_registry
+    from titan_core.cli import build_parser
+
+    monkeypatch.delenv("TITAN_DISABLE_PLUGINS", raising=False)
+    reset_registry()
+    parser = build_parser(get_registry())
+    run = _subcommands(parser)["run"]
+    command = re.compile(
+        r"^(?:\$ )?(?:[A-Z_]+=\S* )*(titan|python -m titan_core\.train|\./run_train\.sh)(?: |$)([^#|;&]*)"
+    )
+    problems, checked = [], 0
+    for page in DOC_PAGES:
+        for line in _code(page):
+            m = command.match(line.strip())
+            if not m or ", " in m.group(2):  # a message quoting prose ("titan runs recipes (..., ...")
+                continue
+            checked += 1
+            current, path = (parser, ["titan"]) if m.group(1) == "titan" else (run, ["run"])
+            value_next = False
+            for word in m.group(2).split():
+                if value_next:
+                    value_next = False
+                elif word.startswith("-"):
+                    flag = word.split("=")[0]
+                    action = current._option_string_actions.get(flag) or parser._option_string_actions.get(
+                        flag
+                    )
+                    if action is None:
+                        problems.append(f"{page}: `{line.strip()}`: {' '.join(path)} has no {flag}")
+                    else:
+                        value_next = action.nargs not in (0, "?") and "=" not in word
+                elif (subs := _subcommands(current)) and word != "..." and not word.isupper():
+                    if word not in subs:
+                        problems.append(f"{page}: `{line.strip()}`: {' '.join(path)} has no command {word!r}")
+                        break
+                    current = subs[word]
+                    path.append(word)
+    assert checked > 100, checked
+    assert not problems, "\n".join(problems)
+
+
+#: Names of the form ``section.name`` in the docs that are not config fields on purpose.
+NOT_FIELDS = {
+    "model.layers",  # the model's blocks (an nn.ModuleDict), not the config's model section
+    "training.stepz",  # reliability.md: a typo, to show its error
+    "parallelism.typo",
+    "debug.memory_reprot",
+}
+
+
+def test_every_config_field_the_docs_name_exists() -> None:
+    """``training.lr``, ``config.float8.recipe``, ``model.overrides.document_mask``: the section
+    and its field exist (plugin sections included; file names such as ``metrics.jsonl`` and
+    ``model.py`` are not fields)."""
+    import re
+
+    fields = {s: v for s, v in to_dict(TrainerConfig()).items() if isinstance(v, dict)}
+    files = r"(?:py|jsonl?|md|toml|txt|log|pickle|html|png|safetensors)\b"
+    name = re.compile(
+        rf"(?<![\w./-])(?:config\.)?({'|'.join(sorted(fields))})\.(?!{files})([A-Za-z_]\w*)(?![\w(/-])"
+    )
+    problems, checked = [], 0
+    for page in DOC_PAGES:
+        for m in name.finditer((REPO / page).read_text()):
+            section, field = m.groups()
+            checked += 1
+            if field not in fields[section] and f"{section}.{field}" not in NOT_FIELDS:
+                problems.append(f"{page}: {section}.{field} (sections' fields: docs/config.md)")
+    assert checked > 500, checked
+    assert not sorted(set(problems)), "\n".join(sorted(set(problems)))
+
+
+def _anchors(page: str) -> set[str]:
+    """The heading anchors of a page, as GitHub makes them."""
+    import re
+
+    seen: dict[str, int] = {}
+    for line in _fenced_and_prose(page)[1].splitlines():
+        if m := re.match(r"#{1,6} (.*)", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            seen[slug] = seen.get(slug, -1) + 1
+            yield slug if seen[slug] == 0 else f"{slug}-{seen[slug]}"
+
+
+def test_every_link_of_the_docs_reaches_its_file_and_heading() -> None:
+    import re
+
+    problems = []
+    for page in DOC_PAGES:
+        prose = re.sub(r"`[^`]*`", "", _fenced_and_prose(page)[1])
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = ((REPO / page).parent / path).resolve() if path else REPO / page
+            if not dest.exists():
+                problems.append(f"{page}: ({target}): no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in set(_anchors(str(dest.relative_to(REPO)))):
+                problems.append(f"{page}: ({target}): no such heading")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_code_fence_is_closed_by_a_bare_fence() -> None:
+    """A fence followed by text (```` ``` A source ````) does not close its block: the rest of the
+    page renders as code."""
+    problems = []
+    for page in DOC_PAGES:
+        opened = None
+        for number, line in enumerate((REPO / page).read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                if opened is None:
+                    opened = number
+                elif line.strip() != "```":
+                    problems.append(f"{page}:{number}: {line.strip()!r} closes the block of line {opened}")
+                    opened = None
+                else:
+                    opened = None
+        if opened is not None:
+            problems.append(f"{page}:{opened}: a block never closed")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_titan_module_attribute_and_file_the_docs_name_exists() -> None:
+    """``titan_core.blocks.document_mask_rows`` imports; ``titan_core/parallelize.py``,
+    ``tests/plugins/comm/test_fake.py`` and ``titan_plugins_llama3/plan.py`` (a package's file)
+    are there."""
+    import importlib
+    import importlib.util
+    import re
+
+    problems = []
+    for page in DOC_PAGES:
+        text = (REPO / page).read_text()
+        for dotted in sorted(set(re.findall(r"\b(titan_(?:core|plugins_\w+)(?:\.[A-Za-z_]\w*)+)", text))):
+            parts = dotted.split(".")
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                    break
+                except ImportError:
+                    continue
+            for attr in parts[i:]:
+                if not hasattr(obj, attr):
+                    problems.append(f"{page}: {dotted}: no {attr!r}")
+                    break
+                obj = getattr(obj, attr)
+        paths = re.findall(r"`((?:titan_core|titan_plugins_\w+|plugins|tests|bench|docs)/[\w./*-]*)`", text)
+        for path in sorted(set(paths)):
+            path = path.split("::")[0]
+            package = path.partition("/")[0]
+            # A repository path, a test folder's (`plugins/profiler/`), or a distribution's package
+            # file (`titan_plugins_llama3/plan.py` is titan_plugins_llama3/titan_plugins_llama3/plan.py).
+            bases = [REPO, REPO / "tests", REPO / package, REPO / "plugins" / package]
+            if not any(list(base.glob(path)) for base in bases):
+                problems.append(f"{page}: {path}: no such file")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_titan_environment_variable_the_docs_name_is_read() -> None:
+    import re
+
+    sources = [REPO / "run_train.sh"]
+    for folder in ("titan_core", "titan_plugins_llama3", "titan_plugins_moe", "plugins", "bench"):
+        sources += (REPO / folder).rglob("*.py")
+    sources += (REPO / "bench").glob("*.sh")
+    code = "\n".join(p.read_text() for p in sources)
+    named = {
+        v for page in DOC_PAGES for v in re.findall(r"\bTITAN_[A-Z][A-Z0-9_]*\b", (REPO / page).read_text())
+    }
+    assert named
+    unread = sorted(v for v in named if v not in code)
+    assert not unread, f"named in the docs, read nowhere in the code: {unread}"
