@@ -19,7 +19,7 @@ checked where the recipe sets it (type, `Literal` choices, range), so a bad valu
 on its own line with the dotted path and exit status 2:
 
 ```text
-titan: error: invalid config from recipe 'bad' (my_project/recipes.py:5): training.steps:
+titan: error: invalid config from recipe 'bad' (/home/me/my_project/recipes.py:5): training.steps:
 expected int, got str 'four'
 ```
 
