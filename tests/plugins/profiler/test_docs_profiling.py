@@ -56,8 +56,11 @@ def test_profiling_recipe_writes_traces_and_snapshots_at_the_documented_steps(tm
 @pytest.mark.slow
 def test_profiling_recipe_on_two_processes_writes_a_trace_per_rank(tmp_path: Path) -> None:
     commands = doc_commands(DOC, tmp_path)
-    assert commands[1] == "NGPU=2 MODULE=my_recipes CONFIG=llama3_profile ./run_train.sh"
+    # A folder of its own: the one-process run's folder holds a run of another batch layout.
+    assert commands[1] == (
+        "NGPU=2 MODULE=my_recipes CONFIG=llama3_profile ./run_train.sh --dump-folder ./outputs/profile_2ranks"
+    )
     result = run_command(commands[1], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    folder = tmp_path / "outputs" / "profile" / "profile_traces" / "iteration_6"
+    folder = tmp_path / "outputs" / "profile_2ranks" / "profile_traces" / "iteration_6"
     assert sorted(p.name for p in folder.iterdir()) == ["rank0_trace.json", "rank1_trace.json"]
