@@ -178,13 +178,16 @@ def causal_mask_rows(positions: torch.Tensor, seq_len: int) -> Any:
     score); elsewhere a boolean ``(local, seq_len)`` tensor, True where the query may see the key."""
     if positions.device.type == "cuda":
         return _rows_block_mask(positions, seq_len)
+    return _dense_causal_rows(positions, seq_len)
+
+
+def _dense_causal_rows(positions: torch.Tensor, seq_len: int) -> torch.Tensor:
     return positions[:, None] >= torch.arange(seq_len, device=positions.device)[None, :]
 
 
 def _dense_document_rows(tokens: torch.Tensor, bos_id: int, positions: torch.Tensor) -> torch.Tensor:
     docs = document_ids(tokens, bos_id)
-    keys = torch.arange(tokens.shape[1], device=tokens.device)
-    causal = positions[:, None] >= keys[None, :]
+    causal = _dense_causal_rows(positions, tokens.shape[1])
     return (causal & (docs[:, positions][:, :, None] == docs[:, None, :]))[:, None]
 
 
@@ -245,19 +248,12 @@ def document_ends(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
 
 def _document_block_mask(ends: torch.Tensor, compiled: bool = True) -> Any:
     """Flex attention's ``BlockMask`` of the block-causal mask given :func:`document_ends`."""
-    from torch.nn.attention.flex_attention import create_block_mask
 
     def block_causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return (q_idx >= kv_idx) & (q_idx <= ends[b, kv_idx])
 
     batch, seq = ends.shape
-    # Compiled, create_block_mask evaluates the mask block by block instead of materialising
-    # (batch, seq, seq) booleans. A new closure per batch does not recompile: dynamo guards on
-    # its code, and `ends` becomes a graph input.
-    build = (
-        _compiled_create_block_mask() if compiled and not torch.compiler.is_compiling() else create_block_mask
-    )
-    return build(block_causal, batch, None, seq, seq, device=ends.device)
+    return _block_mask_builder(compiled)(block_causal, batch, None, seq, seq, device=ends.device)
 
 
 def _rows_block_mask(
@@ -267,8 +263,6 @@ def _rows_block_mask(
     keys in sequence order: causal, and block-causal with ``ends`` (:func:`document_ends`).
     Query block ``i`` holds the queries at ``positions[i*128:(i+1)*128]``; context parallel's
     chunks are contiguous runs of positions, so whole blocks of keys are still skipped."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     if ends is None:
 
         def rows(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
@@ -281,10 +275,21 @@ def _rows_block_mask(
             return (query >= kv_idx) & (query <= ends[b, kv_idx])
 
     batch = None if ends is None else ends.shape[0]
-    build = (
-        _compiled_create_block_mask() if compiled and not torch.compiler.is_compiling() else create_block_mask
-    )
+    build = _block_mask_builder(compiled)
     return build(rows, batch, None, positions.numel(), seq_len, device=positions.device)
+
+
+def _block_mask_builder(compiled: bool) -> Any:
+    """``create_block_mask``, compiled unless asked not to or already inside a compiled graph.
+
+    Compiled, it evaluates the mask block by block instead of materialising (batch, q, kv)
+    booleans. A new mask function per batch does not recompile: dynamo guards on its code, and
+    the tensors it reads become graph inputs."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if compiled and not torch.compiler.is_compiling():
+        return _compiled_create_block_mask()
+    return create_block_mask
 
 
 @functools.cache
@@ -340,8 +345,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Any = 
         if gqa and q.device.type == "cuda":
             # On CUDA, SDPA with an explicit mask and enable_gqa falls back to its math kernel,
             # which holds every score (O(seq^2) memory); expanded K/V keep the memory-efficient one.
-            repeats = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+            k, v = _expand_kv(q, k, v)
             gqa = False
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     if torch.compiler.is_compiling():  # inside a compiled block: flex attention joins its graph
@@ -360,10 +364,14 @@ def call_attention(
     """Call an attention function under the contract above (expanding K/V heads for a function
     that does not declare ``grouped_kv``; passing ``mask`` only when there is one)."""
     if q.shape[1] != k.shape[1] and not getattr(fn, "grouped_kv", False):
-        repeats = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(repeats, dim=1)
-        v = v.repeat_interleave(repeats, dim=1)
+        k, v = _expand_kv(q, k, v)
     return fn(q, k, v) if mask is None else fn(q, k, v, mask=mask)
+
+
+def _expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped K/V with as many heads as ``q``: each K/V head repeated for its query heads."""
+    repeats = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
 
 
 def _fusable(linears: tuple[nn.Module, ...]) -> bool:

@@ -571,29 +571,16 @@ def read_documents(documents: Callable[[], Iterable[str]], name: str, pass_: int
     training step as a bare traceback, attributed to the forward/backward, and from the
     prefetch thread as well."""
     count = 0
-
-    def failed(exc: Exception) -> PluginError:
-        return PluginError(
-            f"{name} failed reading document {count + 1} of pass {pass_} over the data: {describe(exc)}"
-        )
-
     try:
-        stream = iter(documents())
+        for document in documents():
+            yield document
+            count += 1
     except TitanError:
         raise
     except Exception as exc:
-        raise failed(exc) from exc
-    while True:
-        try:
-            document = next(stream)
-        except StopIteration:
-            return
-        except TitanError:
-            raise
-        except Exception as exc:
-            raise failed(exc) from exc
-        yield document
-        count += 1
+        raise PluginError(
+            f"{name} failed reading document {count + 1} of pass {pass_} over the data: {describe(exc)}"
+        ) from exc
 
 
 def _preview(value: object) -> str:

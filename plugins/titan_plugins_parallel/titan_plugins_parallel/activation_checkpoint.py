@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from titan_plugins_parallel.model_blocks import model_blocks
+
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
     from titan_core.parallel_dims import ParallelDims
@@ -49,25 +51,7 @@ def wrapped_indices(mode: str, n_blocks: int, option: str = "op") -> list[int]:
     return [i for i in range(n_blocks) if is_wrapped(mode, i, option)]
 
 
-def blocks(part: nn.Module) -> list[tuple[Any, int]] | None:
-    """``(key, model-wide index)`` of each block of ``part.layers``; ``None``: no such container.
-
-    ``layers`` may be an ``nn.ModuleDict`` (titan's models: keys ``"0"``, ``"1"``, ..., which a
-    pipeline stage keeps for the blocks it holds, so they are the model-wide indices), an
-    ``nn.ModuleList`` or an ``nn.Sequential`` (keys are positions). Keys that are not all
-    numbers count by position.
-    """
-    layers = getattr(part, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        keys: list[Any] = list(layers.keys())
-        numbered = all(k.isascii() and k.isdigit() for k in keys)
-        return [(k, int(k) if numbered else i) for i, k in enumerate(keys)]
-    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
-        return [(i, i) for i in range(len(layers))]
-    return None
-
-
-def _model_blocks(ctx: ParallelContext, seen: int) -> int:
+def _model_block_count(ctx: ParallelContext, seen: int) -> int:
     """The number of blocks of the whole model: the model argument ``n_layers`` when it has one
     (a pipeline rank holds some of them), else the ``seen`` ones (every block is here)."""
     args = getattr(ctx, "model_args", None)
@@ -225,7 +209,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     seen = wrapped = 0
     containers = 0
     for part in parts:
-        found = blocks(part)
+        found = model_blocks(part)
         if found is None:
             continue
         containers += 1
@@ -248,7 +232,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             "nothing would be recomputed. Keep the blocks in model.layers (docs/plugins.md, the "
             "decoder protocol), or set activation_checkpoint.mode = 'none'"
         )
-    total = _model_blocks(ctx, seen)
+    total = _model_block_count(ctx, seen)
     if seen and not wrapped and int(ac.selective_ac_option) > total:
         # Every N-th block with N above the model's block count: the strategy is listed as
         # applied, so say that it recomputes nothing. A pipeline rank whose stages hold none of

@@ -4,7 +4,7 @@ Blocks are compiled one by one and in place (``nn.Module.compile``), as torchtit
 blocks share one compiled graph (they have the same structure), compilation stays short, FSDP
 still sees plain modules to shard, and state-dict keys gain no ``_orig_mod.`` prefix. Applied
 after activation checkpointing so the recomputed region is the compiled block. The blocks are
-those of ``model.layers`` (:func:`titan_plugins_parallel.activation_checkpoint.blocks`); a model
+those of ``model.layers`` (:func:`titan_plugins_parallel.model_blocks.model_blocks`); a model
 without ``layers`` is refused, as activation checkpointing refuses it, rather than listed as
 compiled while it runs eager.
 
@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from titan_core.errors import UsageError
-from titan_plugins_parallel.activation_checkpoint import blocks
+from titan_plugins_parallel.model_blocks import model_blocks
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -109,7 +109,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
         options["options"] = settings
     containers = 0
     for part in parts:
-        found = blocks(part)
+        found = model_blocks(part)
         if found is None:
             continue
         containers += 1

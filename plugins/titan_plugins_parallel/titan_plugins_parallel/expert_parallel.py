@@ -35,6 +35,8 @@ from titan_core.errors import UsageError
 from titan_core.fake_tensors import even_split, is_fake
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from torch import nn
 
@@ -140,12 +142,17 @@ def _shard_experts(name: str, module: nn.Module, mesh: Any) -> None:
         module.register_parameter(pname, sharded)
 
 
-def _dispatch_hook(module: nn.Module, inputs: Any, mesh: Any, peers_simulated: bool = False) -> Any:
-    tokens, counts = inputs
-    local, local_counts, module._ep_state = dispatch(
-        tokens, counts, mesh.get_group(), peers_simulated=peers_simulated
-    )
-    return local, local_counts
+def _dispatch_hook(peers_simulated: bool) -> Callable[[nn.Module, Any, Any], Any]:
+    """``distribute_module``'s input hook (module, inputs, mesh): :func:`dispatch`."""
+
+    def hook(module: nn.Module, inputs: Any, mesh: Any) -> Any:
+        tokens, counts = inputs
+        local, local_counts, module._ep_state = dispatch(
+            tokens, counts, mesh.get_group(), peers_simulated=peers_simulated
+        )
+        return local, local_counts
+
+    return hook
 
 
 def _combine_hook(module: nn.Module, outputs: Any, mesh: Any) -> Any:
@@ -194,11 +201,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     options["reshard_after_forward"] = reshard_after_forward(ctx)
     device = ctx.topology.device.type
     # EP's ranks are borrowed from dp_shard x cp: simulated there, they send nothing real.
-    simulated = bool(ctx.topology.simulated & {"dp_shard", "cp"})
-
-    def dispatch_hook(module: nn.Module, inputs: Any, mesh: Any) -> Any:
-        return _dispatch_hook(module, inputs, mesh, simulated)
-
+    dispatch_hook = _dispatch_hook(bool(ctx.topology.simulated & {"dp_shard", "cp"}))
     for module in experts:
         distribute_module(module, mesh["ep"], _shard_experts, dispatch_hook, _combine_hook)
         fully_shard(module, mesh=dp_mesh, **options)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from titan_plugins_parallel.activation_checkpoint import blocks as model_blocks
+from titan_plugins_parallel.model_blocks import model_blocks
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
