@@ -205,7 +205,7 @@ for stage in "${@:-titan hand peer table}"; do
             *) echo "unknown peer run $r (r2_1b_v2k_eager r3_1b_v2k_compile r4_8b_l8_v2k_compile)"; exit 2 ;;
           esac
         done ;;
-      check) capped check 240 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
+      check) capped check 360 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
       peer)
         l=$(($(left) - 15))
         echo "== peer: torchtitan 0.3.0 (deadline ${l}s, $(date +%T))"
