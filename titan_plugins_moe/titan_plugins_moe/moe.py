@@ -145,12 +145,12 @@ class _AddAuxLoss(torch.autograd.Function):
         return grad, torch.ones(shape, dtype=dtype, device=device)
 
 
-@torch.compiler.disable
 def tokens_per_expert(sorted_slots: torch.Tensor, num_experts: int) -> torch.Tensor:
     """How many token slots each expert gets (int64, ``(num_experts,)``), from the slots sorted by
     expert: where each expert's run starts. Unlike ``torch.bincount``, whose output is sized by
     the largest value (on CUDA it reads that back to the host: a sync in every MoE layer's
-    forward), the shape is fixed and nothing is read back."""
+    forward), the shape is fixed and nothing is read back, so a compiled block keeps it in its
+    graph."""
     bounds = torch.arange(num_experts + 1, device=sorted_slots.device, dtype=sorted_slots.dtype)
     return torch.searchsorted(sorted_slots, bounds).diff()
 
