@@ -66,8 +66,15 @@ def measure(shape: str) -> None:
     from titan_core.data.loader import load_tokenizer
 
     batch, heads, kv_heads, seq, head_dim = SHAPES[shape]
-    tokenizer = os.environ.get("TITAN_BENCH_TOKENIZER")
-    tokens = batches(os.environ.get("TITAN_BENCH_DATA"), tokenizer, seq, batch, 1)[0, :, :-1].cuda()
+    data, tokenizer = os.environ.get("TITAN_BENCH_DATA"), os.environ.get("TITAN_BENCH_TOKENIZER")
+    if not data or not tokenizer:
+        # Without them the loader falls back to titan's bundled corpus, whose documents are far
+        # shorter than the peer kit's: another mask, so timings that compare with nothing.
+        raise SystemExit(
+            "bench.flex_tune: set TITAN_BENCH_DATA and TITAN_BENCH_TOKENIZER to the peer kit's data "
+            "and tokenizer (bench/perf.sh exports them; see its header)"
+        )
+    tokens = batches(data, tokenizer, seq, batch, 1)[0, :, :-1].cuda()
     bos = load_tokenizer(tokenizer).bos_id
     mask = blocks.document_mask(tokens, bos)
     torch.cuda.synchronize()
@@ -146,7 +153,13 @@ def _varlen(tokens: Any, bos: int, q: Any, k: Any, v: Any, grad: Any, reference:
     causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
     row: dict[str, Any] = {"documents": int(lengths.numel()), "max_document": max_len}
     row["mean_document"] = round(batch * seq / lengths.numel(), 1)
-    for gqa in (True, False):
+    # (name, grouped K/V, max_len): the bound ``seq`` needs no host read of the lengths (a model
+    # cannot read them without a sync every step), at the price of empty tiles in the grid.
+    for name, gqa, bound in (
+        ("gqa", True, max_len),
+        ("gqa_bound_seq", True, seq),
+        ("kv_copied", False, max_len),
+    ):
         kk, vv = (
             (kp, vp)
             if gqa
@@ -157,21 +170,21 @@ def _varlen(tokens: Any, bos: int, q: Any, k: Any, v: Any, grad: Any, reference:
         )
         extra = {"enable_gqa": True} if gqa and "enable_gqa" in params else {}
 
-        def attend(kk: Any = kk, vv: Any = vv, extra: dict[str, Any] = extra) -> Any:
-            return varlen_attn(qp, kk, vv, cu, cu, max_len, max_len, **causal, **extra)
+        def attend(kk: Any = kk, vv: Any = vv, extra: dict[str, Any] = extra, bound: int = bound) -> Any:
+            return varlen_attn(qp, kk, vv, cu, cu, bound, bound, **causal, **extra)
 
         try:
             out = attend()
             out.backward(gp)
             torch.cuda.synchronize()
             flat_ref = reference.transpose(1, 2).reshape(out.shape)
-            row["max_abs_diff_vs_flex"] = round(float((out.detach() - flat_ref).abs().max()), 5)
+            row[f"{name}_max_abs_diff_vs_flex"] = round(float((out.detach() - flat_ref).abs().max()), 5)
             with torch.no_grad():
                 fwd = _median_ms(attend)
             both = _median_ms(lambda attend=attend: attend().backward(gp))
-            row["gqa" if gqa else "kv_copied"] = {"fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3)}
+            row[name] = {"fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3)}
         except Exception as exc:  # GQA may need torch >= 2.12's enable_gqa: try with copies too
-            row["gqa" if gqa else "kv_copied"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return row
 
 
