@@ -373,3 +373,25 @@ def test_a_compiled_moe_layer_with_grouped_gemm_is_one_graph() -> None:
     # The routing is uneven, so counts taken for an even split (fake tensors') would show above.
     _, experts, _ = layer.router(x.reshape(-1, 32))
     assert torch.bincount(experts.flatten(), minlength=4).tolist() != [8, 8, 8, 8]
+
+
+def test_a_compiled_moe_layer_with_grouped_gemm_in_float32_runs() -> None:
+    """torch's grouped GEMM runs float32 eagerly (one matmul per group on CPU) but traces in bf16
+    only: a compiled float32 block with ``experts_impl = "grouped_mm"`` stopped at step 1 with
+    dynamo's fake-tensor error. The float32 grouped GEMM now runs outside the graph."""
+    from titan_plugins_moe.grouped_mm import grouped_mm_function
+
+    if grouped_mm_function() is None:
+        pytest.skip("this torch has no grouped GEMM")
+    torch.manual_seed(0)
+    args = MoEArgs(dim=32, n_experts=4, top_k=2, expert_hidden_dim=16, experts_impl="grouped_mm")
+    layer = MoE(args)
+    layer.init_weights(0.02)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager")
+    out = compiled(x)
+    torch.testing.assert_close(out, layer(x))
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    (expected,) = torch.autograd.grad(layer(x).square().sum(), x)
+    torch.testing.assert_close(grad, expected)

@@ -65,9 +65,26 @@ def swiglu_grouped_mm(
         compute = torch.get_autocast_dtype(device)
         x, w1, w2, w3 = (t.to(compute) for t in (x, w1, w2, w3))
     offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    # torch runs other dtypes eagerly (a matmul per group) but traces the operator in bf16 only
+    # (its meta function refuses the rest): outside bf16 the products run outside the graph.
+    products = _swiglu_products if x.dtype == torch.bfloat16 else _swiglu_products_eager
+    return products(gmm, x, offs, w1, w2, w3)
+
+
+def _swiglu_products(
+    gmm: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    offs: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+) -> torch.Tensor:
     # x @ w.T per group: the transposed weight views are column-major, as the kernel wants.
     h = F.silu(gmm(x, w1.transpose(-2, -1), offs=offs)) * gmm(x, w3.transpose(-2, -1), offs=offs)
     return gmm(h, w2.transpose(-2, -1), offs=offs)
+
+
+_swiglu_products_eager = torch.compiler.disable(_swiglu_products)
 
 
 # Not compiled: the loop's sizes are the counts read on the host, so a compiled block would
