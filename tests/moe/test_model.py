@@ -350,18 +350,23 @@ def test_tokens_per_expert_are_counted_without_a_data_dependent_shape() -> None:
         assert on_meta.shape == (experts,)  # no value needed: nothing to read back
 
 
-def test_a_compiled_moe_layer_with_grouped_gemm_is_one_graph() -> None:
-    """With grouped GEMM nothing in a MoE layer reads values on the host, so a compiled block
-    holds the whole layer in one graph: router, sort, counts, experts, gather back. The counts
-    were excluded from compilation (a graph break in every MoE layer) since bincount's day."""
+def _grouped_gemm_layer() -> MoE:
+    """A small MoE layer forced onto the grouped GEMM (skips where torch has none)."""
     from titan_plugins_moe.grouped_mm import grouped_mm_function
 
     if grouped_mm_function() is None:
         pytest.skip("this torch has no grouped GEMM")
     torch.manual_seed(0)
-    args = MoEArgs(dim=32, n_experts=4, top_k=2, expert_hidden_dim=16, experts_impl="grouped_mm")
-    layer = MoE(args)
+    layer = MoE(MoEArgs(dim=32, n_experts=4, top_k=2, expert_hidden_dim=16, experts_impl="grouped_mm"))
     layer.init_weights(0.02)
+    return layer
+
+
+def test_a_compiled_moe_layer_with_grouped_gemm_is_one_graph() -> None:
+    """With grouped GEMM nothing in a MoE layer reads values on the host, so a compiled block
+    holds the whole layer in one graph: router, sort, counts, experts, gather back. The counts
+    were excluded from compilation (a graph break in every MoE layer) since bincount's day."""
+    layer = _grouped_gemm_layer()
     layer.bfloat16()  # torch's grouped GEMM traces in bf16 only (its meta function says so)
     x = torch.randn(2, 8, 32, dtype=torch.bfloat16)
     torch._dynamo.reset()
@@ -379,14 +384,7 @@ def test_a_compiled_moe_layer_with_grouped_gemm_in_float32_runs() -> None:
     """torch's grouped GEMM runs float32 eagerly (one matmul per group on CPU) but traces in bf16
     only: a compiled float32 block with ``experts_impl = "grouped_mm"`` stopped at step 1 with
     dynamo's fake-tensor error. The float32 grouped GEMM now runs outside the graph."""
-    from titan_plugins_moe.grouped_mm import grouped_mm_function
-
-    if grouped_mm_function() is None:
-        pytest.skip("this torch has no grouped GEMM")
-    torch.manual_seed(0)
-    args = MoEArgs(dim=32, n_experts=4, top_k=2, expert_hidden_dim=16, experts_impl="grouped_mm")
-    layer = MoE(args)
-    layer.init_weights(0.02)
+    layer = _grouped_gemm_layer()
     x = torch.randn(2, 8, 32, requires_grad=True)
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend="aot_eager")
