@@ -383,3 +383,89 @@ def test_exported_weights_get_the_permissions_of_the_other_files(run: Path, tmp_
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
     assert len([n for n in modes if n.endswith(".safetensors")]) > 1
     assert set(modes.values()) == {0o644}, modes
+
+
+def _swap_two_ids(path: Path) -> None:
+    """Rewrite a tokenizer.json in place with ids 300 and 301 exchanged: the same vocabulary
+    size and file size, but each id now stands for the other's text."""
+    data = json.loads(path.read_text())
+    vocab = data["model"]["vocab"]
+    a, b = (next(t for t, i in vocab.items() if i == n) for n in (300, 301))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    path.write_text(json.dumps(data))
+
+
+def test_a_tokenizer_rewritten_since_training_is_not_exported_with_the_weights(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """The checkpoint records the tokenizer's digest; export compared paths only, so a file
+    rewritten at the same path went into the Hugging Face folder beside weights that learnt the
+    old ids (AutoTokenizer then encodes text to ids the model reads as other text)."""
+    from titan_core.data.loader import BUNDLED_TOKENIZER
+
+    tokenizer = tmp_path / "tokenizer.json"
+    original = json.loads(BUNDLED_TOKENIZER.read_text())
+    tokenizer.write_text(json.dumps(original))
+    dump = _train(tmp_path / "run", **{"data.tokenizer_path": str(tokenizer)})
+    _swap_two_ids(tokenizer)
+    capsys.readouterr()
+    assert export(dump / "checkpoint", "--to", "hf", tmp_path / "hf") == 2
+    line = error_line(capsys)
+    assert line.startswith("titan: error: export: ") and "another tokenizer" in line, line
+    assert f"data.tokenizer_path {str(tokenizer)!r}" in line and "rewritten since" in line, line
+    assert not (tmp_path / "hf").exists()
+    # The same tokenizer again, its JSON laid out otherwise: the one the weights learnt.
+    tokenizer.write_text(json.dumps(original, indent=2, sort_keys=True))
+    assert export(dump / "checkpoint", "--to", "hf", tmp_path / "hf") == 0
+    written = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
+    assert written["model"]["vocab"] == original["model"]["vocab"]
+
+
+def test_an_overwrite_that_fails_keeps_the_earlier_export(
+    run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--overwrite deleted the earlier export's files before writing the new ones: a full disk
+    in the middle left neither (a half-written folder, the earlier model gone)."""
+    import errno
+
+    import safetensors.torch
+
+    out = tmp_path / "hf"
+    assert export(run / "checkpoint" / "step-1", "--to", "hf", out, "--max-shard-size", "100KB") == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, calls = safetensors.torch.save_file, []
+
+    def full_disk(tensors: Any, filename: str, metadata: Any = None) -> None:
+        calls.append(filename)
+        if len(calls) == 2:  # the second shard: the disk fills up
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        real(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    capsys.readouterr()
+    again = [run / "checkpoint" / "step-2", "--to", "hf", out, "--overwrite", "--max-shard-size", "100KB"]
+    assert export(*again) == 2
+    line = error_line(capsys)
+    assert line.startswith(f"titan: error: export: cannot write {str(out)!r}: ") and "No space left" in line
+    assert "the earlier export there is kept" in line, line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, nothing left over
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    assert export(run / "checkpoint" / "step-2", "--to", "hf", out, "--overwrite") == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    state = load_file(out / "model.safetensors")
+    assert not torch.equal(state["model.norm.weight"], load_file_of(before, "model.norm.weight"))
+
+
+def load_file_of(files: dict[str, bytes], name: str) -> torch.Tensor:
+    """Tensor ``name`` from the safetensors files given as bytes (an earlier export's)."""
+    from safetensors.torch import load
+
+    for file, data in files.items():
+        if file.endswith(".safetensors") and name in (state := load(data)):
+            return state[name]
+    raise KeyError(name)

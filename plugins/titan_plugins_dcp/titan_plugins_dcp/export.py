@@ -110,27 +110,15 @@ def run(args: argparse.Namespace) -> int:
         f" with overrides {model.overrides}" if model.overrides else ""
     )
     state = _load_model(checkpoint, spec, model_args, f"{described} (from {source})")
-    _check_saved_model(checkpoint, spec, run_config, source)  # same shapes: the same model, too?
+    # Same shapes: the same model, too? And the tokenizer its weights learnt?
+    _check_saved_model(checkpoint, spec, run_config, source, tokenizer)
     hf_state = adapter.to_hf(state, model_args)
     config = dict(adapter.hf_config(model_args))
     config["torch_dtype"] = args.dtype
     if tokenizer is not None:
         config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
 
-    try:
-        if out.exists():  # --overwrite: no file of an earlier export may survive (stale shards)
-            for entry in out.iterdir():
-                if _OUTPUTS.match(entry.name) and entry.is_file():
-                    entry.unlink()
-        out.mkdir(parents=True, exist_ok=True)
-        files = _write_safetensors(hf_state, out, args.dtype, max_shard)
-        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if tokenizer is not None:
-            _write_tokenizer(tokenizer, out)
-    except OSError as exc:
-        raise UsageError(
-            f"export: cannot write {str(out)!r}: {exc}; free space or choose another folder"
-        ) from None
+    files = _write_export(out, hf_state, config, tokenizer, args.dtype, max_shard)
     print(
         f"exported {checkpoint} ({described}) to {out}: config.json, {len(files)} safetensors file(s)"
         + (", tokenizer" if tokenizer is not None else "")
@@ -196,12 +184,17 @@ def _same_tokenizer(a: str | None, b: str | None) -> bool:
     return first is not None and first == content(b)
 
 
-def _check_saved_model(checkpoint: Path, spec: Any, config: TrainerConfig, source: str) -> None:
+def _check_saved_model(
+    checkpoint: Path, spec: Any, config: TrainerConfig, source: str, tokenizer: Any = None
+) -> None:
     """Refuse to describe the weights as another model than the one they were trained as: the
     run's record in ``meta.json`` (when there is one) must build the model ``source`` gives (a
     resume's rule: an override at its default is the same model), or config.json would say
     another ``rope_theta`` or ``norm_eps`` over the same shapes; and the tokenizer, or the export
-    would pair the weights with another one."""
+    would pair the weights with another one: the checkpoint records the digest of the tokenizer
+    it trained with (``tokenizer_fingerprint``), so a file rewritten at the same path since is
+    seen, and a copy laid out otherwise is the same tokenizer."""
+    from titan_core.data.loader import tokenizer_fingerprint
     from titan_core.resume import model_changes, resume_record
 
     try:
@@ -216,6 +209,22 @@ def _check_saved_model(checkpoint: Path, spec: Any, config: TrainerConfig, sourc
             f"export: {checkpoint} was trained with data.tokenizer_path {trained_with!r}, but {source} "
             f"gives {given_tokenizer!r}: the export would pair the weights with another "
             "tokenizer; export with the recipe that trained them, or without --recipe"
+        )
+    recorded = meta.get("tokenizer")
+    now = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
+    changed = isinstance(recorded, dict) and now is not None and recorded.get("digest") != now["digest"]
+    if changed and "digest" in recorded:  # the same path (or bytes), rewritten since
+        before, after = recorded.get("vocab_size"), now["vocab_size"]
+        sizes = (
+            f"the same vocabulary size ({after} tokens), other tokens, ids or merges"
+            if before == after
+            else f"a vocabulary of {before} -> {after} tokens"
+        )
+        named = "titan's bundled tokenizer" if given_tokenizer is None else repr(given_tokenizer)
+        raise UsageError(
+            f"export: {checkpoint} was trained with another tokenizer than data.tokenizer_path "
+            f"{named} holds now (rewritten since: {sizes}): the export would pair the weights "
+            "with token ids they did not learn; put back the tokenizer the run trained with"
         )
     if not isinstance(saved, dict):
         return
@@ -356,6 +365,50 @@ def _tokenizer(tokenizer_path: str | None) -> tuple[Any, UsageError | None]:
 
 
 # -- outputs ---------------------------------------------------------------------------------------
+
+
+def _write_export(
+    out: Path, hf_state: dict[str, Any], config: dict[str, Any], tokenizer: Any, dtype: str, max_shard: int
+) -> list[str]:
+    """Write the export into ``out``; returns the safetensors files' names.
+
+    Everything is written into a staging folder inside ``out`` first and moved in only once all
+    of it is on disk: a failure (a full disk) leaves an earlier export there (``--overwrite``)
+    as it was, not deleted for a new one that never finished. The earlier export's files that
+    the new one does not replace (stale shards) are removed last, so two exports never mix."""
+    import shutil
+    import tempfile
+
+    created = not out.exists()
+    earlier = not created and any(_OUTPUTS.match(e.name) and e.is_file() for e in out.iterdir())
+    stage: Path | None = None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".titan-export-", suffix=".tmp", dir=out))
+        files = _write_safetensors(hf_state, stage, dtype, max_shard)
+        (stage / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if tokenizer is not None:
+            _write_tokenizer(tokenizer, stage)
+        written = sorted(entry.name for entry in stage.iterdir())
+        for name in written:
+            os.replace(stage / name, out / name)
+        for entry in out.iterdir():  # --overwrite: no file of an earlier export may survive
+            if _OUTPUTS.match(entry.name) and entry.is_file() and entry.name not in written:
+                entry.unlink()
+    except OSError as exc:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+            stage = None
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        kept = "; the earlier export there is kept" if earlier else ""
+        raise UsageError(
+            f"export: cannot write {str(out)!r}: {exc}{kept}; free space or choose another folder"
+        ) from None
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+    return files
 
 
 def _write_safetensors(state: dict[str, Any], out: Path, dtype: str, max_shard: int) -> list[str]:
