@@ -13,12 +13,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from tests.hf.conftest import randomize, transformers
+from tests.hf.conftest import randomize, titan_model, transformers
 from tests.parallel_harness import tiny_config
 from titan_core._registry import get_registry
 from titan_core.cli import main
@@ -149,3 +150,32 @@ def test_save_pretrained_model_gives_the_same_logits_and_first_loss(flavor: str,
     history = trainer.train()
     trainer.close(completed=True)
     assert history[0]["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("head", ["the embedding", "another matrix"])
+def test_a_tied_folder_holding_an_lm_head_loads_as_transformers_reads_it(head: str, tmp_path: Path) -> None:
+    """A tied folder that also stores ``lm_head.weight`` (some tools write it): transformers ties
+    the two when they are equal, and unties them (the lm_head computes the logits) when they
+    differ. titan refused both as "1 unexpected (lm_head.weight)"; a tied model cannot hold two
+    matrices, so the second is refused naming why, the first loads."""
+    spec, base = _moe("qwen3_debugmodel")
+    args = attrs.evolve(base, tie_embeddings=True)
+    adapter = spec.state_dict_adapter
+    torch.manual_seed(1)
+    source = titan_model(spec, args)  # tied: one matrix (``_model`` leaves to_empty's two)
+    weights = {k: v.contiguous() for k, v in adapter.to_hf(source.state_dict(), args).items()}
+    embedding = weights["model.embed_tokens.weight"]
+    weights["lm_head.weight"] = embedding.clone() if head == "the embedding" else embedding.flip(0)
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(json.dumps(adapter.hf_config(args)))
+    if head == "the embedding":
+        torch.manual_seed(2)
+        loaded = titan_model(spec, args, tmp_path)
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+        return
+    with pytest.raises(UsageError) as refused:
+        titan_model(spec, args, tmp_path)
+    message = str(refused.value)
+    assert "tie_word_embeddings" in message
+    assert "lm_head.weight differs from model.embed_tokens.weight" in message
+    assert "tie_embeddings = False" in message

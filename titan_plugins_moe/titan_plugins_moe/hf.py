@@ -255,6 +255,16 @@ def from_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
         out[ours] = _to_pairs(value, args.attn_head_dim) if ours in permuted else value
     if args.tie_embeddings:  # the output projection is the embedding (a tied folder has no lm_head)
         out["output.weight"] = out["tok_embeddings.weight"]
+        # Some tools store it anyway: transformers ties it when equal, and unties it (the lm_head
+        # computes the logits) when it differs, which a tied model cannot hold.
+        head = state_dict.get("lm_head.weight")
+        if head is not None and not head.is_meta and not torch.equal(head, out["output.weight"]):
+            raise UsageError(
+                "Hugging Face conversion: config.json ties the embeddings (tie_word_embeddings = "
+                "true), but the folder's lm_head.weight differs from model.embed_tokens.weight, so "
+                "transformers unties them and computes the logits with lm_head.weight; load it into "
+                "a model with tie_embeddings = False (model.overrides)"
+            )
     for _, tb, hb in _moe_blocks(args):
         t, h = tb + "feed_forward.", hb + "mlp.experts."
         if kind != "deepseek_v3":
