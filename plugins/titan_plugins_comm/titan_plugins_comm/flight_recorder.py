@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import socket
 import threading
 import time
@@ -193,14 +194,80 @@ class GlooFlightRecorder:
         return self.path
 
 
+#: Where a run moves the dumps an earlier attempt left under its ranks' names.
+EARLIER = "earlier"
+_DUMP_NAME = re.compile(r"^rank_(\d+)$")
+
+
+def retire_earlier_dumps(dump_folder: str, rank: int, processes: list[int]) -> list[str]:
+    """Move the dumps an earlier run or attempt left in ``comm_traces/`` to ``comm_traces/earlier/``.
+
+    ``titan fr analyze`` reads every ``rank_<r>`` of the folder: a dump left by an earlier hang,
+    beside this run's (or alone, when this run does not hang or a hung rank writes nothing), would
+    name a rank "behind" in this run. They are kept, not removed: they are the evidence of the hang
+    this attempt is made to fix (``--overwrite`` removes the whole folder, ``Callback.outputs``).
+    Each process moves its own rank's dump; the first process also those of ranks no process of
+    this run has (``processes``: the ranks launched). Returns the paths moved (their new names).
+    """
+    folder = os.path.join(dump_folder, "comm_traces")
+    if not os.path.isdir(folder):
+        return []
+    first = rank == min(processes, default=rank)
+    moved = []
+    for name in sorted(os.listdir(folder)):
+        match = _DUMP_NAME.match(name)
+        if match is None or not os.path.isfile(os.path.join(folder, name)):
+            continue
+        owner = int(match.group(1))
+        if owner != rank and not (first and owner not in processes):
+            continue
+        target = os.path.join(folder, EARLIER, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # moved by its own process meanwhile
+            os.replace(os.path.join(folder, name), target)
+            moved.append(target)
+    if moved:
+        log.warning(
+            "flight recorder: earlier dumps moved aside",
+            dumps=", ".join(os.path.basename(p) for p in moved),
+            to=os.path.join(folder, EARLIER),
+            note="they are an earlier run's; this run's dumps go to comm_traces/ (titan fr analyze "
+            "reads each folder alone)",
+        )
+    return moved
+
+
+def _processes(topology: Any, groups: list[Any]) -> list[int]:
+    """The global ranks launched as processes: the real gloo groups' members, else every rank
+    (NCCL) or this one alone (a backend simulating every peer)."""
+    import torch.distributed as dist
+
+    if groups:
+        return sorted(
+            {r for group in groups for r in dist.get_process_group_ranks(group or dist.group.WORLD)}
+        )
+    if getattr(topology, "simulated", None):
+        return [topology.rank]
+    return list(range(topology.world_size))
+
+
 def build(trainer: Any) -> GlooFlightRecorder | None:
     """The recorder for CPU runs with real gloo groups and ``comm.trace_buf_size > 0``.
 
-    On CUDA, NCCL's own watchdog dumps to the same files (``TORCH_FR_DUMP_TEMP_FILE``).
+    On CUDA, NCCL's own watchdog dumps to the same files (``TORCH_FR_DUMP_TEMP_FILE``). Either
+    way, earlier dumps under this run's ranks' names are moved aside first (``retire_earlier_dumps``).
     """
-    if trainer.config.comm.trace_buf_size <= 0 or trainer.topology.device.type == "cuda":
+    topology = trainer.topology
+    dump_folder = trainer.config.job.dump_folder
+    groups = gloo_groups(topology)
+    retire_earlier_dumps(dump_folder, topology.rank, _processes(topology, groups))
+    if trainer.config.comm.trace_buf_size <= 0:
         return None
-    groups = gloo_groups(trainer.topology)
+    if topology.device.type == "cuda":
+        # NCCL writes into the folder and does not create it; --overwrite may have removed it
+        # (with the earlier run's outputs) after the backend created it.
+        os.makedirs(os.path.join(dump_folder, "comm_traces"), exist_ok=True)
+        return None
     if not groups:
         return None
     import torch.distributed as dist
@@ -210,5 +277,4 @@ def build(trainer: Any) -> GlooFlightRecorder | None:
     except (RuntimeError, AttributeError) as exc:  # no store to reach the peers through
         log.warning("flight recorder: no store to ask peers to dump; only this rank will", error=str(exc))
         store = None
-    peers = sorted({r for group in groups for r in dist.get_process_group_ranks(group or dist.group.WORLD)})
-    return GlooFlightRecorder(trainer.config.job.dump_folder, dist.get_rank(), peers, store)
+    return GlooFlightRecorder(dump_folder, dist.get_rank(), _processes(topology, groups), store)

@@ -63,6 +63,8 @@ Dumps = tuple[dict[int, dict[str, Any]], dict[int, Unreadable]]
 
 #: Ranks a dump file's name gives (``rank_<r>``, or NCCL's ``<TORCH_FR_DUMP_TEMP_FILE><r>``).
 _RANK_SUFFIX = re.compile(r"(\d+)$")
+#: The name of a dump titan's run writes (``comm_traces/rank_<r>``).
+_RANK_FILE = re.compile(r"^rank_\d+$")
 
 #: Fields ``analyze`` iterates, and the type each must have when present.
 _CONTAINERS = {"entries": list, "pg_config": dict, "pg_status": dict, "titan": dict}
@@ -166,11 +168,26 @@ def load_dumps(folder: str) -> Dumps:
     if not dumps and unreadable:
         raise _nothing_readable(folder, unreadable)
     if not dumps:
+        earlier = os.path.join(folder, "earlier")  # flight_recorder.EARLIER: a rerun moved them there
+        if any(_rank_in_name(n) is not None for n in (os.listdir(earlier) if os.path.isdir(earlier) else [])):
+            raise UsageError(
+                f"{folder}: no flight-recorder dumps of the last run (it left none); {earlier} holds "
+                f"those of an earlier run or attempt, moved there when the last one started: "
+                f"titan fr analyze {earlier}"
+            )
         raise UsageError(
             f"{folder}: no flight-recorder dumps (rank_<r> files); they are written when a collective "
             "times out with comm.trace_buf_size > 0"
         )
     return dumps, unreadable
+
+
+def traces_folder(folder: str) -> str:
+    """``folder``, or its ``comm_traces/`` when ``folder`` is a run's dump folder (no dump of its own)."""
+    inner = os.path.join(folder, "comm_traces")
+    if os.path.isdir(inner) and not any(_RANK_FILE.match(n) for n in os.listdir(folder)):
+        return inner
+    return folder
 
 
 def _ranks_list(value: Any) -> list[int]:
@@ -434,7 +451,11 @@ def configure(parser: Any) -> None:
         "job.dump_folder/comm_traces) and say, per process group, which ranks are behind and on "
         "which collective and sequence number.",
     )
-    analyze_parser.add_argument("folder", metavar="FOLDER", help="e.g. outputs/comm_traces")
+    analyze_parser.add_argument(
+        "folder",
+        metavar="FOLDER",
+        help="e.g. outputs/comm_traces (a run's dump folder reads its comm_traces/)",
+    )
     analyze_parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(_fr_parser=parser)
 
@@ -443,9 +464,10 @@ def run(args: Any) -> int:
     if args.fr_command != "analyze":
         args._fr_parser.print_help()
         return 2
-    result = analyze(*load_dumps(args.folder))
+    folder = traces_folder(args.folder)
+    result = analyze(*load_dumps(folder))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        print(format_report(result, args.folder))
+        print(format_report(result, folder))
     return 0

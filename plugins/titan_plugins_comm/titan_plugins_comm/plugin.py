@@ -88,6 +88,8 @@ def titan_callbacks() -> list[Callback]:
             order=10,
             description="gloo runs: every rank dumps its flight-recorder trace to "
             "job.dump_folder/comm_traces when a collective fails or times out",
+            # NCCL's dumps (on CUDA) go there too: --overwrite removes the earlier run's.
+            outputs=("comm_traces",),
         )
     ]
 

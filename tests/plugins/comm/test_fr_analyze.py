@@ -203,3 +203,25 @@ def test_simulated_ranks_of_a_hybrid_run_are_not_missing_dumps(tmp_path: Path) -
     assert report.returncode == 0, report.stderr
     assert "no dump from" not in report.stdout and "hung hard" not in report.stdout
     assert "simulated" in report.stdout
+
+
+def test_the_run_folder_is_read_through_its_comm_traces(tmp_path: Path) -> None:
+    """The spec points at the dump folder: ``titan fr analyze outputs/run`` reads its comm_traces/."""
+    run = tmp_path / "run"
+    _write(
+        run / "comm_traces", {0: nccl_dump(0, 6), 1: nccl_dump(1, 6), 2: nccl_dump(2, 5), 3: nccl_dump(3, 6)}
+    )
+    (run / "config.toml").write_text('recipe = "r"\n')
+    result = run_titan("fr", "analyze", str(run))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith(f"flight recorder: 4 dump(s) in {run / 'comm_traces'}")
+    assert result.stdout.splitlines()[1].startswith("rank 2 is behind")
+
+
+def test_a_folder_with_only_earlier_dumps_points_at_them(tmp_path: Path) -> None:
+    traces = tmp_path / "comm_traces"
+    _write(traces / "earlier", {0: nccl_dump(0, 6), 1: nccl_dump(1, 5)})
+    result = run_titan("fr", "analyze", str(traces))
+    assert result.returncode == 2
+    assert f"{traces}: no flight-recorder dumps of the last run" in result.stderr, result.stderr
+    assert f"titan fr analyze {traces / 'earlier'}" in result.stderr
