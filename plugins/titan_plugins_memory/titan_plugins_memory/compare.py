@@ -86,8 +86,25 @@ def load_report(path: str) -> dict[str, Any]:
         raise UsageError(
             f"{path}: not a memory report (no 'observations'); give a memory_report_rank<r>.json"
         )
+    problem = _malformed(data["observations"])
+    if problem:
+        raise UsageError(f"{path}: not a memory report ({problem}); give a memory_report_rank<r>.json")
     data["_path"] = path
     return data
+
+
+def _malformed(observations: list[Any]) -> str | None:
+    """What makes ``observations`` unreadable (checked here: a traceback would follow), or ``None``."""
+    for i, o in enumerate(observations, start=1):
+        if not isinstance(o, dict):
+            return f"observation {i} is a {type(o).__name__}, not an object"
+        if not isinstance(o.get("point"), str):
+            return f"observation {i} has no 'point'"
+        for key, _label in FIGURES:
+            value = o.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                return f"{o['point']}: {key} is {value!r}, not a number"
+    return None
 
 
 def _points(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -114,13 +131,23 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             rows.append({"figure": key, "label": label, "a": va, "b": vb, "diff": diff, "ratio": ratio})
         points.append({"point": point, "step_a": oa.get("step"), "step_b": ob.get("step"), "figures": rows})
     peak_a, peak_b = a.get("peak_bytes"), b.get("peak_bytes")
+    # A failed run's report holds the points it reached: its peak is not the one of its step, so
+    # no difference is claimed (the failed run would look the smaller).
+    errors = {"a": a.get("error") or None, "b": b.get("error") or None}
+    comparable = None not in (peak_a, peak_b) and not (errors["a"] or errors["b"])
     return {
         "a": a["_path"],
         "b": b["_path"],
+        "errors": errors,
+        "last_points": {"a": _last_point(a), "b": _last_point(b)},
         "configuration": config,
         "points": points,
-        "peak": {"a": peak_a, "b": peak_b, "diff": None if None in (peak_a, peak_b) else peak_b - peak_a},
+        "peak": {"a": peak_a, "b": peak_b, "diff": peak_b - peak_a if comparable else None},
     }
+
+
+def _last_point(report: dict[str, Any]) -> str | None:
+    return report["observations"][-1]["point"] if report["observations"] else None
 
 
 def _mib(value: float | None, signed: bool = False) -> str:
@@ -140,6 +167,14 @@ def format_compare(result: dict[str, Any]) -> str:
     from titan_plugins_memory.table import format_rows
 
     lines = [f"A: {result['a']}", f"B: {result['b']}"]
+    for side in ("a", "b"):
+        error = result["errors"][side]
+        if error:
+            last = result["last_points"][side] or "none"
+            lines.append(
+                f"{side.upper()} failed ({error}): its figures stop at the last point it reached "
+                f"({last}), and its peak is not the step's"
+            )
     if result["configuration"]:
         lines.append("configuration differences:")
         rows = [["field", "A", "B"]]
@@ -156,7 +191,11 @@ def format_compare(result: dict[str, Any]) -> str:
             rows.append([label, f["label"], _mib(f["a"]), _mib(f["b"]), _mib(f["diff"], True), ratio])
     lines.append(format_rows(rows, left=2))
     peak = result["peak"]
-    if peak["diff"] is not None:
+    failed = [side.upper() for side in ("a", "b") if result["errors"][side]]
+    if failed and None not in (peak["a"], peak["b"]):
+        who = "A and B failed: not their peaks" if len(failed) == 2 else f"{failed[0]} failed: not its peak"
+        lines.append(f"peak: A {_mib(peak['a'])} MiB, B {_mib(peak['b'])} MiB ({who})")
+    elif peak["diff"] is not None:
         pct = f", {100 * peak['diff'] / peak['a']:+.1f}%" if peak["a"] else ""
         diff = _mib(peak["diff"], True)
         lines.append(f"peak: A {_mib(peak['a'])} MiB, B {_mib(peak['b'])} MiB (B - A = {diff} MiB{pct})")

@@ -291,3 +291,48 @@ def test_a_config_toml_that_is_not_toml_is_one_error(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"titan: error: {broken / 'config.toml'}: cannot be read")
+
+
+def test_memory_compare_says_a_report_is_of_a_failed_run(tmp_path: Path) -> None:
+    """A run that failed in its steady step wrote the points it reached: its peak is that of the
+    step's start, not the step's, and compared as if complete it looked like the smaller layout."""
+    MiB = 1024**2
+    a = _report(tmp_path / "fsdp4.json", 4, 1, 100 * MiB, 2 * MiB)
+    b = _report(tmp_path / "pp2.json", 2, 2, 150 * MiB, 4 * MiB)
+    data = json.loads(b.read_text())
+    data["observations"] = data["observations"][:2]  # it failed before the steady point
+    data["peak_bytes"] = 3000
+    data["error"] = "step 1: RuntimeError: out of memory"
+    b.write_text(json.dumps(data))
+    result = run_titan("memory", "compare", str(a), str(b))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert (
+        "B failed (step 1: RuntimeError: out of memory): its figures stop at the last point it "
+        "reached (after_optimizer_warmup), and its peak is not the step's" in lines
+    ), result.stdout
+    assert lines[-1].startswith("peak: A 100.0 MiB, B 0.0 MiB (B failed: not its peak)"), lines[-1]
+    as_json = json.loads(run_titan("memory", "compare", str(a), str(b), "--json").stdout)
+    assert as_json["errors"] == {"a": None, "b": "step 1: RuntimeError: out of memory"}
+    assert as_json["peak"]["diff"] is None
+
+
+@pytest.mark.parametrize(
+    ("observations", "why"),
+    [
+        ([1], "observation 1 is a int, not an object"),
+        ([{"step": 1}], "observation 1 has no 'point'"),
+        ([{"point": "after_init", "params_bytes": "12"}], "after_init: params_bytes is '12', not a number"),
+    ],
+)
+def test_a_malformed_memory_report_is_one_error(tmp_path: Path, observations: list, why: str) -> None:
+    a = _report(tmp_path / "a.json", 4, 1, 100, 2)
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({**json.loads(a.read_text()), "observations": observations}))
+    result = run_titan("memory", "compare", str(a), str(b))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        == f"titan: error: {b}: not a memory report ({why}); give a memory_report_rank<r>.json"
+    )
