@@ -14,7 +14,8 @@
 #                 unless the recipe sets debug.max_steps or TITAN_DEFAULT_MAX_STEPS is set
 #                 (docs/debugging.md). An argument --comm-backend fake selects the same mode.
 # Further arguments go to `python -m titan_core.train` (e.g. --dump-folder DIR); with --print-config
-# (or --help) one plain process prints and exits, without torchrun.
+# (or --help) one plain process prints and exits, without torchrun; --all-pp-ranks (with
+# COMM_BACKEND=fake) is one plain process too.
 #
 # Bad input stops here, before torchrun starts any process: one error line and exit status 2
 # (the environment above, the recipe and its config, the parallel degrees against NGPU, what the
@@ -64,6 +65,7 @@ export NGPU
 cli_backend=""
 wants_help=0
 prints_config=0
+all_pp_ranks=0  # --all-pp-ranks: one process that runs the pure fake mode per PP coordinate itself
 cli_recipe=0  # the recipe named by --config/--recipe instead of CONFIG
 previous=""
 for arg in "$@"; do
@@ -71,6 +73,7 @@ for arg in "$@"; do
     --comm-backend=*) cli_backend="${arg#*=}" ;;
     -h | --help) wants_help=1 ;;
     --print-config | --print-config=*) prints_config=1 ;;
+    --all-pp-ranks) all_pp_ranks=1 ;;
     --config | --config=* | --recipe | --recipe=*) cli_recipe=1 ;;
   esac
   [ "${previous}" = "--comm-backend" ] && cli_backend="${arg}"
@@ -136,7 +139,9 @@ launch_check() {
 
 case "${backend}" in
   "" | default)
-    if [ "${wants_help}" = 1 ] || [ "${prints_config}" = 1 ]; then
+    # --all-pp-ranks is never a torchrun job: one process, which refuses it without the fake
+    # backend in one line (NGPU torchrun workers would each refuse it, ending in torchrun's report).
+    if [ "${wants_help}" = 1 ] || [ "${prints_config}" = 1 ] || [ "${all_pp_ranks}" = 1 ]; then
       exec python -m titan_core.train "${args[@]}" "$@"
     fi
     launch_check "$@"

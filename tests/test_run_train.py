@@ -367,3 +367,14 @@ def test_a_recipe_module_that_prints_a_brace_line_still_launches(tmp_path: Path)
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert len([r for r in log_records(result.stdout) if r.get("event") == "step"]) == 1
+
+
+def test_all_pp_ranks_without_the_fake_backend_stops_before_torchrun(tmp_path: Path) -> None:
+    """``--all-pp-ranks`` is one process running the pure fake mode per coordinate: without
+    ``COMM_BACKEND=fake`` the launcher started NGPU torchrun workers, each refusing it (torchrun's
+    ChildFailedError traceback, exit 1)."""
+    layout = {"parallelism.pp": 2, "training.local_batch_size": 2}
+    result = launch_args(tmp_path, layout, "--all-pp-ranks", NGPU="2")
+    line = one_error_line(result)
+    assert "--all-pp-ranks runs the pure fake backend" in line and "--comm-backend fake" in line
+    assert "[rank" not in result.stdout + result.stderr  # torchrun started no worker
