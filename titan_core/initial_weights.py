@@ -284,6 +284,7 @@ def _load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_ar
                 set_model_state_dict(part, {k: full[aliases.get(k, k)] for k in keys}, options=_FULL)
             return
         _check_tensors(groups, shapes, adapter, model_args, path)
+        _refuse_dropped_untied(groups, aliases, handles, where, shapes, path)
         # This rank's tensors (tied names read once), in file order, converted in batches.
         to_read = sorted(
             {aliases.get(k, k) for keys in own for k in keys},
@@ -622,6 +623,40 @@ def _check_tensors(
             f"{_FIELD}: the safetensors of {path!r} are not this model's tensors: "
             f"{'; '.join(problems)}; was the folder saved from a model with this config.json?"
         )
+
+
+def _refuse_dropped_untied(
+    groups: dict[str, dict[str, Any]],
+    aliases: dict[str, str],
+    handles: dict[Path, Any],
+    where: dict[str, Path],
+    shapes: dict[str, tuple[int, ...]],
+    path: str,
+) -> None:
+    """Refuse a folder tensor the adapter drops that differs from the one its tied twin is made of.
+
+    A tied model reads one tensor for two names (``output.weight`` is ``tok_embeddings.weight``),
+    and its adapter drops the second one's Hugging Face tensor (a tied ``lm_head.weight``). When
+    the folder holds that tensor with other values, transformers unties the two and computes with
+    it; loaded tied, the model would compute with the other one, silently. Candidates are the
+    unread tensors of the shape of a tied name's source; equal values load as before."""
+    read = {name for group in groups.values() for name in group}
+    unread = [name for name in shapes if name not in read]
+    for tied, first in aliases.items():
+        for source, meta in groups.get(first, {}).items():
+            for name in unread:
+                if shapes[name] != tuple(meta.shape) or source not in where:
+                    continue
+                value, kept = (handles[where[n]].get_tensor(n) for n in (name, source))
+                if not torch.equal(value, kept):
+                    raise UsageError(
+                        f"{_FIELD}: {path!r} holds {name}, which differs from {source}; this model "
+                        f"ties {tied} to {first} (one tensor) and would compute with {source} where "
+                        f"transformers unties them and computes with {name}; set "
+                        "tie_word_embeddings = false in its config.json and load it into a model that "
+                        "does not tie them (model.overrides, e.g. tie_embeddings = False), or remove "
+                        f"{name} from the folder to load it tied"
+                    )
 
 
 def _mismatches(

@@ -76,6 +76,28 @@ def test_tied_embeddings(tmp_path: Path) -> None:
     assert max_diff(model, reference, tokens()) < 1e-4
 
 
+def test_a_tied_folder_with_a_different_lm_head_is_refused(tmp_path: Path) -> None:
+    """A tied folder that also stores ``lm_head.weight`` unlike the embedding (a tool wrote it,
+    or it was fine-tuned untied): transformers unties the two and computes the logits with
+    ``lm_head``; titan dropped it and computed them with the embedding, without a word."""
+    save_hf(tmp_path, hf_config(tie_word_embeddings=True))
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["lm_head.weight"] = torch.randn_like(weights["model.embed_tokens.weight"])
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    spec, args = llama3({**TITAN_OVERRIDES, "tie_embeddings": True})
+    with pytest.raises(UsageError) as info:
+        titan_model(spec, args, tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{_FIELD}: {str(tmp_path)!r} holds lm_head.weight")
+    assert "differs from model.embed_tokens.weight" in message and "tie_embeddings" in message
+    # As the message says: untied in config.json and in the model, every tensor is used.
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    spec, untied = llama3({**TITAN_OVERRIDES, "tie_embeddings": False})
+    model = titan_model(spec, untied, tmp_path)
+    assert torch.equal(model.output.weight, weights["lm_head.weight"])
+
+
 def test_bfloat16_weights_load_into_float32_parameters(tmp_path: Path) -> None:
     stored = random_hf_model(hf_config()).to(torch.bfloat16)
     stored.save_pretrained(tmp_path)

@@ -262,8 +262,9 @@ def from_hf(state_dict: dict[str, Any], args: MoEArgs) -> dict[str, Any]:
             raise UsageError(
                 "Hugging Face conversion: config.json ties the embeddings (tie_word_embeddings = "
                 "true), but the folder's lm_head.weight differs from model.embed_tokens.weight, so "
-                "transformers unties them and computes the logits with lm_head.weight; load it into "
-                "a model with tie_embeddings = False (model.overrides)"
+                "transformers unties them and computes the logits with lm_head.weight; set "
+                "tie_word_embeddings = false in its config.json and load it into a model with "
+                "tie_embeddings = False (model.overrides)"
             )
     for _, tb, hb in _moe_blocks(args):
         t, h = tb + "feed_forward.", hb + "mlp.experts."
