@@ -117,7 +117,11 @@ class RunFolderLock:
         c = config.checkpoint
         problem = _folder_problem(dump, "job.dump_folder")
         ckpt = os.path.join(dump, c.folder)
-        if problem is None and c.enable and os.path.exists(ckpt) and not os.path.isdir(ckpt):
+        writes_checkpoints = (c.enable and not c.load_only) or c.create_seed_checkpoint
+        if problem is None and writes_checkpoints:
+            problem = _writable_folder_problem(ckpt, "checkpoint.folder")
+        elif problem is None and c.enable and os.path.exists(ckpt) and not os.path.isdir(ckpt):
+            # load_only reads the folder (it may be read-only: a shared checkpoint).
             problem = f"checkpoint.folder: {ckpt!r} exists and is not a folder; choose another name"
         if problem is None and config.metrics.enable_tensorboard:
             tb = os.path.join(dump, config.metrics.save_tb_folder)
@@ -133,7 +137,7 @@ class RunFolderLock:
         # run's checkpoint folder as its own (an absolute checkpoint.folder), and the two would
         # replace each other's steps whichever of them started first. (A load_only run writes
         # none: it leaves the folder as it is.)
-        if (c.enable and not c.load_only) or c.create_seed_checkpoint:
+        if writes_checkpoints:
             try:
                 os.makedirs(ckpt, exist_ok=True)
                 fds.append(_lock(ckpt, f"checkpoint.folder {ckpt!r}", "checkpoint.folder"))

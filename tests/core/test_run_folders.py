@@ -539,3 +539,28 @@ def test_a_rerun_of_the_same_run_says_it_replaces_the_earlier_attempts_outputs(t
     assert "[warning" in line and "the same run" in line
     assert "logged steps 1-2 of 2" in line and "metrics.jsonl" in line and "--dump-folder" in line
     assert log.index("replaces") < log.index("step 1/2")
+
+
+@pytest.mark.parametrize("where", ["under a file", "in an unwritable folder"])
+def test_a_checkpoint_folder_that_cannot_be_created_is_a_usage_error(tmp_path: Path, where: str) -> None:
+    """An absolute ``checkpoint.folder`` under a file, or in a folder this user may not write, was
+    a ``NotADirectoryError``/``PermissionError`` traceback from creating it; now one error naming
+    the field, before anything is written."""
+    import os
+
+    config = tiny_llama3(tmp_path / "run", 2)
+    config.checkpoint.enable = True
+    if where == "under a file":
+        (tmp_path / "afile").write_text("kept")
+        config.checkpoint.folder = str(tmp_path / "afile" / "ckpt")
+        expected = r"checkpoint.folder: cannot create .*afile' is not a folder"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into any folder")
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        config.checkpoint.folder = str(locked / "ckpt")
+        expected = r"checkpoint.folder: .*locked' is not writable"
+    with pytest.raises(UsageError, match=expected):
+        train(config, get_registry())
+    assert not (tmp_path / "run" / "run.json").exists()  # refused before anything is written
