@@ -244,6 +244,7 @@ def test_every_titan_command_and_flag_the_docs_show_exists(monkeypatch: pytest.M
 #: Names of the form ``section.name`` in the docs that are not config fields on purpose.
 NOT_FIELDS = {
     "model.layers",  # the model's blocks (an nn.ModuleDict), not the config's model section
+    "model.embed_tokens",  # a Hugging Face tensor's name (model.embed_tokens.weight)
     "training.stepz",  # reliability.md: a typo, to show its error
     "parallelism.typo",
     "debug.memory_reprot",
