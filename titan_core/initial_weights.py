@@ -284,7 +284,7 @@ def _load_hf_folder(parts: list[nn.Module], path: str, spec: ModelSpec, model_ar
                 set_model_state_dict(part, {k: full[aliases.get(k, k)] for k in keys}, options=_FULL)
             return
         _check_tensors(groups, shapes, adapter, model_args, path)
-        _refuse_dropped_untied(groups, aliases, handles, where, shapes, path)
+        _refuse_dropped_untied(groups, aliases, handles, where, shapes, path, adapter, model_args)
         # This rank's tensors (tied names read once), in file order, converted in batches.
         to_read = sorted(
             {aliases.get(k, k) for keys in own for k in keys},
@@ -632,6 +632,8 @@ def _refuse_dropped_untied(
     where: dict[str, Path],
     shapes: dict[str, tuple[int, ...]],
     path: str,
+    adapter: StateDictAdapter,
+    model_args: Any,
 ) -> None:
     """Refuse a folder tensor the adapter drops that differs from the one its tied twin is made of.
 
@@ -643,9 +645,9 @@ def _refuse_dropped_untied(
     read = {name for group in groups.values() for name in group}
     unread = [name for name in shapes if name not in read]
     for tied, first in aliases.items():
-        for source, meta in groups.get(first, {}).items():
+        for source in _sources(first, groups, adapter, model_args):
             for name in unread:
-                if shapes[name] != tuple(meta.shape) or source not in where:
+                if shapes[name] != shapes.get(source) or source not in where:
                     continue
                 value, kept = (handles[where[n]].get_tensor(n) for n in (name, source))
                 if not torch.equal(value, kept):
@@ -657,6 +659,20 @@ def _refuse_dropped_untied(
                         "does not tie them (model.overrides, e.g. tie_embeddings = False), or remove "
                         f"{name} from the folder to load it tied"
                     )
+
+
+def _sources(
+    first: str, groups: dict[str, dict[str, Any]], adapter: StateDictAdapter, model_args: Any
+) -> list[str]:
+    """The Hugging Face tensors titan's ``first`` is made of. A group of its own names them; an
+    adapter that converts the model as one group (every name shares it) returns, for a renamed
+    tensor, the very object it was given: that one (none when the tensor is transformed)."""
+    group = groups.get(first, {})
+    if not any(other is group for key, other in groups.items() if key != first):
+        return list(group)
+    probe = {name: torch.empty(t.shape, device="meta") for name, t in group.items()}
+    made = adapter.from_hf(probe, model_args).get(first)
+    return [name for name, t in probe.items() if t is made]
 
 
 def _mismatches(

@@ -229,3 +229,34 @@ def test_titan_run_fails_with_one_line(tmp_path: Path) -> None:
     assert len(errors) == 1 and "Traceback" not in result.stderr
     assert f"titan: error: {_FIELD}: the Hugging Face model in" in errors[0]
     assert "n_layers 2 vs 4" in errors[0]
+
+
+def test_a_tied_twin_is_compared_with_its_own_source_only() -> None:
+    """An adapter that converts the model as one group (DeepSeek's): every Hugging Face tensor
+    is in the group of the tied name, so a dropped ``lm_head.weight`` equal to the embedding was
+    compared with every tensor of its shape too (another [vocab, dim] matrix) and refused."""
+    from titan_core.initial_weights import _refuse_dropped_untied
+
+    embedding, other = torch.randn(8, 4), torch.randn(8, 4)
+    tensors = {"embed": embedding, "other_head": other, "lm_head": embedding.clone()}
+
+    class Handle:
+        def get_tensor(self, name: str) -> torch.Tensor:
+            return tensors[name]
+
+    class WholeModelAdapter:  # renames, as a whole model only
+        @staticmethod
+        def from_hf(state: dict, args: object) -> dict:
+            return {"tok_embeddings.weight": state["embed"], "head2.weight": state["other_head"]}
+
+    group = {"embed": embedding.to("meta"), "other_head": other.to("meta")}
+    groups = dict.fromkeys(["tok_embeddings.weight", "head2.weight"], group)
+    where = {name: Path("model.safetensors") for name in tensors}
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    handles = {Path("model.safetensors"): Handle()}
+    aliases = {"output.weight": "tok_embeddings.weight"}
+    args = (groups, aliases, handles, where, shapes, "folder", WholeModelAdapter(), None)
+    _refuse_dropped_untied(*args)  # equal to its own source: loads
+    tensors["lm_head"] = torch.randn(8, 4)
+    with pytest.raises(UsageError, match="holds lm_head, which differs from embed;"):
+        _refuse_dropped_untied(*args)
