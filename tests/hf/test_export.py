@@ -469,3 +469,24 @@ def load_file_of(files: dict[str, bytes], name: str) -> torch.Tensor:
         if file.endswith(".safetensors") and name in (state := load(data)):
             return state[name]
     raise KeyError(name)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_killed_exports_staging_folder_neither_blocks_nor_survives_the_next_export(
+    run: Path, tmp_path: Path, overwrite: bool
+) -> None:
+    """A killed ``titan export`` leaves its hidden staging folder in OUT_DIR; the next export
+    into that folder refused it as "not empty" (a folder the user never saw), and --overwrite
+    left the half-written shards there beside the new export."""
+    out = tmp_path / "hf"
+    stage = out / ".titan-export-k1ll3d.tmp"
+    stage.mkdir(parents=True)
+    (stage / "model-00001-of-00002.safetensors").write_bytes(b"half written")
+    assert export(run / "checkpoint", "--to", "hf", out, *["--overwrite"] * overwrite) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    transformers.AutoModelForCausalLM.from_pretrained(out)

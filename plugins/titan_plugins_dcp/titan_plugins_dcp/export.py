@@ -246,10 +246,24 @@ def _parse_size(text: str) -> int:
     return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
 
 
+#: The staging folder an export writes into before moving its files into OUT_DIR.
+_STAGE_PREFIX, _STAGE_SUFFIX = ".titan-export-", ".tmp"
+
+
+def _stale_stages(out: Path) -> list[Path]:
+    """Staging folders a killed export left in ``out`` (never the user's own files)."""
+    return [
+        e
+        for e in out.iterdir()
+        if e.is_dir() and e.name.startswith(_STAGE_PREFIX) and e.name.endswith(_STAGE_SUFFIX)
+    ]
+
+
 def _check_out_dir(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"export: OUT_DIR {str(out)!r} is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    stale = _stale_stages(out) if out.is_dir() else []
+    if out.is_dir() and any(e not in stale for e in out.iterdir()) and not overwrite:
         raise UsageError(
             f"export: OUT_DIR {str(out)!r} exists and is not empty; choose a new folder, or pass "
             "--overwrite to replace an earlier export there"
@@ -384,7 +398,9 @@ def _write_export(
     stage: Path | None = None
     try:
         out.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".titan-export-", suffix=".tmp", dir=out))
+        for leftover in _stale_stages(out):  # a killed export's half-written files
+            shutil.rmtree(leftover, ignore_errors=True)
+        stage = Path(tempfile.mkdtemp(prefix=_STAGE_PREFIX, suffix=_STAGE_SUFFIX, dir=out))
         files = _write_safetensors(hf_state, stage, dtype, max_shard)
         (stage / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
