@@ -40,6 +40,8 @@ from titan_core.errors import PluginError, UsageError, describe
 from titan_core.records import RECORD_TYPES, Callback, ConfigSection
 
 ENTRY_POINT_GROUP = "titan"
+#: The module of titan's own plugin, which cannot be disabled (``cli._refuse_disabled_core``).
+CORE_MODULE = "titan_core._builtin"
 DISABLE_ENV = "TITAN_DISABLE_PLUGINS"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -188,7 +190,10 @@ class Registry:
             return
         try:
             self.pm.register(plugin, name=info.name)
-        except Exception as exc:  # pluggy validates hook implementations here
+        except pluggy.PluginValidationError as exc:  # pluggy validates hook implementations here
+            info.status, info.error = "failed", _invalid_hook(plugin, exc)
+            return
+        except Exception as exc:
             info.status, info.error = "failed", describe(exc)
             return
         info.hooks = sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or [])
@@ -239,6 +244,20 @@ class Registry:
         Conflicting names (two providers) are left out: using them fails in :meth:`get`.
         """
         return {name: p.record for name, p in self._gather(kind).items() if not p.rivals}
+
+    def every(self, kind: str) -> dict[str, Any]:
+        """All records of a kind that every run consults as a whole (``strategies``: each one's
+        ``applies`` is asked; ``callbacks``: each one is built), keyed by lower-cased name.
+
+        A name two plugins provide is a :class:`PluginError` naming both, not left out as in
+        :meth:`records`: a run cannot avoid asking for it, and leaving both out would run without
+        either (a third party's callback named ``metrics_file`` removed titan's metrics.jsonl).
+        """
+        found = self._gather(kind)
+        for provided in found.values():
+            if provided.rivals:
+                raise PluginError(_conflict_message(_LABEL_WORDS.get(kind, kind), provided))
+        return {name: p.record for name, p in found.items()}
 
     def conflicts(self, kind: str, what: str | None = None) -> dict[str, str]:
         """Names of ``kind`` that two plugins provide, each with the error naming both."""
@@ -339,7 +358,11 @@ class Registry:
                 try:
                     result = impl.function()
                     error = None
-                except Exception as exc:  # a hook that raises fails its plugin, not the run
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # a hook that raises fails its plugin, not the run
+                    # SystemExit too (``sys.exit()`` in a hook), as at import: it ended every
+                    # ``titan`` command, ``--help`` included, with the plugin's status and no word.
                     error = describe(exc)
                 else:
                     try:
@@ -398,16 +421,47 @@ def _conflict_message(what: str, provided: _Provided) -> str:
             f"({provided.plugin.origin}), as {spellings}: names are compared without case; the "
             "plugin must rename one"
         )
-    listed = " and ".join(f"plugin {p.name!r} ({p.origin})" for p in owners)
-    # Both remedies: which of the two the user wants is theirs to say.
-    ways = " or ".join(f"{DISABLE_ENV}={p.name} (--disable-plugin {p.name})" for p in owners)
     name = provided.record.name
-    return f"{what} {name!r} is provided twice: by {listed}; uninstall or disable one of them ({ways})"
+    # Every remedy: which one the user wants is theirs to say; but titan's core cannot be disabled
+    # (the CLI refuses it), so it is never offered.
+    ways = " or ".join(
+        f"{DISABLE_ENV}={p.name} (--disable-plugin {p.name})" for p in owners if p.module != CORE_MODULE
+    )
+    if len(owners) == 2:
+        listed = " and ".join(f"plugin {p.name!r} ({p.origin})" for p in owners)
+        return f"{what} {name!r} is provided twice: by {listed}; uninstall or disable one of them ({ways})"
+    # Three or more: disabling one of them (as "twice" said) still left a conflict.
+    listed = ", ".join(f"plugin {p.name!r} ({p.origin})" for p in owners)
+    return (
+        f"{what} {name!r} is provided by {len(owners)} plugins: {listed}; uninstall or disable all but "
+        f"one of them ({ways})"
+    )
 
 
 def _where(function: Any) -> str:
     code = getattr(function, "__code__", None)
     return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(function)
+
+
+def _invalid_hook(plugin: Any, exc: Exception) -> str:
+    """pluggy's refusal of a hook implementation as one line at the plugin's function: its own
+    message is several lines and points at pluggy's file."""
+    import inspect
+
+    for name in sorted(dir(plugin)):
+        function = getattr(plugin, name, None)
+        if not name.startswith("titan_") or not hasattr(hookspecs, name) or not callable(function):
+            continue
+        try:
+            parameters = list(inspect.signature(function).parameters)
+        except (TypeError, ValueError):
+            continue
+        if parameters:  # titan's hooks have no arguments: pluggy would never pass these
+            return (
+                f"{name}({', '.join(parameters)}) takes arguments; titan calls its hooks with none: "
+                f"define {name}() (at {_where(function)})"
+            )
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def _check_result(result: Any, record_type: type, hook: str) -> list[Any]:
@@ -476,6 +530,13 @@ def _check_section(record: ConfigSection, hook: str) -> None:
             f"{hook}() returned config section {record.name!r} whose class cannot be built with its "
             f"defaults ({type(exc).__name__}: {exc}); give every field a valid default"
         ) from None
+    unwritable = _unwritable_fields(record.cls)
+    if unwritable:
+        raise TypeError(
+            f"{hook}() returned config section {record.name!r}, which has fields titan cannot write to "
+            f"config.toml and read back: {', '.join(unwritable)}; use bool, int, float, str, None, "
+            "Literal[...], list[...], tuple[...] or dict[str, ...] of those, or a nested section class"
+        )
     fields = {a.name for a in attrs.fields(record.cls)}
     unknown = [r for r in record.results if r not in fields]
     if unknown:
@@ -485,6 +546,51 @@ def _check_section(record: ConfigSection, hook: str) -> None:
         )
     if record.check is not None and not callable(record.check):
         raise TypeError(f"{hook}() returned config section {record.name!r} whose check is not callable")
+
+
+def _unwritable_fields(cls: type) -> list[str]:
+    """``name (type)`` of each field of a section class whose type TOML cannot hold (a ``set`` was
+    written to config.toml as the string ``"{'a'}"``; an ``object`` field made ``titan recipes
+    copy config.toml`` end in a cattrs traceback). Annotations that do not resolve are left to
+    the field checks, which name them."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:
+        return []
+    return [
+        f"{a.name} ({_type_text(hints[a.name])})"
+        for a in attrs.fields(cls)
+        if a.name in hints and not _writable(hints[a.name])
+    ]
+
+
+def _type_text(annotation: Any) -> str:
+    """A bare class by its name (``object``); a generic as written (``set[str]``)."""
+    import typing
+
+    plain = isinstance(annotation, type) and not typing.get_args(annotation)
+    return annotation.__name__ if plain else str(annotation)
+
+
+def _writable(annotation: Any) -> bool:
+    """Whether config.toml can hold a value of ``annotation`` and give it back as that type."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any or annotation in (bool, int, float, str, type(None), list, tuple, dict):
+        return True
+    if origin is typing.Literal:
+        return all(isinstance(a, (bool, int, float, str)) or a is None for a in args)
+    if origin in (typing.Union, types.UnionType, list, tuple):
+        return all(a is Ellipsis or _writable(a) for a in args)
+    if origin is dict:
+        return len(args) == 2 and args[0] is str and _writable(args[1])
+    if isinstance(annotation, type) and attrs.has(annotation):  # a nested section: a TOML table
+        return not _unwritable_fields(annotation)
+    return False
 
 
 _default: Registry | None = None

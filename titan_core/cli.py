@@ -37,12 +37,12 @@ def _refuse_disabled_core(registry: Any) -> None:
     """The core's own plugin (``titan_core._builtin``: the run, plugins, models and recipes
     commands, the default comm backend, the datasets) cannot be disabled: without it ``titan``
     would lose its own commands and answer with argparse's "invalid choice"."""
-    from titan_core._registry import DISABLE_ENV
+    from titan_core._registry import CORE_MODULE, DISABLE_ENV
     from titan_core.errors import UsageError
 
     for name in sorted(registry.disabled):
         info = registry.plugins.get(name)
-        if info is not None and info.module == "titan_core._builtin":
+        if info is not None and info.module == CORE_MODULE:
             raise UsageError(
                 f"plugin {name!r} is titan's core (its own commands, comm backend and datasets) and "
                 f"cannot be disabled; remove it from --disable-plugin / {DISABLE_ENV}"

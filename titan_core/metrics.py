@@ -102,12 +102,14 @@ class MetricsLogger:
         config: Any,
         device: torch.device,
         flops_per_token: float,
-        tokens_per_step: int,
+        tokens_per_step: float,
         total_steps: int,
         throughput: bool = True,
     ) -> None:
-        """``throughput=False``: rows and the summary carry no tokens/s, TFLOP/s or MFU (a run
-        of shape-only steps computes nothing)."""
+        """``tokens_per_step``: the tokens one device processes per step (its DP rank's over the
+        rank's cp x tp x pp devices), what tokens/s and MFU are per device of. ``throughput=False``:
+        rows and the summary carry no tokens/s, TFLOP/s or MFU (a run of shape-only steps computes
+        nothing)."""
         self.log_freq = config.metrics.log_freq
         self.throughput = throughput
         self.device = device
@@ -122,6 +124,14 @@ class MetricsLogger:
         #: (steps, seconds) of each row's interval, for the summary's means after warm-up.
         self._intervals: list[tuple[int, float]] = []
         self.history: list[dict[str, float]] = []
+
+    def start(self) -> None:
+        """Start the clock of the first interval: the loop calls it right before its first step.
+        Started when the metrics were built, the interval counted everything until then (the
+        callbacks' building, a resume's skip over the consumed batches) as step time."""
+        self._t0 = time.perf_counter()
+        self._steps = 0
+        self._excluded = 0.0
 
     @contextmanager
     def paused(self) -> Iterator[None]:

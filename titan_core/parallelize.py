@@ -28,6 +28,7 @@ contributions of :class:`ParallelContext` — the same for titan's strategies an
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -189,13 +190,24 @@ def check_strategies(
     share it, so a layout is refused the same way by both."""
 
     chosen = select_strategies(
-        registry.records("strategies"),
+        registry.every("strategies"),  # a name two plugins provide fails: records() would drop both
         config,
         parallel_dims,
         lambda s, fn, *args: call(
             lambda: f"{registry.label('strategies', s.name)} failed in applies", fn, *args
         ),
     )
+    # Two applied strategies of one order would run in the order of their names (the sort's tie
+    # break), which neither plugin chose: a strategy at fsdp's slot ran before or after FSDP
+    # depending on how it was spelt. Refused, naming both, before anything is built.
+    for before, after in itertools.pairwise(chosen):
+        if before.order == after.order:
+            raise PluginError(
+                f"{registry.label('strategies', before.name)} and "
+                f"{registry.label('strategies', after.name)} both have order {before.order}, so which "
+                "runs first is undefined; give one of them an order no other strategy has (titan's "
+                "slots: titan_core.parallelize.ORDER; third-party strategies go in between)"
+            )
     unhandled = unhandled_dims(parallel_dims, chosen)
     if unhandled:
         raise PluginError(

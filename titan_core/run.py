@@ -198,13 +198,34 @@ def parameter_counts(config: Any, registry: Any, spec: Any, model_args: Any) -> 
     from titan_core.errors import call_plugin
 
     label = registry.label("models", config.model.name)
-    total = call_plugin(lambda: f"{label} failed in num_params", spec.num_params, model_args, True)
+    total = model_figure(lambda: label, "num_params", call_plugin, spec.num_params, model_args, True)
     text = f"model {config.model.name}/{config.model.flavor}: {human(total)} parameters"
     if spec.num_active_params is not None:
-        failed = f"{label} failed in num_active_params"
-        active = call_plugin(lambda: failed, spec.num_active_params, model_args)
+        active_fn = spec.num_active_params
+        active = model_figure(lambda: label, "num_active_params", call_plugin, active_fn, model_args)
         text += f", {human(active)} active per token"
     return text
+
+
+def model_figure(
+    label: Callable[[], str], field: str, call: Callable[..., Any], fn: Callable[..., Any], *args: Any
+) -> float:
+    """``ModelSpec.<field>(*args)``, a model plugin's analytic count (``num_params``,
+    ``num_active_params``, ``flops_per_token``), called through ``call`` (an exception is one
+    error naming the model) and checked: a string or NaN went on into the memory threshold of
+    the initialisation and into MFU, and failed there far from the plugin."""
+    import math
+    import numbers
+
+    value = call(lambda: f"{label()} failed in {field}", fn, *args)
+    whole = field != "flops_per_token"
+    ok = isinstance(value, numbers.Integral if whole else numbers.Real) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and value >= 0):
+        wanted = "a parameter count, an int >= 0" if whole else "FLOPs per token, a finite number >= 0"
+        raise PluginError(
+            f"{label()} returned {type(value).__name__} {value!r} from {field}; it must return {wanted}"
+        )
+    return value
 
 
 def check_served(config: Any, registry: Any) -> None:
@@ -213,7 +234,7 @@ def check_served(config: Any, registry: Any) -> None:
     trainer, and ``run_train.sh`` before torchrun through :func:`preflight`). Cheap: no torch."""
     from titan_core.config import plugin_served
 
-    served = {path for r in registry.records("callbacks").values() for path in r.serves}
+    served = {path for r in registry.every("callbacks").values() for path in r.serves}  # conflicts fail
     # A comm backend's settings (the fake ones turn the memory report on) are not the user's
     # to leave at their defaults: without the serving plugin those runs go on as before.
     backend_sets = registry.get("comm_backends", config.comm.backend, what="comm backend").sets

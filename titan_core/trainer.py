@@ -49,6 +49,7 @@ from titan_core.run import (
     apply_backend_settings,
     check_launch,
     launched_processes,
+    model_figure,
     peer_failure,
     process_rank,
     refuse_unread_env,
@@ -179,7 +180,7 @@ class Trainer:
             "built",
             recipe=config.recipe,
             model=f"{config.model.name}/{config.model.flavor}",
-            params_total=self.spec.num_params(self.model_args, True),
+            params_total=self.params_total,
             params_local=n_params,
             degrees=self.parallel_dims.degrees(),
             global_batch_size=t.local_batch_size * self.parallel_dims.dp * self.accumulation,
@@ -258,7 +259,13 @@ class Trainer:
             model = self._plugin_call(
                 "models", self.spec.name, "failed to build", self.spec.build, self.model_args
             )
+        if not isinstance(model, nn.Module):  # a forgotten ``return`` was an AttributeError in tied.py
+            raise PluginError(
+                f"{self.registry.label('models', self.spec.name)} returned {type(model).__name__} from "
+                "build; it must return the model, an nn.Module (built on the meta device)"
+            )
         tied = shared_parameters(model)
+        self.params_total = int(self._model_figure("num_params", self.model_args, True))
         self.ctx = ParallelContext(
             config, self.parallel_dims, self.mesh, self.spec, self.model_args, self.topology
         )
@@ -412,8 +419,11 @@ class Trainer:
         self.metrics = MetricsLogger(
             self.config,
             self.device,
-            self.spec.flops_per_token(self.model_args, t.seq_len),
-            tokens // self.parallel_dims.cp,  # tokens this device processes per step
+            self._model_figure("flops_per_token", self.model_args, t.seq_len),
+            # Tokens per device and step: a DP rank's tokens are shared by its cp x tp x pp
+            # devices, each doing that share of their FLOPs (torchtitan's non_data_parallel_size).
+            # Divided by cp alone, TP or PP logged tokens/s and MFU tp x pp times too high.
+            tokens / self.parallel_dims.non_data_parallel_size,
             total_steps=self.steps,
             throughput=not self.fake_tensors,
         )
@@ -508,7 +518,8 @@ class Trainer:
 
     def _build_callbacks(self) -> tuple[list[Any], list[str]]:
         """The built callback objects and, in the same order, the labels errors name them by."""
-        records = sorted(self.registry.records("callbacks").values(), key=lambda r: (r.order, r.name))
+        # every(): a callback name two plugins provide fails the run; records() would drop both.
+        records = sorted(self.registry.every("callbacks").values(), key=lambda r: (r.order, r.name))
         built: list[Any] = []
         labels: list[str] = []
         #: The record names of the callbacks this run uses (the ``built`` log line's list).
@@ -530,6 +541,11 @@ class Trainer:
     def _plugin_call(self, kind: str, name: str, failed: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, plugin code of the record ``name`` of ``kind`` (:meth:`_as_plugin`)."""
         return self._as_plugin(lambda: f"{self.registry.label(kind, name)} {failed}", fn, *args)
+
+    def _model_figure(self, field: str, *args: Any) -> float:
+        """The model spec's ``field`` (a count), one error naming the model if it fails or is none."""
+        label = lambda: self.registry.label("models", self.spec.name)
+        return model_figure(label, field, self._as_plugin, getattr(self.spec, field), *args)
 
     def _guarded_callback(self, label: str, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callback's method as the loop calls it: its exception becomes one error naming it."""
@@ -826,6 +842,7 @@ class Trainer:
         # process acts on it at once.
         several = self.topology.world_size > 1 and not self.topology.simulates_peers
         agree = AgreedStop(signals) if several else None
+        self.metrics.start()  # step time counts from here, not from the build
         for step in range(first, self.steps + 1):
             self.step = step
             self.optimizer.zero_grad(set_to_none=True)

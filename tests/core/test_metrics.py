@@ -260,3 +260,62 @@ def test_json_log_lines_write_non_finite_values_as_null(
     line = capsys.readouterr().out.strip().splitlines()[-1]
     record = _strict(line)
     assert (record["loss"], record["grad_norm"], record["lr"]) == (None, None, 1e-3)
+
+
+@pytest.mark.parametrize(("tp", "pp", "cp"), [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)])
+def test_tokens_per_second_and_mfu_are_per_device_under_tp_pp_and_cp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp: int, pp: int, cp: int
+) -> None:
+    """A DP rank's tokens are processed by its tp x pp x cp devices together, each doing that share
+    of the FLOPs: tokens/s (per device) and MFU divide by all three (torchtitan's
+    ``non_data_parallel_size``). Only cp was divided by, so TP 2 or PP 2 logged twice the tokens/s
+    of each device and twice its MFU (MFU over 100% on a well-tuned run), without a word."""
+    from tests.conftest import tiny_llama3
+    from titan_core._registry import get_registry
+    from titan_core.trainer import Trainer
+
+    monkeypatch.setenv("NGPU", "4")  # a logical 4-rank job, this process one of its ranks
+    if pp > 1:
+        monkeypatch.setenv("FAKE_PP_RANK", "1")
+    config = tiny_llama3(tmp_path, 2)
+    config.comm.backend = "fake"
+    config.debug.fake_tensors = "off"  # computed steps, so throughput is measured
+    config.training.device = "cpu"
+    config.training.local_batch_size = 4
+    config.training.global_batch_size = 4 * 2 * (4 // (tp * pp * cp))  # two microbatches per step
+    config.parallelism.tp, config.parallelism.pp, config.parallelism.cp = tp, pp, cp
+    config.metrics.log_freq = 1
+    config.metrics.peak_tflops = 1e-3  # a small CPU run does about 1e-4 TFLOP/s
+    trainer = Trainer(config, get_registry())
+    try:
+        rows = trainer.train()
+    finally:
+        trainer.close()
+    per_device = 2 * 4 * 32 / (tp * pp * cp)  # microbatches x local batch x seq_len over the devices
+    assert trainer.metrics.tokens_per_step == per_device
+    for row in rows:
+        assert row["tps"] * row["step_time_s"] == pytest.approx(per_device, rel=2e-2)
+        assert row["tflops"] == pytest.approx(trainer.metrics.flops_per_token * row["tps"] / 1e12, rel=2e-3)
+        assert row["mfu_pct"] == pytest.approx(100 * row["tflops"] / 1e-3, rel=2e-3, abs=0.01)
+
+
+def test_the_first_step_time_starts_when_training_starts(tmp_path: Path) -> None:
+    """The clock of the first logged interval started when the metrics were built, so what came
+    between (the callbacks' building, a TensorBoard writer, a resume's skip over the consumed
+    batches, ``on_train_start``) was counted as step time: the first interval after a resume logged
+    too low a tokens/s and too long a step time. Here one second passes before ``train()``."""
+    from tests.conftest import tiny_llama3
+    from titan_core._registry import get_registry
+    from titan_core.trainer import Trainer
+
+    config = tiny_llama3(tmp_path, 2)
+    config.metrics.log_freq = 1
+    trainer = Trainer(config, get_registry())
+    try:
+        time.sleep(1.0)
+        rows = trainer.train()
+    finally:
+        trainer.close()
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["step_time_s"] < 0.5, rows[0]  # a tiny CPU step takes about 0.05 s
+    assert rows[0]["tps"] * rows[0]["step_time_s"] == pytest.approx(2 * 32, rel=2e-2)

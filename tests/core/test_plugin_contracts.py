@@ -340,6 +340,35 @@ def test_a_strategy_whose_apply_returns_nothing_is_named(
         _strategy_run(tmp_path, monkeypatch, Strategy("noret", 45, lambda c, d: True, apply))
 
 
+def test_two_applied_strategies_of_one_order_are_refused_not_ordered_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ties were broken by name: a third party's strategy at fsdp's slot ran before FSDP when
+    named `a...`, after it when named `z...`, without a word."""
+    applied: list[str] = []
+
+    def apply(name: str) -> Any:
+        return lambda parts, ctx: applied.append(name) or parts
+
+    registry = _with(
+        monkeypatch,
+        (
+            "first",
+            plugin_module("first", titan_strategies=[Strategy("zeta", 45, lambda c, d: True, apply("z"))]),
+        ),
+        (
+            "second",
+            plugin_module("second", titan_strategies=[Strategy("alpha", 45, lambda c, d: True, apply("a"))]),
+        ),
+    )
+    with pytest.raises(PluginError) as raised:
+        Trainer(tiny_llama3(tmp_path, 1), registry)
+    message = str(raised.value)
+    assert "strategy 'alpha' (plugin second, dist-second 1.0)" in message
+    assert "strategy 'zeta' (plugin first, dist-first 1.0)" in message
+    assert "both have order 45" in message and applied == []
+
+
 # -- strategy checks before launch ------------------------------------------------------------------
 
 

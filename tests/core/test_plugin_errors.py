@@ -103,6 +103,53 @@ def test_a_model_build_error_is_one_line_naming_the_model_and_plugin(tmp_path: P
     assert "ValueError: n_layers=99 is not supported" in text
 
 
+@pytest.mark.parametrize("built", [None, "model"])
+def test_a_model_build_that_returns_no_module_is_one_line_naming_the_model(
+    tmp_path: Path, built: Any
+) -> None:
+    """A build that forgot its ``return`` ended in an AttributeError traceback from tied.py."""
+    registry = _registry(_probe_model(lambda args: built))
+    with pytest.raises(PluginError) as caught:
+        Trainer(_config(tmp_path), registry)
+    assert str(caught.value) == (
+        f"model 'probe_tiny' (plugin probe_good) returned {type(built).__name__} from build; it must "
+        "return the model, an nn.Module (built on the meta device)"
+    )
+
+
+def _counting_model(**spec_fields: Any) -> _Probe:
+    probe = _probe_model(__import__("titan_plugins_llama3.model", fromlist=["build"]).build)
+    probe.records["models"] = [attrs.evolve(probe.records["models"][0], **spec_fields)]
+    return probe
+
+
+def _raises(*args: Any) -> Any:
+    raise ZeroDivisionError("division by zero")
+
+
+@pytest.mark.parametrize(
+    ("field", "fn", "expected"),
+    [
+        ("num_params", _raises, "failed in num_params: ZeroDivisionError: division by zero"),
+        ("flops_per_token", _raises, "failed in flops_per_token: ZeroDivisionError: division by zero"),
+        ("num_params", lambda args, emb: "6.2M", "returned str '6.2M' from num_params; it must return"),
+        ("num_params", lambda args, emb: -1, "returned int -1 from num_params; it must return"),
+        ("flops_per_token", lambda args, seq: math.nan, "returned float nan from flops_per_token;"),
+        ("flops_per_token", lambda args, seq: None, "returned NoneType None from flops_per_token;"),
+    ],
+)
+def test_a_models_count_that_fails_or_is_no_count_is_one_line_naming_the_model(
+    tmp_path: Path, field: str, fn: Any, expected: str
+) -> None:
+    """``ModelSpec.num_params`` / ``flops_per_token`` raising ended in a traceback from init.py or
+    the trainer; a string or NaN went on into the memory threshold and MFU."""
+    with pytest.raises(PluginError) as caught:
+        Trainer(_config(tmp_path), _registry(_counting_model(**{field: fn})))
+    message = str(caught.value)
+    assert message.startswith("model 'probe_tiny' (plugin probe_good) "), message
+    assert expected in message, message
+
+
 def test_the_cli_prints_one_error_line_with_the_plugin_error_exit_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

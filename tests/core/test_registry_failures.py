@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import textwrap
+import types
 from pathlib import Path
 
+import attrs
 import pytest
 
-from tests.conftest import plugin_module, run_titan
+from tests.conftest import plugin_module, run_titan, tiny_llama3
 from tests.conftest import recipe_record as recipe
 from titan_core import (
     Callback,
@@ -23,6 +25,7 @@ from titan_core import (
 from titan_core._registry import Registry
 from titan_core.config import section
 from titan_core.errors import PluginError, UsageError
+from titan_core.trainer import Trainer
 
 
 @section
@@ -336,3 +339,116 @@ def test_a_run_beside_a_failed_plugin_warns_that_its_names_may_come_from_another
     monkeypatch.setattr(_registry, "_default", registry)
     assert main(["run", "--recipe", "fine", "--print-config"]) == 0
     assert "warning" not in capsys.readouterr().err  # nothing failed, nothing said
+
+
+# -- 7. strategies and callbacks two plugins provide; hooks that end the process -------------------
+
+
+def test_a_strategy_two_plugins_provide_fails_the_runs_it_would_apply_to_not_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run asks every strategy whether it applies: leaving a conflicting name out of the
+    records ran without either strategy, exit 0 (the conflict only listed by `plugins list`)."""
+    applied: list[str] = []
+
+    def apply(parts: list, ctx: object) -> list:
+        applied.append("twice")
+        return parts
+
+    twice = Strategy("twice", 45, lambda config, dims: True, apply)
+    registry = Registry().load_entry_points()
+    registry.register(plugin_module("sa", titan_strategies=[twice]), "sa", "dist-sa", "1.0")
+    registry.register(plugin_module("sb", titan_strategies=[twice]), "sb", "dist-sb", "2.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+    with pytest.raises(
+        PluginError, match=r"strategy 'twice' is provided twice: by plugin 'sa' \(dist-sa 1.0\)"
+    ):
+        Trainer(tiny_llama3(tmp_path, 1), registry)
+    assert applied == []
+
+
+def test_a_callback_named_like_titans_own_fails_the_run_instead_of_removing_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third party's callback named `metrics_file` made every run write no metrics.jsonl (the
+    core's writer and the plugin's callback both left out), exit 0."""
+    registry = Registry().load_entry_points()
+    mine = Callback("metrics_file", lambda trainer: None)
+    registry.register(plugin_module("mine", titan_callbacks=[mine]), "mine", "dist-mine", "1.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+    with pytest.raises(
+        PluginError, match=r"callback 'metrics_file' is provided twice: .*plugin 'mine'"
+    ) as raised:
+        Trainer(tiny_llama3(tmp_path, 1), registry)
+    assert not (tmp_path / "metrics.jsonl").exists()
+    # titan's core cannot be disabled (the CLI refuses it): only the third party's remedy is offered.
+    assert "--disable-plugin mine" in str(raised.value) and "--disable-plugin core" not in str(raised.value)
+
+
+def test_a_name_three_plugins_provide_says_three_and_to_keep_one() -> None:
+    registry = Registry()
+    for name in ("a", "b", "c"):
+        registry.register(plugin_module(name, titan_recipes=[recipe("same")]), name, f"dist-{name}", "1.0")
+    with pytest.raises(PluginError) as raised:
+        registry.get("recipes", "same")
+    message = str(raised.value)
+    assert "recipe 'same' is provided by 3 plugins: plugin 'a' (dist-a 1.0), plugin 'b'" in message
+    assert "uninstall or disable all but one of them" in message
+
+
+@pytest.mark.parametrize("code", [3, 0, "bye"])
+def test_a_hook_calling_sys_exit_fails_its_plugin_not_every_titan_command(code: object) -> None:
+    """`sys.exit()` in a hook ended every `titan` command (`--help` and `plugins list` too) with
+    the plugin's status and no word."""
+
+    def leave() -> list:
+        raise SystemExit(code)
+
+    module = types.ModuleType("leaves")
+    module.titan_recipes = hookimpl(leave)  # type: ignore[attr-defined]
+    registry = Registry()
+    info = registry.register(module, "leaves", "dist-leaves", "0.1")
+    registry.register(plugin_module("good", titan_recipes=[recipe("fine")]), "good", "dist-good")
+    assert set(registry.records("recipes")) == {"fine"}
+    assert info.status == "failed" and f"SystemExit: {code}" in (info.error or "")
+
+
+def test_a_hook_taking_arguments_is_one_line_at_the_plugins_function() -> None:
+    """pluggy's validation error was three lines and pointed at pluggy's own file."""
+
+    def titan_recipes(config: object) -> list:
+        return []
+
+    module = types.ModuleType("args")
+    module.titan_recipes = hookimpl(titan_recipes)  # type: ignore[attr-defined]
+    info = Registry().register(module, "args", "dist-args", "0.1")
+    assert info.status == "failed"
+    error = info.error or ""
+    assert "\n" not in error and "pluggy" not in error
+    assert error.startswith("titan_recipes(config) takes arguments; titan calls its hooks with none")
+    assert f"(at {__file__}:" in error
+
+
+@section
+class Unwritable:
+    #: Written to config.toml as the string "{'a'}", read back as that string (or refused).
+    tags: set[str] = attrs.Factory(set)
+    #: Fine.
+    names: list[str] = attrs.Factory(list)
+    #: cattrs has no hook for it: `titan recipes copy config.toml` ended in a traceback.
+    anything: object = None
+
+
+def test_a_section_field_titan_cannot_write_and_read_back_fails_its_plugin() -> None:
+    registry = Registry()
+    section_record = ConfigSection("unwritable", Unwritable)
+    info = registry.register(
+        plugin_module("unw", titan_config_sections=[section_record]), "unw", "dist-unw", "0.1"
+    )
+    registry.gather_all()
+    assert info.status == "failed"
+    assert (
+        "config section 'unwritable', which has fields titan cannot write to config.toml and read back: "
+        "tags (set[str]), anything (object)"
+    ) in (info.error or "")
+    assert "unwritable" not in registry.config_sections()

@@ -87,6 +87,11 @@ def load_tokenizer(path: str | None) -> Tokenizer:
 
     backend.add_special_tokens([AddedToken(t, special=True) for t in (bos, eos) if t is not None])
     backend.encode_special_tokens = True
+    # A tokenizer.json saved with truncation or padding (``enable_truncation(512)`` before
+    # ``save``) applies them in every encode: each document was cut to max_length tokens and each
+    # chunk padded to its longest, silently. The loader packs whole documents itself.
+    backend.no_truncation()
+    backend.no_padding()
     ids = [None if t is None else backend.token_to_id(t) for t in (bos, eos)]
     if ids != [None if t is None else vocab[t] for t in (bos, eos)]:  # never seen: ids are kept
         raise UsageError(
@@ -95,6 +100,17 @@ def load_tokenizer(path: str | None) -> Tokenizer:
     # The ids the model must embed reach the largest one, whatever the count (a tokenizer.json
     # with gaps had fewer tokens than its largest id + 1, and failed inside the embedding).
     size = max(backend.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+    try:
+        # Encodes samples of text (ASCII and not): a tokenizer that fails on text it lacks (a
+        # word-level one without its unknown token) raised a bare traceback here, or deep in
+        # the data on the prefetch thread.
+        backend.encode(_UNICODE_SAMPLE, add_special_tokens=False)
+        cuts_exact = _cuts_exact(backend)
+    except Exception as exc:
+        raise UsageError(
+            f"data.tokenizer_path: {str(file)!r} cannot encode text ({exc}); give a tokenizer.json that "
+            "encodes any text (byte-level BPE, or one whose unknown token is in its vocabulary)"
+        ) from None
     if (bos is None or eos is None) and str(file) not in _warned_tokenizers:
         _warned_tokenizers.add(str(file))
         missing = [(w, names) for w, t, names in (("BOS", bos, _BOS), ("EOS", eos, _EOS)) if t is None]
@@ -104,11 +120,12 @@ def load_tokenizer(path: str | None) -> Tokenizer:
             f"(titan looks for {looked}), so packed documents are not framed by one; a tokenizer "
             "with them keeps document boundaries (and the document mask) in the data"
         )
-    return Tokenizer(backend, size, *ids, cuts_exact=_cuts_exact(backend), file=str(file))
+    return Tokenizer(backend, size, *ids, cuts_exact=cuts_exact, file=str(file))
 
 
 #: The parts of a ``tokenizer.json`` that decide which ids a text gets (the decoder, the
-#: post-processor, padding and truncation do not: the loader adds no special tokens itself).
+#: post-processor, padding and truncation do not: the loader adds no special tokens itself and
+#: turns padding and truncation off).
 _ENCODING_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens")
 
 
@@ -136,7 +153,13 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> dict[str, Any] | None:
 
 
 #: Texts split where :func:`document_pieces` may cut them, to check a tokenizer against.
-_CUT_SAMPLES = (("The end.\n\n", "Next line, here"), ("Hello", " world"), ("12\n", "x 3"))
+_CUT_SAMPLES = (
+    ("The end.\n\n", "Next line, here"),
+    ("Hello", " world"),
+    ("12\n", "x 3"),
+)
+#: Non-ASCII text a tokenizer must encode (one that cannot is refused when it is loaded).
+_UNICODE_SAMPLE = "Caf\u00e9 \u00fcber \u65e5\u672c\u8a9e \U0001f389"
 
 
 def _cuts_exact(backend: Any) -> bool:
@@ -335,10 +358,43 @@ def _check_format(file: Path) -> None:
         # ("mustard" at that offset).
         if kind is None and (head[257:263] == b"ustar\x00" or head[257:265] == b"ustar  \x00"):
             kind = "a tar archive"
+        if kind is None:
+            _refuse_wide_text(file, head)
     if kind is not None:
         raise UsageError(
             f"data.path: {file} is {kind}, which titan does not read as text; decompress or convert it "
             'to .jsonl (one {"text": ...} object per line) or .txt (plain text, each file one document)'
+        )
+
+
+#: Byte-order marks of the Unicode encodings other than UTF-8 (UTF-32's first: its little-endian
+#: mark starts with UTF-16's).
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def _refuse_wide_text(file: Path, head: bytes) -> None:
+    """Refuse UTF-16/UTF-32 text (what Windows tools write), named as such. Decoded as UTF-8, a
+    file with a byte-order mark failed at byte 1 with advice (``iconv -f latin1``) that turns it
+    into valid mojibake, and one without a mark decoded: a NUL after every ASCII letter, trained
+    on silently. A NUL byte is never in UTF-8 text (nor raw in a JSON line)."""
+    encoding = next((name for bom, name in _WIDE_BOMS if head.startswith(bom)), None)
+    if encoding is not None:
+        raise UsageError(
+            f"data.path: {file} is {encoding} text (it starts with a {encoding} byte-order mark); titan "
+            f"reads text files as UTF-8: convert it (e.g. iconv -f {encoding.lower()} -t utf-8)"
+        )
+    nul = head.find(b"\x00")
+    if nul >= 0:
+        order = "le" if nul % 2 else "be"  # ASCII in UTF-16LE is "h\0", in UTF-16BE "\0h"
+        raise UsageError(
+            f"data.path: {file} is UTF-16 or UTF-32 text without a byte-order mark, or binary data: it "
+            f"holds NUL bytes (the first at byte {nul + 1}), which UTF-8 text does not; titan reads text "
+            f"files as UTF-8: convert it (e.g. iconv -f utf-16{order} -t utf-8)"
         )
 
 
@@ -453,10 +509,10 @@ class PackedBatches:
             tokens = 0
             bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
             self._pass = epoch + 1
+            started = 0  # documents of this pass begun before the chunk, for errors
             for chunk in _chunks(self._segments(), 128, 8 * PIECE_CHARS):
-                for (_, first, last), ids in zip(
-                    chunk, self.tokenizer.encode_batch([text for text, _, _ in chunk]), strict=True
-                ):
+                for (_, first, last), ids in zip(chunk, self._encode(chunk, started), strict=True):
+                    started += first
                     if first and bos is not None:
                         buffer.append(bos)
                     buffer.extend(ids)
@@ -481,6 +537,29 @@ class PackedBatches:
             if produced == 0:  # a later pass yields nothing: the documents changed under us
                 raise UsageError(f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data")
             yield None  # the pass ended
+
+    def _encode(self, chunk: list[tuple[str, bool, bool]], started: int) -> list[list[int]]:
+        """The chunk's token ids; a tokenizer failing on a text is one error naming the document
+        (an exception of the tokenizers library was a bare traceback from the training step)."""
+        texts = [text for text, _, _ in chunk]
+        try:
+            return self.tokenizer.encode_batch(texts)
+        except Exception as first_exc:
+            exc: Exception = first_exc
+            document = started
+            for text, first, _ in chunk:  # find the failing document (only on an error)
+                document += first
+                try:
+                    self.tokenizer.encode_batch([text])
+                except Exception as piece_exc:
+                    exc = piece_exc
+                    break
+            file = repr(self.tokenizer.file) if self.tokenizer.file else "the tokenizer"
+            raise UsageError(
+                f"data.tokenizer_path: {file} cannot encode document {max(document, 1)} of pass "
+                f"{self._pass} of {self.name} ({exc}); give a tokenizer.json that encodes any text "
+                "(byte-level BPE, or one whose unknown token is in its vocabulary)"
+            ) from None
 
     def _segments(self) -> Iterator[tuple[str, bool, bool]]:
         """``(text, starts a document, ends it)`` for each document of a pass, a long one in

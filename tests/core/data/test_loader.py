@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -205,6 +206,31 @@ def test_corpus_of_exactly_one_batch_trains() -> None:
     )
     inputs, _ = next(iter(loader))
     assert inputs.shape == (2, window - 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "encoding"),
+    [
+        ("bom16.txt", "hello world\nsecond".encode("utf-16"), "UTF-16"),
+        ("bom16.jsonl", '{"text": "hi"}\n'.encode("utf-16"), "UTF-16"),
+        ("bom32.txt", "hello".encode("utf-32"), "UTF-32"),
+        ("le16.txt", "hello world".encode("utf-16-le"), "UTF-16 or UTF-32"),  # no byte-order mark
+        ("be16.jsonl", '{"text": "hi"}\n'.encode("utf-16-be"), "UTF-16 or UTF-32"),
+    ],    ids=["utf16-bom-txt", "utf16-bom-jsonl", "utf32-bom-txt", "utf16le-txt", "utf16be-jsonl"],
+)
+def test_utf16_and_utf32_files_are_named_with_the_conversion_that_fits(
+    tmp_path: Path, name: str, content: bytes, encoding: str
+) -> None:
+    """Windows tools write UTF-16: with a byte-order mark the error advised ``iconv -f latin1``,
+    which turns it into valid UTF-8 mojibake; without one it was read silently as text with a NUL
+    character after every letter."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(UsageError) as info:
+        list(read_text_files(str(path)))
+    message = str(info.value)
+    assert message.startswith(f"data.path: {path} ") and f"is {encoding} text" in message
+    assert "iconv -f utf-" in message and "latin1" not in message
 
 
 # -- formats titan does not read: refused, not read as text --------------------------------------
@@ -749,3 +775,45 @@ def test_a_tokenizer_without_tokens_is_refused_naming_the_file(tmp_path: Path) -
     path.write_text(json.dumps(data))
     with pytest.raises(UsageError, match=r"data.tokenizer_path: .*tokenizer.json' has no tokens"):
         load_tokenizer(str(path))
+
+
+def test_a_tokenizer_json_with_truncation_and_padding_keeps_every_token(tmp_path: Path) -> None:
+    """A tokenizer.json saved with ``truncation`` and ``padding`` (common in Hugging Face files
+    saved after ``enable_truncation(512)``): every document was cut to max_length tokens and
+    every chunk padded to its longest, silently training on pad ids and losing the rest."""
+    data = json.loads(BUNDLED_TOKENIZER.read_text())
+    data["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    data["padding"] = {
+        "strategy": "BatchLongest",
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "<pad>",
+    }
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    texts = ["the river falls in the morning and the wind rises over the valley", "a"]
+    assert load_tokenizer(str(path)).encode_batch(texts) == load_tokenizer(None).encode_batch(texts)
+
+
+def test_a_tokenizer_that_cannot_encode_text_is_one_error_naming_the_file(tmp_path: Path) -> None:
+    """A word-level tokenizer.json without its unknown token fails on any word it lacks: a bare
+    ``Exception: WordLevel error: Missing [UNK] token`` traceback from loading the tokenizer,
+    and, past that, from inside the loader (on the prefetch thread)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<s>": 2, "</s>": 3}))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    backend.save(str(path))
+    with pytest.raises(UsageError) as info:
+        load_tokenizer(str(path))
+    message = str(info.value)
+    assert message.startswith(f"data.tokenizer_path: {str(path)!r} cannot encode text")
+    assert "Missing [UNK] token" in message
+    tok = load_tokenizer(None)
+    broken = attrs.evolve(tok, backend=backend, file=str(path))
+    loader = PackedBatches(lambda: ["a b c"] * 50, broken, 8, 2, shuffle_buffer=0)
+    with pytest.raises(UsageError, match=r"data.tokenizer_path: .* cannot encode document 1 of pass 1"):
+        next(iter(loader))
