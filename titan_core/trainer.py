@@ -265,7 +265,9 @@ class Trainer:
                 "build; it must return the model, an nn.Module (built on the meta device)"
             )
         tied = shared_parameters(model)
-        self.params_total = int(self._model_figure("num_params", self.model_args, True))
+        # The built model's count (as torchtitan logs it), the spec's compared with it.
+        self.params_total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        self._compare_count(int(self._model_figure("num_params", self.model_args, True)))
         self.ctx = ParallelContext(
             config, self.parallel_dims, self.mesh, self.spec, self.model_args, self.topology
         )
@@ -541,6 +543,18 @@ class Trainer:
     def _plugin_call(self, kind: str, name: str, failed: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, plugin code of the record ``name`` of ``kind`` (:meth:`_as_plugin`)."""
         return self._as_plugin(lambda: f"{self.registry.label(kind, name)} {failed}", fn, *args)
+
+    def _compare_count(self, counted: int) -> None:
+        """Warn when the spec's analytic ``num_params`` is not the built model's count:
+        ``--print-config``, ``titan models list`` and the initialisation's memory threshold use
+        the spec's figure, and a miscount there went on without a word."""
+        if counted != self.params_total:
+            log.warning(
+                f"{self.registry.label('models', self.spec.name)} counts {counted} parameters "
+                f"(num_params) but the built model has {self.params_total}: titan models list and "
+                "--print-config show the spec's count; fix ModelSpec.num_params (its flops_per_token, "
+                "for MFU, likely too)"
+            )
 
     def _model_figure(self, field: str, *args: Any) -> float:
         """The model spec's ``field`` (a count), one error naming the model if it fails or is none."""

@@ -393,3 +393,32 @@ def test_a_callback_reporting_on_some_steps_only_keeps_its_name(tmp_path: Path) 
     config.metrics.log_freq = 1
     rows = train(config, _registry(_Probe(callbacks=[Callback("sometimes", lambda t: Sometimes())])))
     assert [row.get("some/x") for row in rows] == [None, 2.0, None, 4.0]
+
+
+def test_a_num_params_other_than_the_built_models_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model plugin whose ``num_params`` misses parameters (1000 for a model of 133K) went on
+    without a word: the log's ``params_total``, ``--print-config``, ``titan models list`` and the
+    initialisation's memory threshold took the plugin's figure."""
+    import titan_core.trainer as trainer_module
+
+    seen: list[str] = []
+    real = trainer_module.log
+
+    class Log:
+        def warning(self, event: str, **fields: Any) -> None:
+            seen.append(event)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    monkeypatch.setattr(trainer_module, "log", Log())
+    Trainer(_config(tmp_path), _registry(_counting_model(num_params=lambda args, emb: 1000))).close()
+    warned = [w for w in seen if "num_params" in w]
+    assert len(warned) == 1, seen
+    assert warned[0].startswith("model 'probe_tiny' (plugin probe_good) counts 1000 parameters (num_params)")
+    assert "the built model has " in warned[0] and "fix ModelSpec.num_params" in warned[0]
+    seen.clear()
+    Trainer(_config(tmp_path / "b"), _registry(_counting_model())).close()
+    assert not [w for w in seen if "num_params" in w]
