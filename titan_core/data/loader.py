@@ -215,7 +215,16 @@ def _walk(root: Path) -> list[Path]:
     not follow them: a linked subfolder was skipped without a word); a link back up is followed
     once."""
     found, seen = [], set()
-    for folder, dirs, names in os.walk(root, followlinks=True):
+
+    def unlistable(exc: OSError) -> None:
+        # os.walk skips a folder it cannot list (no read permission) without a word: its files
+        # would be left out of the data.
+        raise UsageError(
+            f"data.path: cannot list the folder {exc.filename}: {exc.strerror or exc}; make it readable, "
+            "or move it out of the data folder"
+        )
+
+    for folder, dirs, names in os.walk(root, followlinks=True, onerror=unlistable):
         real = os.path.realpath(folder)
         if real in seen:  # a link cycle
             dirs[:] = []
@@ -231,7 +240,15 @@ def folder_files(root: Path) -> tuple[list[Path], list[Path]]:
     for p in _walk(root):
         # Hidden files and folders (.git, .ipynb_checkpoints: Jupyter's copies of the data)
         # are not data: read, they would train on a second copy of documents or on git's.
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts):
+        if any(part.startswith(".") for part in p.relative_to(root).parts):
+            continue
+        if p.is_symlink() and not p.exists() and p.suffix.lower() in TEXT_SUFFIXES:
+            # A link to a shard on a volume not mounted: skipped, the run trained on the rest.
+            raise UsageError(
+                f"data.path: {p} is a link to {os.readlink(p)}, which does not exist; mount or restore "
+                "it, or remove the link"
+            )
+        if p.is_file():
             (files if p.suffix.lower() in TEXT_SUFFIXES else skipped).append(p)
     return files, skipped
 
@@ -290,7 +307,7 @@ def read_text_files(path: str | None) -> Iterator[str]:
         raise UsageError("data.path: the 'text' dataset needs a file or folder of .jsonl/.txt files")
     root = Path(path)
     if not root.exists():
-        raise UsageError(f"data.path: {path!r} does not exist")
+        raise UsageError(f"data.path: {path!r} does not exist{_wildcard_hint(root)}")
     if root.is_dir():
         files, skipped = folder_files(root)
         if not files:
@@ -318,6 +335,20 @@ def read_text_files(path: str | None) -> Iterator[str]:
                 yield _decode(file.read_bytes(), file, 1)
         except OSError as exc:
             raise UsageError(f"data.path: cannot read {file}: {exc.strerror or exc}") from None
+
+
+def _wildcard_hint(path: Path) -> str:
+    """What to give instead of a pattern (``/data/c4/*.jsonl``, as other loaders take): "does not
+    exist" alone read as if the folder were missing."""
+    parts = path.parts
+    wild = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+    if wild is None:
+        return ""
+    folder = str(Path(*parts[:wild])) if wild else "."
+    return (
+        f"; titan does not expand wildcards (*, ?, [...]): give the folder {folder!r}, whose .jsonl "
+        "and .txt files are all read"
+    )
 
 
 def _some(files: list[Path], root: Path, shown: int = 3) -> str:
@@ -498,6 +529,7 @@ class PackedBatches:
         shuffle drains its pool there, so no pass mixes with the next)."""
         window = self.seq_len + 1
         epoch = 0
+        first_pass = 0  # this rank's sequences of pass 1, for the error of an empty later pass
         # Sequence k of the whole stream, every pass in turn, goes to rank k % dp: counted over
         # the passes, not from 0 in each (a pass of an odd number of sequences handed rank 0 one
         # more per pass, so after the first wrap the ranks' global batch was not one process's).
@@ -533,9 +565,14 @@ class PackedBatches:
                 self._check_size(index - first_index, tokens)
                 if self.repeat_warning and not self._repeat_warned:
                     self._warn_repeat(produced)
+                first_pass = produced
+            elif produced == 0:  # a later pass yields nothing: the documents changed under us
+                # Named before the count moves on (it named the pass after the empty one).
+                raise UsageError(
+                    f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data (pass 1 "
+                    f"gave {first_pass}): its documents changed while the run read them"
+                )
             epoch += 1
-            if produced == 0:  # a later pass yields nothing: the documents changed under us
-                raise UsageError(f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data")
             yield None  # the pass ended
 
     def _encode(self, chunk: list[tuple[str, bool, bool]], started: int) -> list[list[int]]:

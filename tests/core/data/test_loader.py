@@ -88,6 +88,18 @@ def test_text_dataset_errors(path: str | None, message: str) -> None:
         list(read_text_files(path))
 
 
+def test_a_wildcard_path_says_titan_reads_folders_not_patterns(tmp_path: Path) -> None:
+    """``/data/c4/*.jsonl`` (what other loaders take) said only "does not exist", as if the folder
+    were missing."""
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "one"}) + "\n")
+    with pytest.raises(UsageError) as info:
+        list(read_text_files(str(tmp_path / "*.jsonl")))
+    assert str(info.value) == (
+        f"data.path: {str(tmp_path / '*.jsonl')!r} does not exist; titan does not expand wildcards "
+        f"(*, ?, [...]): give the folder {str(tmp_path)!r}, whose .jsonl and .txt files are all read"
+    )
+
+
 def test_missing_tokenizer_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"data\.tokenizer_path: no tokenizer file"):
         load_tokenizer(str(tmp_path / "nope.json"))
@@ -216,7 +228,8 @@ def test_corpus_of_exactly_one_batch_trains() -> None:
         ("bom32.txt", "hello".encode("utf-32"), "UTF-32"),
         ("le16.txt", "hello world".encode("utf-16-le"), "UTF-16 or UTF-32"),  # no byte-order mark
         ("be16.jsonl", '{"text": "hi"}\n'.encode("utf-16-be"), "UTF-16 or UTF-32"),
-    ],    ids=["utf16-bom-txt", "utf16-bom-jsonl", "utf32-bom-txt", "utf16le-txt", "utf16be-jsonl"],
+    ],
+    ids=["utf16-bom-txt", "utf16-bom-jsonl", "utf32-bom-txt", "utf16le-txt", "utf16be-jsonl"],
 )
 def test_utf16_and_utf32_files_are_named_with_the_conversion_that_fits(
     tmp_path: Path, name: str, content: bytes, encoding: str
@@ -545,6 +558,43 @@ def test_a_linked_subfolder_of_data_path_is_read(tmp_path: Path) -> None:
     assert list(read_text_files(str(tmp_path / "data"))) == ["json lines", "from the linked folder"]
 
 
+def test_a_data_file_linking_to_nothing_is_one_error_not_skipped(tmp_path: Path) -> None:
+    """A folder of links to shards on a volume not mounted: the dangling links were skipped
+    without a word (training on the rest); a link of another suffix stays a skipped file."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text(json.dumps({"text": "here"}) + "\n")
+    (data / "b.jsonl").symlink_to(tmp_path / "unmounted" / "b.jsonl")
+    with pytest.raises(UsageError) as info:
+        list(read_text_files(str(data)))
+    message = str(info.value)
+    assert message.startswith(f"data.path: {data / 'b.jsonl'} is a link to ")
+    assert "unmounted/b.jsonl, which does not exist" in message
+
+
+def test_a_subfolder_that_cannot_be_listed_is_one_error_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.walk drops a folder it cannot list (no read permission): its files were skipped
+    without a word. Faked: the tests may run as root, who reads any folder."""
+    import os
+
+    data = tmp_path / "data"
+    (data / "locked").mkdir(parents=True)
+    (data / "a.txt").write_text("readable")
+    (data / "locked" / "b.txt").write_text("never read")
+    scandir = os.scandir
+
+    def refuse(path: Any = ".") -> Any:
+        if Path(path) == data / "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    with pytest.raises(UsageError, match=r"data.path: cannot list the folder .*locked: Permission denied"):
+        list(read_text_files(str(data)))
+
+
 def test_a_tokenizer_with_id_gaps_counts_up_to_its_largest_id(tmp_path: Path) -> None:
     """300 tokens, one of them id 3000: a model of vocabulary 2048 passed the check and failed in
     its embedding."""
@@ -817,3 +867,18 @@ def test_a_tokenizer_that_cannot_encode_text_is_one_error_naming_the_file(tmp_pa
     loader = PackedBatches(lambda: ["a b c"] * 50, broken, 8, 2, shuffle_buffer=0)
     with pytest.raises(UsageError, match=r"data.tokenizer_path: .* cannot encode document 1 of pass 1"):
         next(iter(loader))
+
+
+def test_a_pass_that_yields_nothing_is_named_by_its_number() -> None:
+    """Documents gone after the first pass (files removed under a running job): the error
+    named pass 3 for the second pass."""
+    calls = []
+
+    def documents() -> list[str]:
+        calls.append(1)
+        return ["the river falls in the morning " * 10] * 20 if len(calls) == 1 else []
+
+    loader = iter(PackedBatches(documents, load_tokenizer(None), 16, 2, shuffle_buffer=0))
+    with pytest.raises(UsageError, match=r"yielded no sequence on pass 2 over the data \(pass 1 gave 88\)"):
+        for _ in range(1000):
+            next(loader)
