@@ -544,7 +544,11 @@ def models_command(args: argparse.Namespace) -> int:
         args._parser.print_help()
         return 0
     from titan_core._registry import get_registry
-    from titan_core.errors import describe
+    from titan_core.errors import PluginError, describe
+    from titan_core.run import model_figure
+
+    def _call(what: Any, fn: Any, *args: Any) -> Any:  # raises as it is: the row names it
+        return fn(*args)
 
     registry = get_registry()
     rows = []
@@ -553,10 +557,17 @@ def models_command(args: argparse.Namespace) -> int:
         for flavor, flavor_args in spec.flavors.items():
             row: dict[str, Any] = {"model": spec.name, "flavor": flavor, "params": None}
             row.update(active_params=None, plugin=provider.name, error=None)
+            label = lambda: f"plugin {provider.name!r} ({provider.origin})"  # noqa: B023 (called at once)
             try:
-                row["params"] = spec.num_params(flavor_args, True)
-                active = spec.num_active_params(flavor_args) if spec.num_active_params else row["params"]
-                row["active_params"] = active
+                row["params"] = model_figure(label, "num_params", _call, spec.num_params, flavor_args, True)
+                active = spec.num_active_params
+                row["active_params"] = (
+                    model_figure(label, "num_active_params", _call, active, flavor_args)
+                    if active
+                    else row["params"]
+                )
+            except PluginError as exc:  # no count: a string, NaN (model_figure's message)
+                row["error"] = str(exc)
             except Exception as exc:  # one plugin's bad count must not hide the other models
                 counted = "num_params" if row["params"] is None else "num_active_params"
                 row["error"] = (

@@ -260,6 +260,26 @@ def test_models_list_survives_a_count_that_raises(
     assert rows["zz_active"]["params"] == 10 and rows["zz_active"]["active_params"] is None
 
 
+def test_models_list_marks_a_count_that_is_no_count(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``num_params`` returning a string ended ``titan models list`` in a TypeError traceback
+    from the table's formatting, listing no model."""
+    from titan_core.cli import main
+
+    monkeypatch.delenv(_registry.DISABLE_ENV, raising=False)
+    registry = Registry().load_entry_points()
+    text = ModelSpec("zz_text", {"tiny": {}}, print, lambda a, e: "6.2M", print)
+    registry.register(plugin_module("counts", titan_models=[text]), "counts", "dist-counts", "3")
+    monkeypatch.setattr(_registry, "_default", registry)
+    code = main(["models", "list"])
+    out = capsys.readouterr().out
+    assert code == 1
+    (row,) = [line for line in out.splitlines() if line.startswith("zz_text")]
+    assert "returned str '6.2M' from num_params" in row
+    assert any(line.startswith("llama3") for line in out.splitlines())
+
+
 # -- 4. one config-section name from two plugins ---------------------------------------------------
 
 
