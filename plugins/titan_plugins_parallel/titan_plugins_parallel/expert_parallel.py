@@ -27,9 +27,7 @@ its own mesh size, so experts get the same gradient as in a one-process run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import attrs
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from titan_core.errors import UsageError
 from titan_core.fake_tensors import even_split, is_fake
@@ -46,9 +44,14 @@ if TYPE_CHECKING:
     from titan_core.records import ModelSpec
 
 
-@attrs.frozen
-class DispatchState:
-    """What :func:`combine` needs to send expert outputs back where their tokens came from."""
+class DispatchState(NamedTuple):
+    """What :func:`combine` needs to send expert outputs back where their tokens came from.
+
+    A ``NamedTuple``, not a frozen attrs class: under ``compile.enable`` it is built inside a
+    compiled block (after the graph break of the split sizes' ``tolist``), and dynamo cannot
+    trace a frozen attrs ``__init__`` (its cached ``object.__setattr__``: "expected
+    WrapperDescriptorType"), which stopped every EP run with compiled blocks at step 1.
+    """
 
     #: Permutation from arrival order (source-rank major) to local-expert order.
     perm: Any

@@ -9,10 +9,19 @@ Loss parallel keeps the logits sharded over the vocabulary and computes the cros
 shards (``torch.distributed.tensor.parallel.loss_parallel``, which this strategy adds to the
 step's contexts, ``ctx.step_contexts``). It is used with ``parallelism.loss_parallel`` and no pipeline
 parallelism: pipeline schedules compute the loss inside their step, outside that context.
+
+The embedding's output (sequence shards from a reduce-scatter) is an ``AsyncCollectiveTensor``,
+the functional collective's not-yet-waited result. Handed to a compiled first block
+(``compile.enable``), AOTAutograd's backward returns a plain tensor where DTensor's
+redistribute expects its own type (``'Tensor' object has no attribute '_local_tensor'`` at
+step 1), and a waiting op traced inside the block trains with a wrong gradient (torch 2.13).
+So the embedding's output is waited for outside the blocks (:func:`_wait_for_the_reduce_scatter`),
+which costs nothing: the first block's norm waits for it at once anyway.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -65,8 +74,42 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     tp_mesh = ctx.mesh["tp"]
     for part in parts:
         ctx.spec.tp_plan(part, tp_mesh, loss_parallel)
+        # The modules before the blocks (the model's ``first_stage_modules``: its embedding).
+        for name in ctx.spec.first_stage_modules:
+            first = getattr(part, name, None)
+            if first is not None:
+                first.register_forward_hook(_wait_for_the_reduce_scatter)
     if loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
 
         ctx.step_contexts.append(loss_parallel_context)
     return parts
+
+
+def _wait_for_the_reduce_scatter(module: nn.Module, args: Any, output: Any) -> Any:
+    """Forward hook of the embedding: its ``AsyncCollectiveTensor`` output as a plain tensor,
+    autograd-connected (see the module docstring); any other output unchanged."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if isinstance(output, AsyncCollectiveTensor):
+        return _waited()(output)
+    return output
+
+
+@functools.cache
+def _waited() -> Any:
+    """``apply`` of an autograd function that waits for an ``AsyncCollectiveTensor`` (forward) and
+    passes the gradient through (backward): no copy. Built on first use: this module imports
+    torch lazily (its ``check`` runs before launch)."""
+    import torch
+
+    class Waited(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, pending: torch.Tensor) -> torch.Tensor:
+            return pending.trigger_wait()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad
+
+    return Waited.apply

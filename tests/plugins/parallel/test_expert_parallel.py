@@ -164,6 +164,24 @@ def test_ep2_with_selective_activation_checkpointing_matches_one_process(
     assert_rows_close(layout_rows(tmp_path, 2, moe_seed, overrides), moe_reference)
 
 
+@pytest.mark.slow
+def test_ep2_with_compiled_blocks_matches_one_process(
+    tmp_path: Path, moe_seed: Path, moe_reference: list[dict]
+) -> None:
+    """Dispatch runs inside each compiled block and builds its ``DispatchState`` there, after the
+    graph break of the split sizes: dynamo could not trace the frozen attrs class's ``__init__``
+    and every EP run with ``compile.enable`` stopped at step 1 (``AssertionError: expected
+    WrapperDescriptorType``)."""
+    overrides = {
+        **MOE,
+        "parallelism.ep": 2,
+        "training.local_batch_size": GLOBAL_BATCH // 2,
+        "compile.enable": True,
+        "compile.backend": "aot_eager",
+    }
+    assert_rows_close(layout_rows(tmp_path, 2, moe_seed, overrides), moe_reference)
+
+
 def test_dispatch_over_simulated_peers_reads_no_received_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under a fake comm backend the counts all-to-all receives nothing (its buffer is whatever
     memory held): torch 2.11's computed EP step built a tensor of -1236420453705004724 rows and

@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from tests.parallel_harness import GLOBAL_BATCH, assert_losses_close, run_layout, tiny_config
+from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
 from titan_core.errors import UsageError
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import ParallelContext
@@ -122,3 +123,29 @@ def test_tp_with_cp_or_pp_matches_single_process(
     """TP inside context-parallel shards (each TP rank gathers its heads' K/V from its CP peers)
     and inside pipeline stages."""
     assert_losses_close(run_layout(tmp_path, 4, seed_checkpoint, layout), reference_losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"compile.backend": "aot_eager"},
+        # The default backend, with gradient accumulation (two microbatches a step).
+        {"parallelism.loss_parallel": False, "training.local_batch_size": GLOBAL_BATCH // 2},
+    ],
+    ids=["aot_eager", "inductor_accumulated"],
+)
+def test_tp_with_compiled_blocks_matches_single_process(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path, layout: dict
+) -> None:
+    """The embedding hands the first compiled block an AsyncCollectiveTensor (its pending
+    reduce-scatter): the run used to stop at step 1's backward (``'Tensor' object has no attribute
+    '_local_tensor'``); losses and gradient norms are one process's."""
+    layout = {
+        "parallelism.tp": 2,
+        "compile.enable": True,
+        "training.global_batch_size": GLOBAL_BATCH,
+        **layout,
+    }
+    expected = one_process_rows(tmp_path_factory, seed_checkpoint)
+    assert_rows_close(layout_rows(tmp_path, 2, seed_checkpoint, layout), expected)
