@@ -7,7 +7,7 @@ from typing import Any
 
 from titan_core.errors import PluginError
 
-__all__ = ["CALLBACK_POINTS", "CORE_METRICS", "Callbacks", "reserved_metric"]
+__all__ = ["CALLBACK_POINTS", "CORE_METRICS", "Callbacks", "metric_tag", "reserved_metric"]
 
 
 #: The loop points callbacks may implement (see :class:`titan_core.records.Callback`).
@@ -38,15 +38,28 @@ CORE_METRICS = frozenset(
 _CORE_PREFIXES = ("validation/",)
 
 
+def metric_tag(name: str) -> str:
+    """The TensorBoard tag of the row's key ``name``: ``train/<name>``, or ``name`` as it is when it
+    holds a ``/`` (``validation/loss``, ``moe/aux_loss``)."""
+    return name if "/" in name else f"train/{name}"
+
+
 def reserved_metric(name: str) -> bool:
-    """Whether ``name`` is titan's own in a logged row (:data:`CORE_METRICS`, ``validation/...``)."""
-    return name in CORE_METRICS or name.startswith(_CORE_PREFIXES)
+    """Whether ``name`` is titan's own in a logged row (:data:`CORE_METRICS`, ``validation/...``),
+    or names the TensorBoard tag of one (``train/loss``)."""
+    # A callback's ``train/loss`` is written to TensorBoard as it is, onto the tag of titan's
+    # ``loss``: the curve got two values per step though metrics.jsonl kept them apart.
+    own_tag = name.startswith("train/") and name[len("train/") :] in CORE_METRICS
+    return name in CORE_METRICS or name.startswith(_CORE_PREFIXES) or own_tag
 
 
-def _named_apart(label: str, metrics: Callable[[int], Any], owners: dict[str, str]) -> Callable[[int], Any]:
+def _named_apart(
+    label: str, metrics: Callable[[int], Any], owners: dict[str, tuple[str, str]]
+) -> Callable[[int], Any]:
     """``metrics`` of the callback ``label``, refusing a name titan's row has or another callback
-    reports (``owners``: name -> the label of the callback that reported it first): the row is one
-    dict, so either would replace a value without a word. Types are checked by the trainer."""
+    reports (``owners``: TensorBoard tag -> the label of the callback that reported it first and
+    its name): the row is one dict, so either would replace a value without a word. Types are
+    checked by the trainer."""
 
     def checked(step: int) -> Any:
         values = metrics(step)
@@ -62,12 +75,14 @@ def _named_apart(label: str, metrics: Callable[[int], Any], owners: dict[str, st
                     "value it would replace; give the metric a name of its own, such as "
                     f"'my_plugin/{key.split('/')[-1]}'"
                 )
-            first = owners.setdefault(key, label)
+            # By tag: ``x`` of one callback and ``train/x`` of another are one TensorBoard curve.
+            first, its_key = owners.setdefault(metric_tag(key), (label, key))
             if first != label:
+                also = "" if its_key == key else f" as {its_key!r} (both TensorBoard's {metric_tag(key)!r})"
                 raise PluginError(
-                    f"{label}: metrics(step) returned {key!r}, which {first} reports too: one value "
-                    "would replace the other in the log line, metrics.jsonl and TensorBoard; one of "
-                    "them must rename it (a prefix naming the plugin), or disable one plugin"
+                    f"{label}: metrics(step) returned {key!r}, which {first} reports too{also}: one "
+                    "value would replace the other in the log line, metrics.jsonl or TensorBoard; one "
+                    "of them must rename it (a prefix naming the plugin), or disable one plugin"
                 )
         return values
 
@@ -95,7 +110,7 @@ class Callbacks:
             setattr(self, point, [guard(label, point, fn) for label, fn in methods])
         #: ``(label, metrics)`` of the callbacks that report metrics: their values are checked,
         #: and the error names the callback.
-        owners: dict[str, str] = {}
+        owners: dict[str, tuple[str, str]] = {}
         self.metric_sources = [
             (label, _named_apart(label, guard(label, "metrics", o.metrics), owners))
             for o, label in named

@@ -71,7 +71,7 @@ def _step_text(event: dict[str, Any]) -> str:
     if "tps" in event:
         parts.append(f"{_si(event.pop('tps'))} tok/s")
     if "mfu_pct" in event:
-        parts.append(f"mfu {event.pop('mfu_pct'):.1f}%")
+        parts.append(f"mfu {_fixed(event.pop('mfu_pct'), 1)}%")
     event.pop("tflops", None)
     for key in ("max_reserved_gib", "max_rss_gib"):
         if key in event:
@@ -287,7 +287,10 @@ def setup_logging(**context: Any) -> None:
         render = _Render(_format())
         structlog.configure(
             processors=[*shared, structlog.processors.format_exc_info, render],
-            logger_factory=structlog.PrintLoggerFactory(file=_stdout),  # type: ignore[arg-type]
+            # One write per line, its newline included: print() writes the two apart, and under
+            # PYTHONUNBUFFERED=1 (many container images) each write goes to the pipe at once, so
+            # ranks sharing torchrun's pipe ran their lines together.
+            logger_factory=structlog.WriteLoggerFactory(file=_stdout),  # type: ignore[arg-type]
             wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
             cache_logger_on_first_use=True,
         )

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+# The tags callbacks.py checks callback metric names against.
+from titan_core.callbacks import metric_tag
 from titan_core.errors import PluginError, TitanError, write_failure
 from titan_core.log import get_logger, json_dumps
 
@@ -56,13 +58,13 @@ def memory_stats(device: torch.device) -> dict[str, float]:
     return {"max_rss_gib": rss_kib / 1024**2}
 
 
-def check_callback_metrics(values: Any, source: str) -> Any:
+def check_callback_metrics(values: Any, source: str) -> dict[str, int | float]:
     """``values``, what a callback's ``metrics(step)`` returned, if the metric writers can take it:
     a mapping of ``str`` keys to ``bool``, ``int`` or ``float`` values (NaN and inf included:
-    TensorBoard writes them, ``metrics.jsonl`` null, as JSON has no such numbers). Anything else
-    is one :class:`PluginError` naming ``source`` (``callback 'x' (plugin p)``), the key and the
-    type; TensorBoard would drop it silently and the log line and ``metrics.jsonl`` carry it as
-    text."""
+    TensorBoard writes them, ``metrics.jsonl`` null, as JSON has no such numbers), with each
+    ``bool`` as the number 0 or 1. Anything else is one :class:`PluginError` naming ``source``
+    (``callback 'x' (plugin p)``), the key and the type; TensorBoard would drop it silently and the
+    log line and ``metrics.jsonl`` carry it as text."""
     from collections.abc import Mapping
 
     if not isinstance(values, Mapping):
@@ -82,7 +84,9 @@ def check_callback_metrics(values: Any, source: str) -> Any:
                 f"{source}: metrics(step) returned {key!r} = {_short(value)} ({kind}); metric values "
                 f"must be bool, int or float{hint}"
             )
-    return values
+    # A bool as 0 or 1, as TensorBoard writes it: metrics.jsonl held `true`, which `titan compare`
+    # (numbers or null only) refused as a damaged file.
+    return {key: int(value) if isinstance(value, bool) else value for key, value in values.items()}
 
 
 def _short(value: Any) -> str:
@@ -179,7 +183,9 @@ class MetricsLogger:
             # logged (and wrote to metrics.jsonl and TensorBoard) as 0.0 beside a real MFU.
             row["tflops"] = float(f"{tflops:.4g}")
             if self.peak:
-                row["mfu_pct"] = round(100 * tflops / self.peak, 2)
+                # Significant digits too: a small model against a GPU's peak is at 2e-4 %, which
+                # 2 decimals logged as 0.0 beside its TFLOP/s.
+                row["mfu_pct"] = float(f"{100 * tflops / self.peak:.4g}")
         row.update({k: round(v, 3) for k, v in memory_stats(self.device).items()})
         row["step_time_s"] = round(step_time, 4)
         self.history.append(row)
@@ -223,10 +229,6 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def _tag(key: str) -> str:
-    return key if "/" in key else f"train/{key}"
-
-
 #: How long a failing run waits for the TensorBoard writer thread to end.
 _CLOSE_WAIT_S = 10.0
 
@@ -263,7 +265,7 @@ class TensorBoardWriter:
         try:
             for key, value in metrics.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(_tag(key), value, step)
+                    self.writer.add_scalar(metric_tag(key), value, step)
             self.writer.flush()
         except OSError as exc:  # the writer thread's, raised again here
             raise write_failure(self.folder, exc, what=f"the TensorBoard scalars of step {step}") from None

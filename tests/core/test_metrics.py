@@ -319,3 +319,34 @@ def test_the_first_step_time_starts_when_training_starts(tmp_path: Path) -> None
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["step_time_s"] < 0.5, rows[0]  # a tiny CPU step takes about 0.05 s
     assert rows[0]["tps"] * rows[0]["step_time_s"] == pytest.approx(2 * 32, rel=2e-2)
+
+
+def test_mfu_keeps_four_significant_digits_beside_the_tflops() -> None:
+    """MFU was rounded to 2 decimals: a small model against a GPU's peak (2e-6 TFLOP/s of 989)
+    logged ``"mfu_pct": 0.0`` beside ``"tflops": 2e-06`` in metrics.jsonl and TensorBoard, and
+    ``mfu 0.0%`` on the console line, a zero that was not."""
+    from titan_core.log import _for_console
+
+    row = _row(2e3, peak=989.0)
+    assert row["mfu_pct"] > 0
+    assert row["mfu_pct"] == pytest.approx(100 * row["tflops"] / 989.0, rel=2e-3)
+    assert row["mfu_pct"] == float(f"{row['mfu_pct']:.4g}")
+    line = _for_console({"event": "step", "step": 1, "of": 1, **row})["event"]
+    assert "mfu 0.0%" not in line and f"mfu {row['mfu_pct']:.3e}%" in line
+    usual = _for_console({"event": "step", "step": 1, "of": 1, "mfu_pct": 41.27})["event"]
+    assert "mfu 41.3%" in usual  # the usual sizes as before
+
+
+def test_a_boolean_callback_metric_is_written_as_a_number_titan_compare_reads(tmp_path: Path) -> None:
+    """A callback may report a ``bool``; metrics.jsonl held ``true``, and ``titan compare --metrics``
+    of it called titan's own file damaged (``... is true (a boolean), not a number; titan writes a
+    number (or null) there: the file is damaged ...``)."""
+    from titan_core.metrics import check_callback_metrics
+    from titan_plugins_memory.runs import read_metrics
+
+    values = check_callback_metrics({"probe/ok": True, "probe/n": 3}, "callback 'probe' (plugin p)")
+    assert values == {"probe/ok": 1, "probe/n": 3} and type(values["probe/ok"]) is int
+    writer = MetricsFileWriter(str(tmp_path / "metrics.jsonl"))
+    writer.on_step_end(1, {"step": 1, "loss": 2.0, **values}, last=True)
+    writer.on_train_end(1)
+    assert read_metrics(str(tmp_path), ["probe/ok"])[1]["probe/ok"] == 1
