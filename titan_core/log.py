@@ -50,7 +50,7 @@ def _si(value: float) -> str:
     return f"{value:.0f}"
 
 
-def _fixed(value: Any, decimals: int) -> str:
+def fixed(value: Any, decimals: int) -> str:
     """``value`` with ``decimals`` decimals, or in scientific notation when those would show a
     non-zero value as zero (a vanishing gradient norm of 3e-5 read ``0.000``)."""
     if isinstance(value, (int, float)) and 0 < abs(value) < 0.5 * 10**-decimals:
@@ -63,15 +63,15 @@ def _step_text(event: dict[str, Any]) -> str:
     step, total = event.pop("step"), event.pop("of", None)
     parts = [f"step {step}/{total}" if total else f"step {step}"]
     if "loss" in event:
-        parts.append(f"loss {_fixed(event.pop('loss'), 4)}")
+        parts.append(f"loss {fixed(event.pop('loss'), 4)}")
     if "lr" in event:
         parts.append(f"lr {event.pop('lr'):.2e}")
     if "grad_norm" in event:
-        parts.append(f"gnorm {_fixed(event.pop('grad_norm'), 3)}")
+        parts.append(f"gnorm {fixed(event.pop('grad_norm'), 3)}")
     if "tps" in event:
         parts.append(f"{_si(event.pop('tps'))} tok/s")
     if "mfu_pct" in event:
-        parts.append(f"mfu {_fixed(event.pop('mfu_pct'), 1)}%")
+        parts.append(f"mfu {fixed(event.pop('mfu_pct'), 1)}%")
     event.pop("tflops", None)
     for key in ("max_reserved_gib", "max_rss_gib"):
         if key in event:
@@ -106,6 +106,9 @@ def _for_console(event: dict[str, Any]) -> dict[str, Any]:
     elif event.get("event") in ("validation",) and "step" in event:
         step = event.pop("step")
         event["event"] = f"validation at step {step}"
+        for key, decimals in (("loss", 5), ("perplexity", 3)):
+            if isinstance(event.get(key), float):
+                event[key] = fixed(event[key], decimals)
     elif event.pop("_block", False):
         event["event"] = _summary_text(event)
     return event

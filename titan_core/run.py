@@ -376,6 +376,37 @@ def refuse_unread_env(registry: Any, backend: str, env: Mapping[str, str]) -> No
 
 
 def run(args: argparse.Namespace, registry: Any) -> int:
+    from titan_core.errors import TitanError
+
+    try:
+        return _run(args, registry)
+    except TitanError as exc:
+        record_for_torchrun(exc)
+        raise
+
+
+def record_for_torchrun(exc: BaseException) -> None:
+    """Write titan's error line into torchrun's error file (``TORCHELASTIC_ERROR_FILE``), which
+    its ``ChildFailedError`` report shows under the failed rank: with ``LOG_RANK=0``
+    (``run_train.sh``'s default) the output of rank 1 is hidden, and when rank 1 alone failed
+    (its data unreadable, a callback raising there), torchrun ended rank 0 before it said
+    anything, and the report gave rank 1's exit code and no reason. Best effort."""
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    line = f"titan: error: {exc}"
+    info = {"py_callstack": line, "timestamp": str(int(time.time()))}
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": info}}, f)
+    except OSError:  # the report then lacks the line; the rank's own output still has it
+        pass
+
+
+def _run(args: argparse.Namespace, registry: Any) -> int:
     config = resolve_config(args, registry)
     # Names first: --print-config of a recipe naming an unknown model or flavor is an error too.
     check_names(config, registry)
@@ -500,6 +531,13 @@ def peer_failure(exc: BaseException, config: Any) -> Exception | None:
             f"comm.init_timeout_seconds={config.comm.init_timeout_seconds} (gloo's pipeline sends and "
             "receives keep the timeout their group started with: torch cannot shorten it to "
             "comm.train_timeout_seconds)"
+        )
+    tag = "titan-peer-cause: "
+    cause = next((n.removeprefix(tag) for n in getattr(exc, "__notes__", ()) if n.startswith(tag)), None)
+    if cause is not None:  # the peer posted why it failed (Trainer._tell_peers): say it here
+        return TitanError(
+            f"rank {rank}: a collective with its peers failed{where}: {cause}; comm_traces/ holds "
+            "the flight recorder's dumps where the backend writes them"
         )
     return TitanError(
         f"rank {rank}: a collective with its peers failed{where}: a peer died, or stalled past "

@@ -39,7 +39,7 @@ from titan_core.errors import (
 )
 from titan_core.fake_tensors import ZeroBatches, fake_mode, is_fake, wanted
 from titan_core.layout import check_layout
-from titan_core.log import attach_file, capture, detach_file, get_logger, setup_logging
+from titan_core.log import attach_file, capture, detach_file, fixed, get_logger, setup_logging
 from titan_core.log import file_failure as log_file_failure
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
@@ -64,7 +64,7 @@ from titan_core.run_folder import (
 from titan_core.schedule import WarmupStableDecay
 from titan_core.stop_signals import AgreedStop, StopSignals
 from titan_core.tied import retie, shared_parameters
-from titan_core.topology import Topology
+from titan_core.topology import Topology, check_same_config, peer_cause, post_failure
 from titan_core.validation import validation_batches
 
 log = get_logger("titan.trainer")
@@ -207,6 +207,10 @@ class Trainer:
         self.topology: Topology = backend.init(config)
         setup_logging(rank=self.topology.rank)
         capture()  # lines from here on go to <dump_folder>/train.log once it is known who writes it
+        if self.topology.world_size > 1 and not self.topology.simulates_peers:
+            # Before anything is built or written: ranks running different configs hung, or
+            # trained on inconsistently (check_same_config says how).
+            check_same_config(config)
         self.parallel_dims = ParallelDims.from_config(config.parallelism, self.topology.world_size)
         self.device = self.topology.device
         self.seed = config.debug.seed if config.debug.seed is not None else 0
@@ -787,6 +791,7 @@ class Trainer:
                     f"titan-phase: {getattr(self, 'phase', 'the start of training')} of step {self.step}"
                 )
             log.error("training stopped", step=self.step, reason=f"{type(exc).__name__}: {exc}")
+            self._tell_peers(exc)
             for fn in cb.on_failure:
                 fn(self.step, exc)
             raise
@@ -795,6 +800,20 @@ class Trainer:
         log.info("training completed", steps=self.steps)
         self._log_summary(first, time.perf_counter() - training_started)
         return self.metrics.history
+
+    def _tell_peers(self, exc: BaseException) -> None:
+        """Post why this process fails for its peers, or note why a peer failed first: the peers
+        of a rank that raised failed in their next collective saying only 'a peer died', and
+        torchrun (run_train.sh: LOG_RANK=0) showed rank 0's line alone, without the cause."""
+        t = self.topology
+        if t.world_size == 1 or t.simulates_peers or isinstance(exc, KeyboardInterrupt):
+            return
+        if peer_failure(exc, self.config) is None:
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+            reason = first if isinstance(exc, TitanError) else f"{type(exc).__name__}: {first}"
+            post_failure(t.rank, reason)
+        elif hasattr(exc, "add_note") and (cause := peer_cause(t.rank, t.world_size)) is not None:
+            exc.add_note(f"titan-peer-cause: {cause}")  # peer_failure puts it in the error line
 
     def _log_summary(self, first: int, training_seconds: float) -> None:
         """The end-of-run block: time, throughput after warm-up, final loss, where outputs are."""
@@ -810,10 +829,10 @@ class Trainer:
         else:
             figures = {
                 "tokens_per_s": f"{s['tps']:,.0f}{warm}" if s["tps"] else "n/a",
-                "mfu": f"{s['mfu_pct']:.2f}%{warm}"
+                "mfu": f"{fixed(s['mfu_pct'], 2)}%{warm}"
                 if s["mfu_pct"] is not None
                 else "n/a (set metrics.peak_tflops for this device)",
-                "final_loss": f"{s['loss']:.5f}"
+                "final_loss": fixed(s["loss"], 5)
                 if s["loss"] is not None
                 else "n/a (not computed on this rank)"
                 if first <= self.steps
@@ -906,8 +925,9 @@ class Trainer:
                     log.info(
                         "validation",
                         step=step,
-                        loss=round(validation["validation/loss"], 5),
-                        perplexity=round(validation["validation/perplexity"], 3),
+                        # Full precision, as every JSON line; the console rounds (log.py).
+                        loss=validation["validation/loss"],
+                        perplexity=validation["validation/perplexity"],
                     )
                     row.update(validation)  # to the metric writers (TensorBoard, metrics.jsonl)
             else:

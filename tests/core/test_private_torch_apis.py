@@ -108,7 +108,11 @@ PRIVATE_APIS = [
         "_dump_fr_trace",
         "comm plugin: dumps the gloo flight recorder (no public API)",
     ),
-    ("torch.distributed.distributed_c10d", "_get_default_store", "comm plugin: peers ask each other to dump"),
+    (
+        "torch.distributed.distributed_c10d",
+        "_get_default_store",
+        "comm plugin: peers ask each other to dump; topology.post_failure: a failed rank tells its peers why",
+    ),
     (
         "torch.distributed.distributed_c10d",
         "_world",

@@ -8,6 +8,7 @@ import math
 import types
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -70,6 +71,39 @@ def test_validation_loss_is_written_at_full_precision(tmp_path: Path) -> None:
     assert validated["validation/perplexity"] == pytest.approx(math.exp(float(expected)), rel=1e-6, abs=0)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["validation/loss"] == validated["validation/loss"]
+
+
+def test_the_validation_log_line_keeps_full_precision_and_the_console_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``validation`` JSON line carried the loss rounded to 5 decimals and the perplexity to
+    3 (a loss under 5e-6 read 0.0), though the JSON lines keep full precision; only the console
+    rounds, and never a non-zero value to 0."""
+    import titan_core.trainer as trainer_module
+    from titan_core.log import _for_console
+
+    events: list[dict[str, Any]] = []
+    real = trainer_module.log
+
+    class Log:
+        def info(self, event: str, **fields: Any) -> None:
+            if event == "validation":
+                events.append(fields)
+            real.info(event, **fields)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    monkeypatch.setattr(trainer_module, "log", Log())
+    rows = train(with_validation(tmp_path, steps=2), get_registry())
+    (validated,) = [r for r in rows if "validation/loss" in r]
+    (line,) = events
+    assert line["loss"] == validated["validation/loss"]
+    assert line["perplexity"] == validated["validation/perplexity"]
+    console = _for_console({"event": "validation", **line})
+    assert console["loss"] == f"{validated['validation/loss']:.5f}"
+    tiny = _for_console({"event": "validation", "step": 2, "loss": 3.2e-7, "perplexity": 1.0000003})
+    assert tiny["loss"] == "3.200e-07" and tiny["perplexity"] == "1.000"
 
 
 def test_validation_reads_the_same_sequences_however_the_batch_is_split(tmp_path: Path) -> None:
@@ -440,3 +474,35 @@ def test_a_validation_dataset_failing_on_its_first_read_is_one_error_naming_it(
         "validation.dataset 'remote' failed reading document 1 of pass 1 over the data: "
     )
     assert "ConnectionError: the validation shard server is down" in message
+
+
+def test_the_run_summary_shows_a_small_final_loss_and_mfu_without_rounding_them_to_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's ``final loss`` was ``:.5f`` and its MFU ``:.2f%``: a loss of 3e-7 read
+    ``0.00000`` and a small model's MFU ``0.00%``, beside rows that show them."""
+    import titan_core.trainer as trainer_module
+
+    blocks: list[dict[str, Any]] = []
+    real = trainer_module.log
+
+    class Log:
+        def info(self, event: str, **fields: Any) -> None:
+            if event == "run summary":
+                blocks.append(fields)
+            real.info(event, **fields)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    monkeypatch.setattr(trainer_module, "log", Log())
+    trainer = Trainer(tiny_llama3(tmp_path, 1), get_registry())
+    try:
+        figures = {"tps": 10.0, "mfu_pct": 4.2e-4, "loss": 3.2e-7, "warmup_excluded": False}
+        monkeypatch.setattr(trainer.metrics, "summary", lambda: figures)
+        trainer._log_summary(1, 1.0)
+    finally:
+        trainer.close()
+    (block,) = blocks
+    assert block["final_loss"] == "3.200e-07"
+    assert block["mfu"] == "4.200e-04%"

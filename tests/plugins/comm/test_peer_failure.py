@@ -98,3 +98,139 @@ def test_a_gloo_pipeline_transfer_that_timed_out_names_the_timeout_that_applied(
     config.comm.train_timeout_seconds, config.comm.init_timeout_seconds = 3, 8
     error = peer_failure(RuntimeError(text), config)
     assert error is not None and named in str(error)
+
+
+RANK_DEPENDENT = """
+import os
+
+from tests.parallel_harness import tiny_config
+
+
+def layout():
+    c = tiny_config(**{{"parallelism.dp_shard": 2, "training.local_batch_size": 2}})
+    c.comm.train_timeout_seconds = 10
+    c.comm.init_timeout_seconds = 30
+    c.job.dump_folder = "out"
+    if os.environ.get("RANK") == "1":
+        {change}
+    return c
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        # Rank 1 ended after step 4 (exit 0) and rank 0 failed in a collective as if it had died.
+        ("c.training.steps = 4", "training.steps: rank 0 has 6, rank 1 has 4"),
+        # Two model sizes: the ranks hung in mismatched collectives until the init timeout.
+        (
+            'c.model.overrides = {**c.model.overrides, "n_layers": 2}',
+            "model.overrides: rank 0 has {'dim': 64, 'n_layers': 4",
+        ),
+        # Trained on without a word, each rank with its own seed.
+        ("c.debug.seed = 1", "debug.seed: rank 0 has 0, rank 1 has 1"),
+    ],
+    ids=["steps", "model", "seed"],
+)
+def test_processes_that_resolved_different_configs_all_stop_naming_the_field(
+    tmp_path: Path, change: str, named: str
+) -> None:
+    """A recipe reading the rank or the host's environment gave each process another job."""
+    import subprocess
+
+    (tmp_path / "rank_recipe.py").write_text(RANK_DEPENDENT.format(change=change))
+    result = subprocess.run(
+        torchrun_command(2, "--module", "rank_recipe", "--recipe", "layout"),
+        cwd=tmp_path,
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,  # bounded: the model case hung until the collective timeout
+    )
+    assert result.returncode != 0
+    # Both ranks print the same line (they share one pipe, so two may share a line of stderr).
+    # (torchrun's report below repeats them, from the error files: not counted).
+    printed = result.stderr.split("ChildFailedError")[0]
+    error = "titan: error: the processes of this job resolved different configs (1 field): "
+    assert printed.count(error) == 2, result.stderr[-3000:]
+    assert printed.count(error + named) == 2, result.stderr[-3000:]
+    assert not (tmp_path / "out" / "checkpoint").exists()
+    assert "exitcode  : 2" in result.stderr  # bad input, as in one process
+
+
+def test_a_peer_that_failed_is_named_with_its_reason_by_the_ranks_it_leaves_behind(tmp_path: Path) -> None:
+    """run_train.sh shows local rank 0 alone (LOG_RANK=0): when rank 1 raised, rank 0's line said
+    only 'a peer died, or stalled', and the reason was in rank 1's hidden output."""
+    import subprocess
+
+    recipe = RECIPE.format(fault="die").replace(
+        'if "die" == "die":\n                os._exit(3)', 'raise RuntimeError("the shard server went away")'
+    )
+    assert "the shard server went away" in recipe
+    (tmp_path / "fault_recipe.py").write_text(recipe)
+    result = subprocess.run(
+        torchrun_command(2, "--module", "fault_recipe", "--recipe", "layout", log_ranks="0"),
+        cwd=tmp_path,
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    printed = result.stderr.split("ChildFailedError")[0]  # before torchrun's report
+    lines = [line for line in printed.splitlines() if "titan: error:" in line]
+    assert len(lines) == 1, result.stderr[-3000:]  # rank 0's alone: LOG_RANK hides rank 1
+    assert "rank 0: a collective with its peers failed" in lines[0]
+    assert (
+        "rank 1 failed first: callback 'fault' (plugin fault) failed in after_forward_backward: "
+        "RuntimeError: the shard server went away" in lines[0]
+    ), lines[0]
+
+
+UNREADABLE_ON_RANK_1 = """
+import os
+import pathlib
+
+from tests.parallel_harness import tiny_config
+
+if os.environ.get("RANK") == "1":  # the data file is not readable on this rank's host
+    _open = pathlib.Path.open
+
+    def _refuse(self, *args, **kwargs):
+        if self.name == "a.txt":
+            raise PermissionError(13, "Permission denied", str(self))
+        return _open(self, *args, **kwargs)
+
+    pathlib.Path.open = _refuse
+
+
+def layout():
+    c = tiny_config(**{"parallelism.dp_shard": 2, "training.local_batch_size": 2})
+    c.data.dataset = "text"
+    c.data.path = os.path.abspath("a.txt")
+    c.job.dump_folder = "out"
+    return c
+"""
+
+
+def test_a_rank_that_log_rank_hides_failing_alone_is_named_in_torchruns_report(tmp_path: Path) -> None:
+    """LOG_RANK=0 (run_train.sh's default) with rank 1 refusing its input alone: rank 0, ended by
+    torchrun's SIGTERM, printed nothing, and torchrun's report said 'exitcode: 2' and
+    'traceback: To enable traceback see ...': no word of why."""
+    import subprocess
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat and the dog ran far away\n" * 300)
+    (tmp_path / "data_recipe.py").write_text(UNREADABLE_ON_RANK_1)
+    result = subprocess.run(
+        torchrun_command(2, "--module", "data_recipe", "--recipe", "layout", log_ranks="0"),
+        cwd=tmp_path,
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    # titan's line of rank 1, in torchrun's report of rank 1 (its error file).
+    report = result.stderr[result.stderr.find("ChildFailedError") :]
+    assert "rank      : 1 (local_rank: 1)" in report, result.stderr[-3000:]
+    assert "titan: error: " in report and "Permission denied" in report and "a.txt" in report, report
