@@ -68,7 +68,8 @@ def titan_strategies() -> list[Strategy]:
     """Return the parallelism strategies (or model transforms) this plugin provides.
 
     Called once when the trainer builds the model. The trainer applies, in ascending
-    ``Strategy.order``, every strategy whose ``applies(config, parallel_dims)`` is true.
+    ``Strategy.order``, every strategy whose ``applies(config, parallel_dims)`` returns ``True`` (a
+    bool: anything else fails the run naming the strategy).
 
     A strategy that cannot run some layouts, and can tell from the config, the parallel degrees,
     the model spec and the model's arguments alone, gives ``check(config, parallel_dims, spec,

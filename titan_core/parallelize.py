@@ -171,6 +171,17 @@ def unhandled_dims(parallel_dims: ParallelDims, chosen: list[Strategy]) -> list[
     return [d for d in needed if d not in handled]
 
 
+def _yes_or_no(answer: Any, label: Callable[[], str]) -> bool:
+    """A strategy's ``applies`` answer, which must be a bool: the string ``"False"`` applied the
+    strategy (truthiness) and a forgotten ``return`` left it out, without a word either way."""
+    if not isinstance(answer, bool):
+        raise PluginError(
+            f"{label()} returned {type(answer).__name__} {answer!r} from applies; it must return True "
+            "or False"
+        )
+    return answer
+
+
 def check_strategies(
     registry: Any,
     config: TrainerConfig,
@@ -193,8 +204,9 @@ def check_strategies(
         registry.every("strategies"),  # a name two plugins provide fails: records() would drop both
         config,
         parallel_dims,
-        lambda s, fn, *args: call(
-            lambda: f"{registry.label('strategies', s.name)} failed in applies", fn, *args
+        lambda s, fn, *args: _yes_or_no(
+            call(lambda: f"{registry.label('strategies', s.name)} failed in applies", fn, *args),
+            lambda: registry.label("strategies", s.name),
         ),
     )
     # Two applied strategies of one order would run in the order of their names (the sort's tie

@@ -340,6 +340,27 @@ def test_a_strategy_whose_apply_returns_nothing_is_named(
         _strategy_run(tmp_path, monkeypatch, Strategy("noret", 45, lambda c, d: True, apply))
 
 
+@pytest.mark.parametrize("answer", ["False", None, 0])
+def test_a_strategy_whose_applies_answers_no_bool_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: Any
+) -> None:
+    """``applies`` returning the string ``"False"`` applied the strategy (truthiness), and a
+    forgotten ``return`` (None) left it out, without a word either way."""
+    applied: list[str] = []
+
+    def apply(parts: Any, ctx: Any) -> Any:
+        applied.append("maybe")
+        return parts
+
+    with pytest.raises(
+        PluginError,
+        match=rf"strategy 'maybe' .* returned {type(answer).__name__} {answer!r} from applies; it must "
+        "return True or False",
+    ):
+        _strategy_run(tmp_path, monkeypatch, Strategy("maybe", 45, lambda c, d: answer, apply))
+    assert applied == []
+
+
 def test_two_applied_strategies_of_one_order_are_refused_not_ordered_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
