@@ -548,6 +548,20 @@ class _Reads(dict):
         return super().__iter__()
 
 
+class _Lookups(_Reads):
+    """:class:`_Reads` counting only the keys looked up by name: an adapter that goes over every
+    tensor (``items()``) and skips those it does not know has not read an unknown one."""
+
+    def items(self) -> Any:
+        return dict.items(self)
+
+    def values(self) -> Any:
+        return dict.values(self)
+
+    def __iter__(self) -> Any:
+        return dict.__iter__(self)
+
+
 def _whole_model(
     handles: dict[Path, Any],
     where: dict[str, Path],
@@ -612,7 +626,7 @@ def _check_tensors(
         try:  # tensors the adapter drops (e.g. a tied lm_head.weight) are fine
             dropped = not adapter.from_hf({name: torch.empty(shapes[name], device="meta")}, model_args)
         except Exception:
-            dropped = False
+            dropped = _dropped_with_its_group(name, shapes, expected, groups, adapter, model_args)
         if not dropped:
             unexpected.append(name)
     problems = _mismatches(
@@ -623,6 +637,30 @@ def _check_tensors(
             f"{_FIELD}: the safetensors of {path!r} are not this model's tensors: "
             f"{'; '.join(problems)}; was the folder saved from a model with this config.json?"
         )
+
+
+def _dropped_with_its_group(
+    name: str,
+    shapes: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    groups: dict[str, dict[str, Any]],
+    adapter: StateDictAdapter,
+    model_args: Any,
+) -> bool:
+    """Whether an adapter that converts the model as one group (it cannot convert ``name`` alone)
+    looks ``name`` up beside the group and makes nothing more of it: a tied ``lm_head.weight`` it
+    looks at and drops (DeepSeek's), refused as "unexpected" when tried alone. A name it does not
+    look up stays unexpected; :func:`_refuse_dropped_untied` then compares a dropped one's values."""
+    first = next(iter(groups.values()), None)
+    if first is None or any(group is not first for group in groups.values()):
+        return False  # groups of their own: the tensor alone was the adapter's answer
+    whole = {n: torch.empty(shape, device="meta") for n, shape in expected.items()}
+    probe = _Lookups({**whole, name: torch.empty(shapes[name], device="meta")})
+    try:
+        made, without = adapter.from_hf(probe, model_args), adapter.from_hf(dict(whole), model_args)
+    except Exception:
+        return False
+    return name in probe.read and set(made) == set(without)
 
 
 def _refuse_dropped_untied(

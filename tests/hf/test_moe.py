@@ -152,13 +152,17 @@ def test_save_pretrained_model_gives_the_same_logits_and_first_loss(flavor: str,
     assert history[0]["loss"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("flavor", ["qwen3_debugmodel", "deepseek_v3_debugmodel"])
 @pytest.mark.parametrize("head", ["the embedding", "another matrix"])
-def test_a_tied_folder_holding_an_lm_head_loads_as_transformers_reads_it(head: str, tmp_path: Path) -> None:
+def test_a_tied_folder_holding_an_lm_head_loads_as_transformers_reads_it(
+    head: str, flavor: str, tmp_path: Path
+) -> None:
     """A tied folder that also stores ``lm_head.weight`` (some tools write it): transformers ties
     the two when they are equal, and unties them (the lm_head computes the logits) when they
     differ. titan refused both as "1 unexpected (lm_head.weight)"; a tied model cannot hold two
-    matrices, so the second is refused naming why, the first loads."""
-    spec, base = _moe("qwen3_debugmodel")
+    matrices, so the second is refused naming why, the first loads. DeepSeek's adapter converts
+    the model as one group (Qwen3-MoE's whole models only): the two load paths."""
+    spec, base = _moe(flavor)
     args = attrs.evolve(base, tie_embeddings=True)
     adapter = spec.state_dict_adapter
     torch.manual_seed(1)
@@ -177,5 +181,20 @@ def test_a_tied_folder_holding_an_lm_head_loads_as_transformers_reads_it(head: s
         titan_model(spec, args, tmp_path)
     message = str(refused.value)
     assert "tie_word_embeddings" in message
-    assert "lm_head.weight differs from model.embed_tokens.weight" in message
+    assert re.search(r"lm_head\.weight,? (which )?differs from model\.embed_tokens\.weight", message), message
     assert "tie_embeddings = False" in message
+
+
+def test_a_tensor_deepseeks_adapter_does_not_read_stays_unexpected(tmp_path: Path) -> None:
+    """The one-group adapter's dropped tensors are those it looks up (a tied lm_head.weight);
+    another one of the embedding's shape is still refused as not this model's."""
+    spec, base = _moe("deepseek_v3_debugmodel")
+    args = attrs.evolve(base, tie_embeddings=True)
+    adapter = spec.state_dict_adapter
+    hf_state = adapter.to_hf(titan_model(spec, args).state_dict(), args)
+    weights = {k: v.contiguous() for k, v in hf_state.items()}
+    weights["model.stray.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(json.dumps(adapter.hf_config(args)))
+    with pytest.raises(UsageError, match=r"1 unexpected \(model\.stray\.weight\)"):
+        titan_model(spec, args, tmp_path)
