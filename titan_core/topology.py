@@ -71,7 +71,7 @@ def config_differences(configs: list[dict[str, Any]]) -> list[str]:
         for rank, config in enumerate(configs):
             value = config.get(path, "<no such field>")
             for seen, ranks in values:
-                if seen == value:
+                if _same(seen, value):
                     ranks.append(rank)
                     break
             else:
@@ -84,6 +84,18 @@ def config_differences(configs: list[dict[str, Any]]) -> list[str]:
                 parts.append(f"{who} {text if len(text) <= 120 else text[:117] + '...'}")
             differences.append(f"{path}: {', '.join(parts)}")
     return differences
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal config values, NaN included (it is not equal to itself: a plugin section's NaN made
+    identical configs differ), also inside lists and tables."""
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def _ranks(ranks: list[int]) -> str:
