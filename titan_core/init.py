@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
 from titan_core.tied import retie, shared_parameters
 from titan_core.wrapped_names import find_unwrapped
 
@@ -79,6 +79,34 @@ def init_like_one_process(parts: list[nn.Module], spec: Any, model_args: Any, se
     del full, source
 
 
+def dropped_ends(part: nn.Module, spec: Any) -> list[str]:
+    """The spec's first- and last-stage modules that ``part`` (a pipeline stage) holds as ``None``."""
+    ends = (*getattr(spec, "first_stage_modules", ()), *getattr(spec, "last_stage_modules", ()))
+    return [n for n in ends if n in part._modules and part._modules[n] is None]
+
+
+def init_part(part: nn.Module, spec: Any, device: torch.device) -> None:
+    """``part.init_weights(buffer_device=device)``, with a stage's dropped modules named.
+
+    A pipeline stage holds ``None`` for the end modules of other stages. An ``init_weights`` that
+    reads one of them (``self.wpe.weight``) raised a bare ``AttributeError`` from here on that
+    stage's rank alone, its peers ending with a lost connection: the contract is named instead.
+    """
+    try:
+        part.init_weights(buffer_device=device)
+    except (TypeError, AttributeError) as exc:
+        dropped = dropped_ends(part, spec)
+        if not dropped or "'NoneType' object" not in str(exc):
+            raise
+        one = len(dropped) == 1
+        raise PluginError(
+            f"model {spec.name!r}: init_weights failed on a pipeline stage that does not hold "
+            f"{', '.join(dropped)} ({type(exc).__name__}: {exc}); there {'it is' if one else 'they are'} "
+            f"None, and init_weights must skip {'it' if one else 'them'} as the forward does "
+            "(docs/plugins.md, the decoder protocol); or set parallelism.pp = 1"
+        ) from exc
+
+
 def initialise(
     parts: list[nn.Module],
     spec: Any,
@@ -98,7 +126,7 @@ def initialise(
     torch.manual_seed((seed + pp_coordinate) % 2**64)
     for part in parts:
         with torch.no_grad():
-            part.init_weights(buffer_device=device)
+            init_part(part, spec, device)
     fits = full_model_bytes(spec, model_args) <= max_full_gib * GiB
     if world_size == 1:  # the model is whole here: init_weights already did what one process does
         torch.manual_seed(seed)

@@ -15,7 +15,8 @@ sharing, as the trainer does), fills every parameter and buffer with NaN and run
 ids, masks) have no NaN: they are filled with two different markers, ``init_weights`` running
 once over each, and an element holding both markers was never written. It checks that sharing survived
 ``init_weights`` and that the ``tied`` pairs share one parameter, compares ``num_params`` with the
-real count, runs a forward pass, and applies the TP plan on a fake mesh (one process) to check
+real count, runs a forward pass, runs ``init_weights`` on a first and a last pipeline stage
+(the other ends ``None``), and applies the TP plan on a fake mesh (one process) to check
 that every parameter became a DTensor and that a forward pass runs under the plan. Both forwards
 must return plain logits of shape ``(batch, seq, vocab_size)``: under the plan (called with
 ``loss_parallel=False``) that means gathered over the vocabulary and the sequence.
@@ -57,8 +58,12 @@ def check_model_spec(
     tp_degree: int = 2,
     seq_len: int = 16,
     batch_size: int = 2,
+    pipeline: bool = True,
 ) -> None:
-    """Raise :class:`ModelCheckError` naming every problem of ``spec``'s ``flavor``."""
+    """Raise :class:`ModelCheckError` naming every problem of ``spec``'s ``flavor``.
+
+    ``pipeline=False``: skip the check that ``init_weights`` runs on a pipeline stage (a model
+    that refuses pipeline parallelism in its ``validate``)."""
     args = spec.flavor(flavor, overrides)
     problems: list[str] = []
     model, groups = _materialise(spec, args)
@@ -94,12 +99,48 @@ def check_model_spec(
                 problems.append(problem)
             elif not torch.isfinite(logits).all():
                 problems.append("forward returned non-finite logits after init_weights")
+    if pipeline:
+        problems += _init_on_stages(spec, args)
     if spec.tp_plan is not None:
         problems += _check_tp_plan(spec, args, tp_degree, batch_size, seq_len * tp_degree)
     if problems:
         raise ModelCheckError(
             f"model {spec.name!r} flavor {flavor!r}:\n" + "\n".join(f"  {p}" for p in problems)
         )
+
+
+def _init_on_stages(spec: ModelSpec, args: Any) -> list[str]:
+    """``init_weights`` on a first and a last pipeline stage: the other stages' end modules
+    (``ModelSpec.first_stage_modules``/``last_stage_modules``) are ``None`` there, and the trainer
+    calls ``init_weights`` on each stage; one that reads a dropped module fails only under PP.
+    Skipped for a model pipeline parallelism refuses anyway: no ``layers`` to split, or a
+    parameter tied across the two ends (an embedding tied to the output)."""
+    model, groups = _materialise(spec, args)
+    if not isinstance(getattr(model, "layers", None), nn.ModuleDict):
+        return []
+    ends = (tuple(spec.first_stage_modules), tuple(spec.last_stage_modules))
+    for group in groups:
+        tops = {name.split(".", 1)[0] for name in group}
+        if tops & set(ends[0]) and tops & set(ends[1]):
+            return []
+    problems = []
+    for dropped in (tuple(spec.last_stage_modules), tuple(spec.first_stage_modules)):
+        stage, _ = _materialise(spec, args)
+        held = [n for n in dropped if getattr(stage, n, None) is not None]
+        if not held:
+            continue
+        for name in held:
+            setattr(stage, name, None)
+        try:
+            with torch.no_grad():
+                stage.init_weights(buffer_device=torch.device("cpu"))
+        except Exception as exc:
+            problems.append(
+                f"init_weights failed on a pipeline stage without {', '.join(held)} (None there): "
+                f"{type(exc).__name__}: {exc}; skip the modules a stage does not hold, as the forward "
+                "does (or pass pipeline=False for a model that refuses pipeline parallelism)"
+            )
+    return problems
 
 
 def _fill(tensor: torch.Tensor, second: bool) -> bool:
