@@ -3,7 +3,8 @@
 Blocks are compiled one by one and in place (``nn.Module.compile``), as torchtitan does: all
 blocks share one compiled graph (they have the same structure), compilation stays short, FSDP
 still sees plain modules to shard, and state-dict keys gain no ``_orig_mod.`` prefix. Applied
-after activation checkpointing so the recomputed region is the compiled block. The blocks are
+after activation checkpointing so the recomputed region is the compiled block (under tensor
+parallelism, a whole-block checkpoint stays eager around it: :func:`_compiled_region`). The blocks are
 those of ``model.layers`` (:func:`titan_plugins_parallel.model_blocks.model_blocks`); a model
 without ``layers`` is refused, as activation checkpointing refuses it, rather than listed as
 compiled while it runs eager.
@@ -99,6 +100,25 @@ def _with_memory_budget(inner: Any, budget: float) -> Any:
     return compile_block
 
 
+def _compiled_region(block: nn.Module, ctx: ParallelContext) -> nn.Module:
+    """The module of ``block`` to compile: the block, its checkpointing included; under tensor
+    parallelism, inside a whole-block checkpoint (``full``, or ``selective`` every N-th block).
+
+    Compiled around the checkpoint, a TP block's graph takes the device mesh of its DTensor
+    parameters as an input, and torch 2.13's AOTAutograd saves that input for the recomputation
+    like a tensor: step 1 stopped (``expected all tensors_saved_with_vc_check to be Tensors, got
+    ... DeviceMesh``). Compiled inside it, the checkpoint stays eager around the compiled block
+    and recomputes it whole, the same work and memory. The ``op`` policy and the other layouts
+    compile around the checkpoint, as torchtitan does.
+    """
+    inner = getattr(block, "_checkpoint_wrapped_module", None)
+    if not isinstance(inner, nn.Module):
+        return block
+    ac = ctx.config.activation_checkpoint
+    whole = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+    return inner if whole and ctx.parallel_dims.tp > 1 else block
+
+
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     settings = inductor_settings(ctx.config, ctx.topology.device)
     chosen = backend(ctx.config, settings)
@@ -114,7 +134,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             continue
         containers += 1
         for key, _ in found:
-            part.layers[key].compile(**options)
+            _compiled_region(part.layers[key], ctx).compile(**options)
     if not containers:
         # Listed as applied, the model would run eager while the log said it was compiled.
         raise UsageError(

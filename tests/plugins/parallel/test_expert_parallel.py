@@ -165,8 +165,9 @@ def test_ep2_with_selective_activation_checkpointing_matches_one_process(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ac", ["none", "full"])
 def test_ep2_with_compiled_blocks_matches_one_process(
-    tmp_path: Path, moe_seed: Path, moe_reference: list[dict]
+    tmp_path: Path, moe_seed: Path, moe_reference: list[dict], ac: str
 ) -> None:
     """Dispatch runs inside each compiled block and builds its ``DispatchState`` there, after the
     graph break of the split sizes: dynamo could not trace the frozen attrs class's ``__init__``
@@ -178,6 +179,7 @@ def test_ep2_with_compiled_blocks_matches_one_process(
         "training.local_batch_size": GLOBAL_BATCH // 2,
         "compile.enable": True,
         "compile.backend": "aot_eager",
+        "activation_checkpoint.mode": ac,
     }
     assert_rows_close(layout_rows(tmp_path, 2, moe_seed, overrides), moe_reference)
 

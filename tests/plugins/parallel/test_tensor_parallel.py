@@ -132,8 +132,13 @@ def test_tp_with_cp_or_pp_matches_single_process(
         {"compile.backend": "aot_eager"},
         # The default backend, with gradient accumulation (two microbatches a step).
         {"parallelism.loss_parallel": False, "training.local_batch_size": GLOBAL_BATCH // 2},
+        # Activation checkpointing with the compiled blocks: torch 2.13 stopped whole-block
+        # checkpoints of TP blocks compiled around them at step 1 (a DeviceMesh saved as a tensor).
+        {"activation_checkpoint.mode": "full"},
+        {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "2"},
+        {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "op"},
     ],
-    ids=["aot_eager", "inductor_accumulated"],
+    ids=["aot_eager", "inductor_accumulated", "inductor_full_ac", "inductor_every_2nd_ac", "inductor_op_ac"],
 )
 def test_tp_with_compiled_blocks_matches_single_process(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path, layout: dict
