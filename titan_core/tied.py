@@ -60,13 +60,13 @@ def retie(parts: list[nn.Module], groups: list[list[str]]) -> None:
             continue
         if len(holders) > 1 or len(holders[0]) < len(names):
             here = [n for owners in holders for n, _ in owners]
-            where = f"{len(holders)} model parts" if len(holders) > 1 else "this rank's model part"
+            where = f"{len(holders)} model parts hold" if len(holders) > 1 else "this rank's model part holds"
             raise UsageError(
-                f"tied parameters {' and '.join(names)} would be split: {where} hold "
+                f"tied parameters {' and '.join(names)} would be split: {where} "
                 f"{', '.join(here)}{' only' if len(holders) == 1 else ' apart'}, so each copy would "
                 "train on its own. Pipeline parallelism puts the embedding and the output on "
-                "different stages: untie them in the model (e.g. tie_embeddings = False) or set "
-                "parallelism.pp = 1"
+                "different stages: untie them in the model (model.overrides; titan's Llama 3 and MoE "
+                "models: tie_embeddings = False) or set parallelism.pp = 1"
             )
         first_name, (module, leaf) = holders[0][0]
         keep = module._parameters[leaf]
