@@ -73,21 +73,16 @@ def test_validation_loss_is_written_at_full_precision(tmp_path: Path) -> None:
     assert rows[-1]["validation/loss"] == validated["validation/loss"]
 
 
-def test_the_validation_log_line_keeps_full_precision_and_the_console_rounds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The ``validation`` JSON line carried the loss rounded to 5 decimals and the perplexity to
-    3 (a loss under 5e-6 read 0.0), though the JSON lines keep full precision; only the console
-    rounds, and never a non-zero value to 0."""
+def _trainer_info(monkeypatch: pytest.MonkeyPatch, wanted: str) -> list[dict[str, Any]]:
+    """The fields of each ``wanted`` info event the trainer logs (still logged as usual)."""
     import titan_core.trainer as trainer_module
-    from titan_core.log import _for_console
 
     events: list[dict[str, Any]] = []
     real = trainer_module.log
 
     class Log:
         def info(self, event: str, **fields: Any) -> None:
-            if event == "validation":
+            if event == wanted:
                 events.append(fields)
             real.info(event, **fields)
 
@@ -95,6 +90,18 @@ def test_the_validation_log_line_keeps_full_precision_and_the_console_rounds(
             return getattr(real, name)
 
     monkeypatch.setattr(trainer_module, "log", Log())
+    return events
+
+
+def test_the_validation_log_line_keeps_full_precision_and_the_console_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``validation`` JSON line carried the loss rounded to 5 decimals and the perplexity to
+    3 (a loss under 5e-6 read 0.0), though the JSON lines keep full precision; only the console
+    rounds, and never a non-zero value to 0."""
+    from titan_core.log import _for_console
+
+    events = _trainer_info(monkeypatch, "validation")
     rows = train(with_validation(tmp_path, steps=2), get_registry())
     (validated,) = [r for r in rows if "validation/loss" in r]
     (line,) = events
@@ -481,21 +488,7 @@ def test_the_run_summary_shows_a_small_final_loss_and_mfu_without_rounding_them_
 ) -> None:
     """The summary's ``final loss`` was ``:.5f`` and its MFU ``:.2f%``: a loss of 3e-7 read
     ``0.00000`` and a small model's MFU ``0.00%``, beside rows that show them."""
-    import titan_core.trainer as trainer_module
-
-    blocks: list[dict[str, Any]] = []
-    real = trainer_module.log
-
-    class Log:
-        def info(self, event: str, **fields: Any) -> None:
-            if event == "run summary":
-                blocks.append(fields)
-            real.info(event, **fields)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-    monkeypatch.setattr(trainer_module, "log", Log())
+    blocks = _trainer_info(monkeypatch, "run summary")
     trainer = Trainer(tiny_llama3(tmp_path, 1), get_registry())
     try:
         figures = {"tps": 10.0, "mfu_pct": 4.2e-4, "loss": 3.2e-7, "warmup_excluded": False}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -41,17 +42,9 @@ def layout():
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["die", "stall"])
 def test_a_failed_peer_ends_rank_0_with_one_line(tmp_path: Path, fault: str) -> None:
-    import subprocess
-
     (tmp_path / "fault_recipe.py").write_text(RECIPE.format(fault=fault))
-    result = subprocess.run(
-        torchrun_command(2, "--module", "fault_recipe", "--recipe", "layout"),
-        cwd=tmp_path,
-        env=child_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,  # bounded: a hang fails the test (the collective timeout is 15 s)
-    )
+    # Bounded: a hang fails the test (the collective timeout is 15 s).
+    result = _torchrun_recipe(tmp_path, "fault_recipe", timeout=300)
     assert result.returncode != 0
     if fault == "die":
         # The dead rank cannot speak; torchrun names it and ends the survivors (no hang).
@@ -100,6 +93,20 @@ def test_a_gloo_pipeline_transfer_that_timed_out_names_the_timeout_that_applied(
     assert error is not None and named in str(error)
 
 
+def _torchrun_recipe(
+    folder: Path, module: str, timeout: float, log_ranks: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Two gloo processes running ``module``'s ``layout`` recipe from ``folder``."""
+    return subprocess.run(
+        torchrun_command(2, "--module", module, "--recipe", "layout", log_ranks=log_ranks),
+        cwd=folder,
+        env=child_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 RANK_DEPENDENT = """
 import os
 
@@ -136,17 +143,9 @@ def test_processes_that_resolved_different_configs_all_stop_naming_the_field(
     tmp_path: Path, change: str, named: str
 ) -> None:
     """A recipe reading the rank or the host's environment gave each process another job."""
-    import subprocess
-
     (tmp_path / "rank_recipe.py").write_text(RANK_DEPENDENT.format(change=change))
-    result = subprocess.run(
-        torchrun_command(2, "--module", "rank_recipe", "--recipe", "layout"),
-        cwd=tmp_path,
-        env=child_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,  # bounded: the model case hung until the collective timeout
-    )
+    # Bounded: the model case hung until the collective timeout.
+    result = _torchrun_recipe(tmp_path, "rank_recipe", timeout=60)
     assert result.returncode != 0
     # Both ranks print the same line (they share one pipe, so two may share a line of stderr).
     # (torchrun's report below repeats them, from the error files: not counted).
@@ -161,21 +160,12 @@ def test_processes_that_resolved_different_configs_all_stop_naming_the_field(
 def test_a_peer_that_failed_is_named_with_its_reason_by_the_ranks_it_leaves_behind(tmp_path: Path) -> None:
     """run_train.sh shows local rank 0 alone (LOG_RANK=0): when rank 1 raised, rank 0's line said
     only 'a peer died, or stalled', and the reason was in rank 1's hidden output."""
-    import subprocess
-
     recipe = RECIPE.format(fault="die").replace(
         'if "die" == "die":\n                os._exit(3)', 'raise RuntimeError("the shard server went away")'
     )
     assert "the shard server went away" in recipe
     (tmp_path / "fault_recipe.py").write_text(recipe)
-    result = subprocess.run(
-        torchrun_command(2, "--module", "fault_recipe", "--recipe", "layout", log_ranks="0"),
-        cwd=tmp_path,
-        env=child_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _torchrun_recipe(tmp_path, "fault_recipe", timeout=120, log_ranks="0")
     assert result.returncode != 0
     printed = result.stderr.split("ChildFailedError")[0]  # before torchrun's report
     lines = [line for line in printed.splitlines() if "titan: error:" in line]
@@ -217,18 +207,9 @@ def test_a_rank_that_log_rank_hides_failing_alone_is_named_in_torchruns_report(t
     """LOG_RANK=0 (run_train.sh's default) with rank 1 refusing its input alone: rank 0, ended by
     torchrun's SIGTERM, printed nothing, and torchrun's report said 'exitcode: 2' and
     'traceback: To enable traceback see ...': no word of why."""
-    import subprocess
-
     (tmp_path / "a.txt").write_text("the cat sat on the mat and the dog ran far away\n" * 300)
     (tmp_path / "data_recipe.py").write_text(UNREADABLE_ON_RANK_1)
-    result = subprocess.run(
-        torchrun_command(2, "--module", "data_recipe", "--recipe", "layout", log_ranks="0"),
-        cwd=tmp_path,
-        env=child_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _torchrun_recipe(tmp_path, "data_recipe", timeout=120, log_ranks="0")
     assert result.returncode != 0
     # titan's line of rank 1, in torchrun's report of rank 1 (its error file).
     report = result.stderr[result.stderr.find("ChildFailedError") :]
