@@ -117,6 +117,8 @@ def check_same_config(config: Any) -> None:
     from titan_core.config import to_dict
     from titan_core.errors import UsageError
 
+    if not dist.is_initialized():  # a backend that started no default group has no one to ask
+        return
     flat: dict[str, Any] = {}
     for name, fields in to_dict(config).items():
         if isinstance(fields, dict):
