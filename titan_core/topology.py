@@ -7,6 +7,7 @@ strategies read only these generic fields, never a backend's name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -142,6 +143,11 @@ def check_same_config(config: Any) -> None:
 _FAILED_KEY = "titan/failed/{restart}/{rank}"
 
 
+def _failed_key(rank: int) -> str:
+    """Where ``rank`` of this attempt (torchrun's restart count) posts why it failed."""
+    return _FAILED_KEY.format(restart=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), rank=rank)
+
+
 def _store() -> Any:
     import torch.distributed as dist
 
@@ -154,11 +160,9 @@ def post_failure(rank: int, reason: str) -> None:
     """Tell the job's other processes why this one fails (:func:`peer_cause` reads it): torchrun
     shows one local rank's output by default (``LOG_RANK=0``), and the peers of a rank that
     raised fail in their next collective with nothing to say but 'a peer died'. Best effort."""
-    try:
-        key = _FAILED_KEY.format(restart=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), rank=rank)
-        _store().set(key, reason[:1000])
-    except Exception:  # no store (or it went away): the peers say what they can
-        pass
+    # No store (or it went away): the peers say what they can.
+    with contextlib.suppress(Exception):
+        _store().set(_failed_key(rank), reason[:1000])
 
 
 def peer_cause(rank: int, world_size: int) -> str | None:
@@ -167,9 +171,8 @@ def peer_cause(rank: int, world_size: int) -> str | None:
     fails this process's collective, so the reason is there when this is asked. Best effort."""
     try:
         store = _store()
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         for peer in range(world_size):
-            key = _FAILED_KEY.format(restart=restart, rank=peer)
+            key = _failed_key(peer)
             if peer != rank and store.check([key]):
                 return f"rank {peer} failed first: {store.get(key).decode(errors='replace')}"
     except Exception:  # no store (or it went away)
