@@ -267,10 +267,13 @@ def _main(argv: list[str]) -> int:
     if command is None:
         parser.print_help()
         return 2
-    try:
-        return command.run(args)
-    except TitanError as exc:
-        return report_error(exc)
+    from titan_core.stop_signals import sigterm_waits_for_the_error_line
+
+    with sigterm_waits_for_the_error_line():
+        try:
+            return command.run(args)
+        except TitanError as exc:
+            return report_error(exc)
 
 
 def report_error(exc: TitanError) -> int:

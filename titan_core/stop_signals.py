@@ -4,9 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["AgreedStop", "StopSignals"]
+__all__ = ["AgreedStop", "StopSignals", "sigterm_waits_for_the_error_line"]
+
+#: The open :func:`sigterm_waits_for_the_error_line` scopes, innermost last: each holds the SIGTERM
+#: handler to restore once its error line is out (None: no run failed under it).
+_error_line_scopes: list[list[Any]] = []
+
+
+@contextlib.contextmanager
+def sigterm_waits_for_the_error_line() -> Iterator[None]:
+    """A run that fails inside :class:`StopSignals` under this scope (the CLI's command, up to its
+    ``titan: error:`` line) keeps SIGTERM a flag until the scope ends.
+
+    torchrun sends SIGTERM to every survivor as soon as one rank exits; one arriving after a
+    survivor's collective failed, while it found and printed why (which names the rank that failed
+    first), ended it at once with nothing said. The process ends right after the scope anyway,
+    and torchrun's SIGKILL still follows its grace period. A library caller of ``train`` opens no
+    scope, so its SIGTERM handler is restored as the run fails.
+    """
+    held: list[Any] = [None]
+    _error_line_scopes.append(held)
+    try:
+        yield
+    finally:
+        _error_line_scopes.remove(held)
+        if held[0] is not None:
+            signal.signal(signal.SIGTERM, held[0])
 
 
 class StopSignals:
@@ -37,10 +63,15 @@ class StopSignals:
         self.interrupted = True
         signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: Any) -> None:
         for signum, previous in self._previous.items():
-            if previous is not None:
-                signal.signal(signum, previous)
+            if previous is None:
+                continue
+            failing = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
+            if signum == signal.SIGTERM and failing and _error_line_scopes:
+                _error_line_scopes[-1][0] = previous  # restored once the error line is out
+                continue
+            signal.signal(signum, previous)
 
 
 class AgreedStop:

@@ -373,6 +373,32 @@ def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+
+@pytest.mark.parametrize("scoped", [True, False], ids=["cli", "library"])
+def test_a_failing_run_holds_sigterm_until_its_error_line_only_under_the_clis_scope(scoped: bool) -> None:
+    """torchrun's SIGTERM to a survivor that was saying why it failed ended it with nothing said;
+    a library caller of train (no scope) gets its own handler back as the run fails."""
+    from titan_core.stop_signals import StopSignals, sigterm_waits_for_the_error_line
+
+    mine = []
+    previous = signal.signal(signal.SIGTERM, lambda *a: mine.append("theirs"))
+    try:
+        scope = sigterm_waits_for_the_error_line() if scoped else contextlib.nullcontext()
+        with scope:
+            with pytest.raises(RuntimeError), StopSignals():
+                raise RuntimeError("a collective failed")
+            signal.raise_signal(signal.SIGTERM)  # while the error line is being made
+            assert mine == ([] if scoped else ["theirs"])
+            with StopSignals():  # a run that ends well restores at once
+                pass
+            with pytest.raises(KeyboardInterrupt), StopSignals():  # Ctrl-C is not a failure
+                raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGTERM)  # the line is out: the caller's handler is back
+        assert mine[-1] == "theirs"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.parametrize("default_backend", ["gloo", "nccl"])
 def test_processes_agree_on_a_signal_one_step_after_it_is_posted_without_the_device(
     monkeypatch: pytest.MonkeyPatch, default_backend: str

@@ -177,6 +177,33 @@ def test_a_peer_that_failed_is_named_with_its_reason_by_the_ranks_it_leaves_behi
     ), lines[0]
 
 
+
+def test_torchruns_sigterm_while_a_survivor_reports_does_not_cut_its_line_off(tmp_path: Path) -> None:
+    """torchrun sends SIGTERM to the survivors as soon as rank 1 exits; one arriving after rank 0's
+    collective failed, while it was saying why, ended it at once with nothing printed (found on a
+    busy CI machine: 1 run in 6). Here rank 0 gets it at that moment every time."""
+    recipe = RECIPE.format(fault="die").replace(
+        'if "die" == "die":\n                os._exit(3)', 'raise RuntimeError("the shard server went away")'
+    )
+    recipe += (
+        "\n\ndef _sigterm_on_failure(self, step, exc):\n"
+        "    import signal\n"
+        "    if os.environ.get('RANK') == '0':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.5)  # the handler runs now (CPython runs it between bytecodes)\n"
+        "\n\nFault.on_failure = _sigterm_on_failure\n"
+    )
+    (tmp_path / "fault_recipe.py").write_text(recipe)
+    result = _torchrun_recipe(tmp_path, "fault_recipe", timeout=120, log_ranks="0")
+    assert result.returncode != 0
+    printed = result.stderr.split("ChildFailedError")[0]
+    lines = [line for line in printed.splitlines() if "titan: error:" in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "rank 1 failed first: callback 'fault' (plugin fault) failed" in lines[0], lines[0]
+    # Rank 0 ended with titan's exit code for the failure, not by the signal.
+    assert "exitcode  : -15" not in result.stderr, result.stderr[-3000:]
+
+
 UNREADABLE_ON_RANK_1 = """
 import os
 import pathlib
