@@ -89,6 +89,27 @@ def _named_apart(
     return checked
 
 
+def _stray_methods(callback: Any) -> list[tuple[str, str | None]]:
+    """``(name, the loop point it is closest to or None)`` for each public method of ``callback``
+    named like a loop point that is none (``on_step_ended``, ``metric``, another framework's
+    ``on_train_batch_end``): the loop binds the points by name, so such a method was never
+    called, without a word."""
+    import difflib
+    import inspect
+
+    names = {n for n in dir(type(callback)) if not n.startswith("_")}
+    names |= {n for n in getattr(callback, "__dict__", {}) if not n.startswith("_")}
+    stray = []
+    for name in sorted(names - set(CALLBACK_POINTS)):
+        # Static lookup: a property of the callback is not run just to see what it holds.
+        if not callable(inspect.getattr_static(callback, name, None)):
+            continue
+        close = difflib.get_close_matches(name, CALLBACK_POINTS, n=1, cutoff=0.8)
+        if close or name.startswith(("on_", "before_", "after_")):
+            stray.append((name, close[0] if close else None))
+    return stray
+
+
 class Callbacks:
     """The built callbacks, bound once per loop point (a point nobody implements costs nothing)."""
 
@@ -103,6 +124,14 @@ class Callbacks:
         exception into one error naming the callback)."""
         self.objects = objects
         named = list(zip(objects, labels, strict=True))
+        for callback, label in named:
+            if stray := _stray_methods(callback):
+                name, close = stray[0]  # the first is enough to show what is wrong
+                raise PluginError(
+                    f"{label} has a method {name}, which is no loop point, so titan would never call "
+                    f"it{f' (did you mean {close}?)' if close else ''}; the loop points: "
+                    f"{', '.join(CALLBACK_POINTS)} (titan_core.records.Callback)"
+                )
         for point in CALLBACK_POINTS:
             if point == "metrics":
                 continue  # metric_sources, below

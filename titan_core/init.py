@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan_core.errors import PluginError, UsageError
+from titan_core.errors import PluginError
 from titan_core.tied import retie, shared_parameters
 from titan_core.wrapped_names import find_unwrapped
 
@@ -59,16 +59,14 @@ def init_like_one_process(parts: list[nn.Module], spec: Any, model_args: Any, se
     source = dict(full.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for part in parts:
+            unmatched = []
             for name, param in part.named_parameters(remove_duplicate=False):
                 plain = canonical_name(name)
                 if plain not in source:
                     plain = find_unwrapped(name, source) or plain
                 if plain not in source:
-                    raise UsageError(
-                        f"parameter {name} of the parallelised model has no counterpart in the model "
-                        "as built in one process; a strategy renamed it (wrappers may add pieces to a "
-                        "name, not remove or rename them)"
-                    )
+                    unmatched.append(name)
+                    continue
                 values = source[plain]
                 if isinstance(param, DTensor):
                     values = values.to(device=param.device, dtype=param.dtype)
@@ -76,7 +74,64 @@ def init_like_one_process(parts: list[nn.Module], spec: Any, model_args: Any, se
                     param.to_local().copy_(shard.to_local())
                 else:
                     param.copy_(values.to(device=param.device, dtype=param.dtype))
+            if unmatched:
+                # A name no wrapper explains: a parameter a strategy added (an adapter), or one it
+                # renamed. The former is the likely one; the message says both.
+                raise not_initialised(part, unmatched, spec, renamed=True)
     del full, source
+
+
+def mark_uninitialised(parts: list[nn.Module]) -> None:
+    """Fill every floating-point parameter of ``parts`` (this rank's shard of it) with NaN, which no
+    initialisation writes: :func:`uninitialised` then finds the ones nothing initialised."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for part in parts:
+            for param in part.parameters():
+                local = param.to_local() if isinstance(param, DTensor) else param
+                if local.is_floating_point():
+                    local.fill_(float("nan"))
+
+
+def uninitialised(part: nn.Module) -> list[str]:
+    """Names of the parameters of ``part`` whose local values still hold NaN (one device sync)."""
+    from torch.distributed.tensor import DTensor
+
+    named = [
+        (name, param.to_local() if isinstance(param, DTensor) else param)
+        for name, param in part.named_parameters()
+    ]
+    named = [(name, local) for name, local in named if local.is_floating_point() and local.numel()]
+    if not named:
+        return []
+    with torch.no_grad():
+        # Stacked on the device, read once: a read per parameter would sync per parameter.
+        flags = torch.stack([local.isnan().any() for _, local in named]).tolist()
+    return [name for (name, _), nan in zip(named, flags, strict=True) if nan]
+
+
+def not_initialised(part: nn.Module, names: list[str], spec: Any, *, renamed: bool = False) -> PluginError:
+    """The error for parameters of ``part`` no initialisation reached: they are named with the
+    classes of the modules holding them (a strategy's adapter class names its plugin's package)."""
+    holders = []
+    for name in names:
+        owner = type(part.get_submodule(name.rpartition(".")[0]))
+        holders.append(f"{owner.__module__}.{owner.__qualname__}")
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    also = (
+        " (a parameter a strategy renamed has no counterpart either: wrappers may add pieces to a "
+        "name, not remove or rename them)"
+        if renamed
+        else ""
+    )
+    return PluginError(
+        f"{len(names)} parameters of the model were not initialised: {shown} (held by "
+        f"{', '.join(dict.fromkeys(holders))}); model {spec.name!r}'s init_weights does not reach "
+        "them, so a strategy added them, and titan initialises parameters only through the "
+        "model's init_weights (docs/plugins.md): a strategy may wrap or replace the model's "
+        f"modules, not add parameters of its own{also}"
+    )
 
 
 def dropped_ends(part: nn.Module, spec: Any) -> list[str]:
@@ -121,6 +176,10 @@ def initialise(
 ) -> str:
     """Initialise ``parts`` (buffers included); returns how (``one_process`` or ``per_shard``)."""
     # Buffers (and, on the per-shard path, parameters) come from the model's own init_weights.
+    # Parameters it does not reach (a strategy's adapter) kept to_empty's memory: NaN stopped
+    # the run at step 1 blaming training.lr, finite garbage trained on without a word. Marked
+    # NaN first, so that what no path initialises is named below.
+    mark_uninitialised(parts)
     # Wrapped to 64 bits: the largest seed the config allows plus a stage's coordinate would
     # overflow torch.manual_seed on that stage's rank only.
     torch.manual_seed((seed + pp_coordinate) % 2**64)
@@ -129,11 +188,14 @@ def initialise(
             init_part(part, spec, device)
     fits = full_model_bytes(spec, model_args) <= max_full_gib * GiB
     if world_size == 1:  # the model is whole here: init_weights already did what one process does
-        torch.manual_seed(seed)
-        return "one_process"
-    if simulated or not (fits or device.type == "cpu"):
-        torch.manual_seed(seed)
-        return "per_shard"
-    init_like_one_process(parts, spec, model_args, seed)
+        how = "one_process"
+    elif simulated or not (fits or device.type == "cpu"):
+        how = "per_shard"
+    else:
+        init_like_one_process(parts, spec, model_args, seed)
+        how = "one_process"
+    for part in parts:
+        if names := uninitialised(part):
+            raise not_initialised(part, names, spec)
     torch.manual_seed(seed)
-    return "one_process"
+    return how

@@ -171,6 +171,58 @@ def unhandled_dims(parallel_dims: ParallelDims, chosen: list[Strategy]) -> list[
     return [d for d in needed if d not in handled]
 
 
+def _refuse_shared_dims(registry: Any, chosen: list[Strategy]) -> None:
+    """Two applied strategies that handle one parallel dimension would both implement it: titan's
+    FSDP handles ``dp_replicate`` whenever dp > 1, so a third party's DDP applied beside it
+    failed in every worker after the model was built (torch's ``replicate`` refuses a module
+    under ``fully_shard``), or, with a strategy torch does not catch, reduced the gradients
+    twice. Refused before anything is built, naming both and what resolves it."""
+    owners: dict[str, Strategy] = {}
+    for strategy in chosen:
+        for dim in strategy.handles:
+            first = owners.setdefault(dim, strategy)
+            if first is strategy:
+                continue
+            plugins = sorted({registry.provider("strategies", s.name).name for s in (first, strategy)})
+            raise PluginError(
+                f"{registry.label('strategies', first.name)} and "
+                f"{registry.label('strategies', strategy.name)} both handle {dim} in this run "
+                "(Strategy.handles), so each would implement it over the other; turn one of them "
+                "off in the config, or disable its plugin (--disable-plugin NAME, "
+                f"TITAN_DISABLE_PLUGINS: {' or '.join(plugins)})"
+            )
+
+
+def _refuse_unhandled(registry: Any, parallel_dims: ParallelDims, chosen: list[Strategy]) -> None:
+    """A degree above 1 that no applied strategy handles (:func:`unhandled_dims`) is one error
+    saying why: an installed strategy that handles it but did not apply is named (a config
+    switch of its own is off: bad input, exit 2); otherwise no loaded plugin provides one, and
+    the disabled plugins are named beside the install hint (one of them may be the provider)."""
+    unhandled = unhandled_dims(parallel_dims, chosen)
+    if not unhandled:
+        return
+    degrees = f"parallel degrees {parallel_dims.degrees()}"
+    idle = [s for s in registry.every("strategies").values() if set(s.handles) & set(unhandled)]
+    if idle:
+        named = "; ".join(
+            f"{registry.label('strategies', s.name)} handles "
+            f"{'it' if len(unhandled) == 1 else ', '.join(d for d in s.handles if d in unhandled)} "
+            "but does not apply to this run (its applies returned False: its own config may turn it on)"
+            for s in idle
+        )
+        raise UsageError(
+            f"this run needs a strategy for {', '.join(unhandled)} ({degrees}): {named}; turn one on, "
+            "or set the degree to 1"
+        )
+    disabled = sorted(p.name for p in registry.plugins.values() if p.status == "disabled")
+    note = f" (disabled plugins: {', '.join(disabled)})" if disabled else ""
+    raise PluginError(
+        f"this run needs strategies for {', '.join(unhandled)} ({degrees}), which no loaded plugin "
+        f"provides{note}; install a parallelism plugin (titan's is titan-plugins-parallel: "
+        "docs/architecture.md)"
+    )
+
+
 def _yes_or_no(answer: Any, label: Callable[[], str]) -> bool:
     """A strategy's ``applies`` answer, which must be a bool: the string ``"False"`` applied the
     strategy (truthiness) and a forgotten ``return`` left it out, without a word either way."""
@@ -220,13 +272,8 @@ def check_strategies(
                 "runs first is undefined; give one of them an order no other strategy has (titan's "
                 "slots: titan_core.parallelize.ORDER; third-party strategies go in between)"
             )
-    unhandled = unhandled_dims(parallel_dims, chosen)
-    if unhandled:
-        raise PluginError(
-            f"this run needs strategies for {', '.join(unhandled)} (parallel degrees "
-            f"{parallel_dims.degrees()}), which no installed plugin provides; install a "
-            "parallelism plugin (titan's is titan-plugins-parallel: docs/architecture.md)"
-        )
+    _refuse_shared_dims(registry, chosen)
+    _refuse_unhandled(registry, parallel_dims, chosen)
     problems: list[str] = []
     for strategy in chosen:
         if strategy.check is None:

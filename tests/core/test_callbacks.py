@@ -43,3 +43,52 @@ def test_two_callback_metrics_of_one_tensorboard_tag_are_refused() -> None:
 
 def test_callback_metrics_of_other_tags_pass() -> None:
     _metrics({"x": 1.0, "train/y": 2.0, "mine/loss": 3.0}, {"other/x": 4.0, "train/z": 5.0})
+
+
+class _Misspelt:
+    """A callback written from memory of another framework's names: titan never called them."""
+
+    def on_step_ended(self, step: int, metrics: Any, last: bool) -> None:
+        raise AssertionError("never reached")
+
+
+class _Lightning:
+    def on_train_batch_end(self, step: int) -> None:
+        raise AssertionError("never reached")
+
+
+class _Fine:
+    """Loop points, a helper of its own and a private method: all accepted."""
+
+    def on_step_end(self, step: int, metrics: Any, last: bool) -> None: ...
+
+    def summarise(self) -> str:
+        return ""
+
+    def _on_step(self) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("callback", "expected"),
+    [
+        (_Misspelt(), r"on_step_ended, which is no loop point, .*\(did you mean on_step_end\?\)"),
+        (_Lightning(), r"on_train_batch_end, which is no loop point"),
+    ],
+    ids=["misspelt", "another-frameworks-name"],
+)
+def test_a_callback_method_that_is_no_loop_point_is_refused_not_ignored(callback: Any, expected: str) -> None:
+    """A method named almost like a loop point (``on_step_ended``, ``metric``, Lightning's
+    ``on_train_batch_end``) was bound to nothing: the callback built, the run trained, and the
+    method was never called, without a word."""
+    with pytest.raises(PluginError, match=rf"^callback 'a' \(plugin p\) has a method {expected}"):
+        Callbacks([callback], ["callback 'a' (plugin p)"])
+
+
+def test_a_method_named_almost_like_metrics_is_refused_too() -> None:
+    with pytest.raises(PluginError, match=r"method metric, which is no loop point, .*did you mean metrics\?"):
+        Callbacks([type("M", (), {"metric": lambda self, step: {}})()], ["callback 'a' (plugin p)"])
+
+
+def test_loop_points_and_helpers_of_other_names_are_accepted() -> None:
+    callbacks = Callbacks([_Fine()], ["callback 'a' (plugin p)"])
+    assert len(callbacks.on_step_end) == 1

@@ -649,6 +649,65 @@ def test_preflight_refuses_degrees_no_installed_strategy_handles(
     assert err.startswith("titan: error: this run needs strategies for tp (parallel degrees")
 
 
+def _replicating(applies: Any = lambda config, dims: True) -> tuple[str, types.ModuleType]:
+    """A third party's DDP: a strategy handling ``dp_replicate`` (its ``apply`` is never reached)."""
+    ddp = Strategy("ddp", 65, applies, lambda parts, ctx: parts, "DDP", handles=("dp_replicate",))
+    return ("replicator", plugin_module("replicator", titan_strategies=[ddp]))
+
+
+def _replicated(tmp_path: Path) -> Any:
+    from tests.parallel_harness import tiny_config
+
+    return lambda: tiny_config(
+        **{
+            "job.dump_folder": str(tmp_path / "out"),
+            "parallelism.dp_replicate": 2,
+            "parallelism.dp_shard": 1,
+            "training.local_batch_size": 2,
+        }
+    )
+
+
+def test_two_applied_strategies_handling_one_dimension_are_refused_before_launch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A third party's DDP (handles dp_replicate) beside titan's FSDP (dp_shard and dp_replicate,
+    whenever dp > 1): both applied, and every worker failed after building the mesh and the model,
+    inside torch (``Cannot apply replicate() on a Module already managed by fully_shard``), or
+    reduced the gradients twice with a strategy torch does not catch."""
+    status, err = _preflight(monkeypatch, capsys, _replicated(tmp_path), 2, _replicating())
+    assert status == PluginError.exit_code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("titan: error: "), err
+    assert "strategy 'ddp' (plugin replicator, dist-replicator 1.0)" in lines[0]
+    assert "strategy 'fsdp' (plugin parallel, titan-plugins-parallel" in lines[0]
+    assert "both handle dp_replicate" in lines[0] and "--disable-plugin" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_degree_whose_strategy_does_not_apply_names_the_strategy_not_a_missing_plugin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """dp_replicate = 2 with titan's parallel plugin disabled and the DDP plugin installed but not
+    turned on: the error said no installed plugin provides dp_replicate and to install
+    titan-plugins-parallel, which was installed (disabled) beside the plugin that does."""
+    registry = Registry(disabled={"parallel"}).load_entry_points()
+    status, err = _preflight(
+        monkeypatch, capsys, _replicated(tmp_path), 2, _replicating(lambda c, d: False), registry=registry
+    )
+    assert status == UsageError.exit_code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "this run needs a strategy for dp_replicate" in lines[0]
+    assert "strategy 'ddp' (plugin replicator, dist-replicator 1.0) handles it but does not apply" in lines[0]
+    assert "no installed plugin provides" not in lines[0]
+    # With no provider at all, the disabled plugins are named beside the install hint.
+    registry = Registry(disabled={"parallel"}).load_entry_points()
+    status, err = _preflight(monkeypatch, capsys, _replicated(tmp_path), 2, registry=registry)
+    assert status == PluginError.exit_code
+    assert "which no loaded plugin provides" in err and "(disabled plugins: parallel)" in err
+
+
 # -- callbacks ---------------------------------------------------------------------------------------
 
 
