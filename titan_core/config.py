@@ -513,6 +513,14 @@ class Checkpoint:
     interval: int = field(default=500, validator=positive)
     #: Load checkpoints but never save one (for debugging with a seed checkpoint).
     load_only: bool = False
+    #: Checkpoints kept: after each save the oldest beyond the newest ``keep_latest_k`` are
+    #: removed (a seed checkpoint, ``step-0``, never is); 0 keeps every one. 10, as torchtitan,
+    #: so a long run does not fill its disk.
+    keep_latest_k: int = field(default=10, validator=non_negative)
+    #: Resume from this step's checkpoint instead of the newest (0: the seed checkpoint); ``None``
+    #: takes the newest that loads. One that cannot be loaded is an error, not a fallback; with
+    #: newer checkpoints in the folder it needs ``load_only`` (this run's saves would mix with them).
+    load_step: int | None = field(default=None, validator=non_negative)
     #: Write a seed checkpoint of the freshly initialised model and exit (needs all degrees 1).
     create_seed_checkpoint: bool = False
     #: Initial weights loaded after initialisation, whatever the parallel layout: a DCP checkpoint
@@ -719,6 +727,12 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
             "checkpoint.load_only: has no effect with checkpoint.enable = False (no checkpoint is "
             "read or written); set checkpoint.enable = True to resume without saving, or leave "
             "load_only False (initial weights come from checkpoint.initial_load_path either way)"
+        )
+    if c.load_step is not None and not c.enable:
+        problems.append(
+            f"checkpoint.load_step: has no effect with checkpoint.enable = False (no checkpoint is "
+            f"read); set checkpoint.enable = True to resume from step {c.load_step}, or leave "
+            "load_step None"
         )
     t = config.training
     problems += optimizer_problems(t)

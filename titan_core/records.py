@@ -386,17 +386,19 @@ class Checkpointer:
     """A checkpointer: ``build(config, topology) -> checkpointer`` with four methods.
 
     ``load(parts, optimizer, scheduler) -> (step, meta)`` restores the latest complete checkpoint
-    before step 1 and returns the last step it holds and the ``meta`` saved with it (``(0, {})``:
-    start from scratch); a ``load`` that takes the keyword ``check_meta`` gets a callable
-    ``check_meta(step, meta)`` to call with a checkpoint's meta before reading its tensors (it
-    raises ``UsageError`` for a checkpoint of another model, which the trainer otherwise finds
-    only after the load, when a load of other parameters has failed already);
-    ``should_save(step, last) -> bool`` says whether step ``step`` is saved (interval, last step,
-    ``load_only``); ``save(step, parts, optimizer, scheduler, *, last, meta)`` writes it, ``meta``
-    being a JSON-able dict the trainer stores with the checkpoint (the LR schedule's parameters,
-    whether the loss was finite); ``save_seed(parts)`` writes the initial weights
-    (``checkpoint.create_seed_checkpoint``; one that takes the keyword ``meta`` gets the model
-    record to store with them, which ``check_meta`` then sees). ``parts`` is this rank's list of
+    (the one ``checkpoint.load_step`` names, when set) before step 1 and returns the last step it
+    holds and the ``meta`` saved with it (``(0, {})``: start from scratch); a ``load`` that takes
+    the keyword ``check_meta`` gets a callable ``check_meta(step, meta)`` to call with a
+    checkpoint's meta before reading its tensors (it raises ``UsageError`` for a checkpoint of
+    another model, which the trainer otherwise finds only after the load, when a load of other
+    parameters has failed already); ``should_save(step, last) -> bool`` says whether step
+    ``step`` is saved (interval, last step, ``load_only``); ``save(step, parts, optimizer,
+    scheduler, *, last, meta)`` writes it, ``meta`` being a JSON-able dict the trainer stores
+    with the checkpoint (the LR schedule's parameters, whether the loss was finite), and then
+    keeps the newest ``checkpoint.keep_latest_k``; ``save_seed(parts)`` writes the initial
+    weights (``checkpoint.create_seed_checkpoint``; one that takes the keyword ``meta`` gets the
+    model record to store with them, which ``check_meta`` then sees). ``parts`` is this rank's
+    list of
     model parts. The trainer never calls ``save`` with non-finite weights.
     """
 

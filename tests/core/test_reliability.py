@@ -373,7 +373,6 @@ def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-
 @pytest.mark.parametrize("scoped", [True, False], ids=["cli", "library"])
 def test_a_failing_run_holds_sigterm_until_its_error_line_only_under_the_clis_scope(scoped: bool) -> None:
     """torchrun's SIGTERM to a survivor that was saying why it failed ended it with nothing said;

@@ -71,8 +71,12 @@ def scan(folder: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
             steps.append((int(m.group(1)), path))
         elif m:
             ignored.append((path, "a file, not a checkpoint folder (titan writes step-<N> as a folder)"))
-        elif m := _LEFTOVER.match(name):
+        elif (m := _LEFTOVER.match(name)) and m.group(2) == "tmp":
             ignored.append((path, f"the leftover of a save of step {m.group(1)} that did not finish"))
+        elif m:
+            ignored.append(
+                (path, f"the leftover of a checkpoint of step {m.group(1)} being replaced or removed")
+            )
         elif name.startswith("step"):
             ignored.append(
                 (

@@ -295,6 +295,7 @@ class DCPCheckpointer:
                 "(a real run writes and reads checkpoints)"
             )
         self.folder = os.path.join(config.job.dump_folder, c.folder)
+        self.dump_folder = config.job.dump_folder
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise UsageError(
                 f"checkpoint.folder: {self.folder} is a file, not a folder; remove it or set "
@@ -302,6 +303,8 @@ class DCPCheckpointer:
             )
         self.interval = c.interval
         self.load_only = c.load_only
+        self.keep_latest_k = c.keep_latest_k
+        self.load_step = c.load_step
         self.rank = topology.rank
         #: The newest checkpoint known complete (loaded or saved by this run), named on a failure.
         self.kept: int | None = None
@@ -345,6 +348,8 @@ class DCPCheckpointer:
                 f"checkpoint: the ranks see different checkpoints in {self.folder}; it must be one "
                 "folder every rank shares (a shared filesystem), not a local path on each host"
             )
+        if self.load_step is not None:
+            steps = self._the_load_step(steps)
         if not steps:
             log.info("no checkpoint to resume from", folder=self.folder)
             return 0, {}
@@ -438,10 +443,41 @@ class DCPCheckpointer:
             merged.update(shapes)
         return merged
 
-    @staticmethod
-    def _skip(path: str, why: str, skipped: list[str]) -> None:
+    def _skip(self, path: str, why: str, skipped: list[str]) -> None:
+        """Fall back past an unusable checkpoint, saying why; the one ``load_step`` names is an
+        error instead (another step would not be the one asked for)."""
+        if self.load_step is not None:
+            raise UsageError(
+                f"checkpoint.load_step = {self.load_step}: {path} cannot be loaded: {why}; set "
+                "load_step to another step, or None to resume from the newest that loads"
+            )
         log.warning("skipping a checkpoint that cannot be loaded", path=path, reason=why)
         skipped.append(f"{os.path.basename(path)}: {why}")
+
+    def _the_load_step(self, steps: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """``steps`` (newest first) narrowed to the one ``checkpoint.load_step`` names."""
+        n = self.load_step
+        chosen = [(s, p) for s, p in steps if s == n]
+        if not chosen:
+            held = ", ".join(step_name(s) for s, _ in reversed(steps)) or "no checkpoint"
+            raise UsageError(
+                f"checkpoint.load_step = {n}: {self.folder} holds {held}; set load_step to one of "
+                "them, or None to resume from the newest"
+            )
+        newer = [step_name(s) for s, _ in reversed(steps) if s > n]
+        root, dump = os.path.realpath(self.folder), os.path.realpath(self.dump_folder)
+        if newer and (not self.load_only or os.path.commonpath([root, dump]) == dump):
+            # Saves would replace some of them and leave the others, and the next resume would
+            # take the newest, of the abandoned run, without a word; a replay in the run's own
+            # dump folder would replace the metrics.jsonl rows of the steps after n.
+            raise UsageError(
+                f"checkpoint.load_step = {n}: {self.folder} holds newer checkpoints "
+                f"({', '.join(newer)}). To train on from {step_name(n)}, move them out of that folder "
+                "first (this run's checkpoints and metrics.jsonl rows would mix with theirs); to "
+                "replay from it without saving, set checkpoint.load_only = True and give the run a "
+                f"job.dump_folder of its own, with checkpoint.folder = {root!r}"
+            )
+        return chosen
 
     # -- save --------------------------------------------------------------------------------------
 
@@ -513,6 +549,35 @@ class DCPCheckpointer:
                 remove(tmp)  # frees the space a full disk needs back
             raise TitanError(problem)
         self.kept = step
+        if kind == "train" and self.rank == 0 and self.keep_latest_k:
+            self._remove_old(step)
+
+    def _remove_old(self, saved: int) -> None:
+        """Remove the training checkpoints older than the newest ``keep_latest_k`` up to ``saved``
+        (just committed): not a seed, not a newer folder (a damaged one a resume skipped, which a
+        later save replaces), not a leftover or another name. Each is renamed ``step-N.old``
+        first, so one cut short is never read as a checkpoint; one that cannot be removed is a
+        warning (the save stands)."""
+        steps, _ = scan(self.folder)
+        older = [(s, p) for s, p in steps if 0 < s <= saved][self.keep_latest_k :]
+        removed = []
+        for step, path in sorted(older):
+            aside = path + ".old"
+            try:
+                remove(aside)
+                os.rename(path, aside)
+            except OSError as exc:
+                log.warning(
+                    "could not remove an old checkpoint",
+                    path=path,
+                    reason=f"{exc}; it stays beside the newest checkpoint.keep_latest_k = "
+                    f"{self.keep_latest_k} (remove it by hand, or fix the folder's permissions)",
+                )
+                continue
+            remove(aside)
+            removed.append(step)
+        if removed:
+            log.info("removed old checkpoints", steps=removed, keep_latest_k=self.keep_latest_k)
 
     def _save_problem(self, step: int, exc: BaseException, rank: int | None) -> str:
         kept, again = "this run has no earlier checkpoint", "then run again"

@@ -177,7 +177,6 @@ def test_a_peer_that_failed_is_named_with_its_reason_by_the_ranks_it_leaves_behi
     ), lines[0]
 
 
-
 def test_torchruns_sigterm_while_a_survivor_reports_does_not_cut_its_line_off(tmp_path: Path) -> None:
     """torchrun sends SIGTERM to the survivors as soon as rank 1 exits; one arriving after rank 0's
     collective failed, while it was saying why, ended it at once with nothing printed (found on a

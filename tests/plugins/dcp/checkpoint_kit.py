@@ -75,3 +75,24 @@ def checkpointer(
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class Events:
+    """Stands in for the checkpointer's logger: ``(level, event, fields)`` of every line."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.lines.append(("info", event, fields))
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.lines.append(("warning", event, fields))
+
+    def warnings(self) -> list[tuple[str, str]]:
+        return [
+            (f["path"], f["reason"]) for level, _, f in self.lines if level == "warning" and "reason" in f
+        ]
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        return [f for _, e, f in self.lines if e == event]

@@ -17,38 +17,9 @@ import torch
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 import titan_plugins_dcp._folder as folder_module
-from tests.plugins.dcp.checkpoint_kit import META, Run, checkpointer, same
+from tests.plugins.dcp.checkpoint_kit import META, Events, Run, checkpointer, same
 from titan_core.errors import TitanError, UsageError
 from titan_core.topology import Topology
-from titan_plugins_dcp import checkpointer as checkpointer_module
-
-
-class Events:
-    """Stands in for the checkpointer's logger: ``(level, event, fields)`` of every line."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def info(self, event: str, **fields: Any) -> None:
-        self.lines.append(("info", event, fields))
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.lines.append(("warning", event, fields))
-
-    def warnings(self) -> list[tuple[str, str]]:
-        return [
-            (f["path"], f["reason"]) for level, _, f in self.lines if level == "warning" and "reason" in f
-        ]
-
-    def of(self, event: str) -> list[dict[str, Any]]:
-        return [f for _, e, f in self.lines if e == event]
-
-
-@pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> Events:
-    recorder = Events()
-    monkeypatch.setattr(checkpointer_module, "log", recorder)
-    return recorder
 
 
 def listing(dump: Path) -> list[str]:

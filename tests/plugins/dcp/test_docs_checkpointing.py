@@ -72,6 +72,19 @@ def test_stop_and_resume_as_documented(tmp_path: Path) -> None:
     assert checkpoints(saved) == ["step-2", "step-3", "step-4", "step-6"]
     assert (saved / "step-6" / ".metadata").stat().st_size > 0  # saved anew
 
+    # The replay example: step 5 from step-4, in outputs/replay, the run's folder untouched.
+    assert commands[7:] == ["titan run --module my_checkpoint_recipes --recipe llama3_checkpointed_replay"]
+    rows = (saved.parent / "metrics.jsonl").read_text()
+    replay = run_command(commands[7], tmp_path)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    records = log_records(replay.stdout)
+    assert [r["step"] for r in records if r.get("event") == "checkpoint loaded"] == [4]
+    assert step_losses(replay.stdout) == step_losses(whole.stdout)[4:5]
+    assert checkpoints(saved) == ["step-2", "step-3", "step-4", "step-6"]
+    assert (saved.parent / "metrics.jsonl").read_text() == rows
+    assert (tmp_path / "outputs" / "replay" / "metrics.jsonl").is_file()
+    assert not (tmp_path / "outputs" / "replay" / "checkpoint").exists()
+
 
 def _fenced_blocks(text: str) -> list[str]:
     """The text of every fenced block of a Markdown page, whatever its language."""
