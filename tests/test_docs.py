@@ -373,3 +373,15 @@ def test_every_titan_environment_variable_the_docs_name_is_read() -> None:
     assert named
     unread = sorted(v for v in named if v not in code)
     assert not unread, f"named in the docs, read nowhere in the code: {unread}"
+
+
+def test_no_table_of_the_docs_is_cut_by_a_blank_line() -> None:
+    """A blank line ends a Markdown table: the rows after it rendered as one paragraph of pipes
+    (six places in reliability.md)."""
+    cut = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        lines = page.read_text().splitlines()
+        for i in range(1, len(lines) - 1):
+            if not lines[i].strip() and lines[i - 1].startswith("|") and lines[i + 1].startswith("|"):
+                cut.append(f"{page.name}:{i + 1}")
+    assert not cut, cut

@@ -38,6 +38,7 @@ import pluggy
 from titan_core import hookspecs
 from titan_core.errors import PluginError, UsageError, describe
 from titan_core.records import RECORD_TYPES, Callback, ConfigSection
+from titan_core.stop_signals import STOPS
 
 ENTRY_POINT_GROUP = "titan"
 #: The module of titan's own plugin, which cannot be disabled (``cli._refuse_disabled_core``).
@@ -134,7 +135,7 @@ class Registry:
             try:
                 plugin = ep.load()
             except BaseException as exc:
-                if isinstance(exc, KeyboardInterrupt):
+                if isinstance(exc, STOPS):  # Ctrl-C or SIGTERM while it imported: not its failure
                     raise
                 info.status, info.error = "failed", describe(exc)
                 self._add_info(info)
@@ -358,7 +359,7 @@ class Registry:
                 try:
                     result = impl.function()
                     error = None
-                except KeyboardInterrupt:
+                except STOPS:
                     raise
                 except BaseException as exc:  # a hook that raises fails its plugin, not the run
                     # SystemExit too (``sys.exit()`` in a hook), as at import: it ended every
@@ -409,6 +410,7 @@ _LABEL_WORDS = {
     "callbacks": "callback",
     "config_sections": "config section",
     "checkpointers": "checkpointer",
+    "comm_backends": "comm backend",
 }
 
 

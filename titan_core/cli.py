@@ -217,8 +217,15 @@ def exit_process(code: int) -> None:
 
 
 def _guarded_main(argv: list[str]) -> int:
+    from titan_core.stop_signals import SigtermStop, sigterm_stops_the_command, stopped_by_sigterm
+
     try:
-        return _main(argv)
+        with sigterm_stops_the_command():
+            return _main(argv)
+    except SigtermStop as exc:  # a command that knows what the stop leaves says it (titan run)
+        command = " ".join(word for word in ("titan", _command_name(argv)) if word)
+        said = str(exc) or f"before `{command}` finished; run it again"
+        return report_error(stopped_by_sigterm(said))
     except BrokenPipeError:
         # `titan ... | head`: the reader went away; end quietly (no traceback at exit either).
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -346,6 +353,10 @@ configure_plugins = _list_only("plugins_command", "list plugins, their hooks, im
 configure_models = _list_only("models_command", "models, flavors and parameter counts (total and active)")
 
 
+#: A plugin import this slow is named by ``titan plugins list`` (titan's own take milliseconds).
+SLOW_IMPORT_SECONDS = 0.5
+
+
 def plugins_command(args: argparse.Namespace) -> int:
     if args.plugins_command != "list":
         args._parser.print_help()
@@ -374,6 +385,11 @@ def plugins_command(args: argparse.Namespace) -> int:
             print(
                 f"\n{p.name}: imported torch at module level ({p.import_seconds:.2f}s); import it "
                 "inside hook bodies so `titan --help` stays fast (docs/plugins.md)"
+            )
+        elif p.import_seconds >= SLOW_IMPORT_SECONDS:
+            print(
+                f"\n{p.name}: its import took {p.import_seconds:.2f}s, which every titan command pays "
+                "(`titan --help` too); move heavy imports and work into hook bodies (docs/plugins.md)"
             )
         for conflict in p.conflicts:
             print(f"\n{p.name}: conflict: {conflict} is provided by another plugin too; runs using it fail")

@@ -363,14 +363,17 @@ class Dataset:
 
     name: str
     #: ``documents(data_config) -> Iterable[str]``: yields documents in a fixed order; called
-    #: with the ``data`` section once per epoch.
+    #: with the ``data`` section once per epoch (and per validation when validation reads it),
+    #: so each call returns a new iterable of the same documents in the same order (a resume
+    #: re-reads them to skip what the saved steps consumed): not one shared iterator.
     documents: Callable[[Data], Iterable[str]] = attrs.field(validator=_function("Dataset.documents"))
     description: str = ""
     #: ``held_out(data_config) -> Iterable[str]``: documents that ``documents`` never yields, of
-    #: the same distribution; used for validation when validation reads this dataset with its
-    #: training path (``validation.dataset`` and ``validation.path`` unset), so the validation
-    #: loss is not measured on training text. ``None``: validation then reads ``documents`` (and
-    #: the trainer warns that the loss is on training text).
+    #: the same distribution, the same ones in the same order on every call (each validation
+    #: reads them from the start); used for validation when validation reads this dataset with
+    #: its training path (``validation.dataset`` and ``validation.path`` unset), so the
+    #: validation loss is not measured on training text. ``None``: validation then reads
+    #: ``documents`` (and the trainer warns that the loss is on training text).
     held_out: Callable[[Data], Iterable[str]] | None = attrs.field(
         default=None, validator=_optional("Dataset.held_out")
     )

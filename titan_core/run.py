@@ -377,12 +377,20 @@ def refuse_unread_env(registry: Any, backend: str, env: Mapping[str, str]) -> No
 
 def run(args: argparse.Namespace, registry: Any) -> int:
     from titan_core.errors import TitanError
+    from titan_core.stop_signals import SigtermStop, stopped_by_sigterm
 
     try:
         return _run(args, registry)
     except TitanError as exc:
         record_for_torchrun(exc)
         raise
+    except SigtermStop as exc:
+        # Not written for torchrun's report: when torchrun ends the survivors of a rank that
+        # failed, that rank's line is the cause to show, not theirs.
+        said = (
+            str(exc) or "before the run was built: nothing was trained or saved; run the same command again"
+        )
+        raise stopped_by_sigterm(said) from None
 
 
 def record_for_torchrun(exc: BaseException) -> None:

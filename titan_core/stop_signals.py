@@ -1,4 +1,10 @@
-"""SIGTERM and Ctrl-C during training: flags the loop reads after each step (docs/reliability.md)."""
+"""SIGTERM and Ctrl-C at every phase of a command (docs/reliability.md).
+
+Outside the training loop SIGTERM raises :class:`SigtermStop` where the process is, as Ctrl-C
+raises ``KeyboardInterrupt``: nothing is being written that a stop could cut off half-way, and the
+build or an export may run long past a cluster's grace period. Inside the loop, and while the run
+closes after its last step, both are flags (:class:`StopSignals`) the loop reads after each step.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,75 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["AgreedStop", "StopSignals", "sigterm_waits_for_the_error_line"]
+from titan_core.errors import TitanError
+
+__all__ = [
+    "STOPS",
+    "AgreedStop",
+    "SigtermStop",
+    "StopSignals",
+    "Terminated",
+    "sigterm_stops_the_command",
+    "sigterm_waits_for_the_error_line",
+    "stopped_by_sigterm",
+    "stops_held",
+]
+
+
+class Terminated(TitanError):
+    """SIGTERM (preemption) ended the run, after saving what checkpointing allows."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+class SigtermStop(BaseException):
+    """SIGTERM outside the training loop, raised wherever the process is (under
+    :func:`sigterm_stops_the_command`). A ``BaseException``, as ``KeyboardInterrupt``: code that
+    catches a plugin's or a recipe's ``Exception`` must not take it for their failure. Its message,
+    set by the layer that knows, says what the stop leaves (empty: that layer did not say)."""
+
+
+#: What a signal raises where it lands: ``except STOPS: raise`` keeps a stop a stop.
+STOPS = (KeyboardInterrupt, SigtermStop)
+
+
+def stopped_by_sigterm(said: str) -> Terminated:
+    """The error of a :class:`SigtermStop`, ``said`` saying where and what it leaves. One of
+    several launched processes may have it from torchrun, which ends the others once one exits:
+    then that one's error is the cause, and the line says so rather than only "run it again"."""
+    import os
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1:
+        said += (
+            " (if another rank of this job failed first, this is torchrun's SIGTERM ending the rest: "
+            "that rank's error says what to fix)"
+        )
+    return Terminated(f"stopped by SIGTERM {said}")
+
+
+def _raise_sigterm_stop(signum: int, frame: Any) -> None:
+    # One stop: a second SIGTERM (torchrun's after the cluster's) must not cut off the first's
+    # cleanup and its error line; torchrun's SIGKILL still ends a process that does not finish.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SigtermStop()
+
+
+@contextlib.contextmanager
+def sigterm_stops_the_command() -> Iterator[None]:
+    """SIGTERM raises :class:`SigtermStop` during the CLI's command (its default action ended the
+    process at once, with nothing said, whatever it was doing); the handler before it comes back
+    at the end."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_sigterm_stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 
 #: The open :func:`sigterm_waits_for_the_error_line` scopes, innermost last: each holds the SIGTERM
 #: handler to restore once its error line is out (None: no run failed under it).
@@ -33,6 +107,42 @@ def sigterm_waits_for_the_error_line() -> Iterator[None]:
         _error_line_scopes.remove(held)
         if held[0] is not None:
             signal.signal(signal.SIGTERM, held[0])
+
+
+def hold_sigterm_for_the_error_line(current: Any = None) -> bool:
+    """Under :func:`sigterm_waits_for_the_error_line`: SIGTERM does nothing until the scope's
+    error line is out (``current``: the handler in place now, None: read it), then the handler
+    before the first hold comes back. Returns False, changing nothing, outside such a scope."""
+    if not _error_line_scopes:
+        return False
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    except ValueError:  # not the main thread
+        return False
+    if _error_line_scopes[-1][0] is None:  # the outermost handler is the one to restore
+        _error_line_scopes[-1][0] = previous if current is None else current
+    return True
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block ends, then the first to arrive is delivered again
+    to the handler before it: for a few renames that must all happen or none (an export moving
+    its files over an earlier one's), which a stop in between left mixed."""
+    arrived: list[int] = []
+    previous: dict[int, Any] = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda n, frame: arrived.append(n))
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 class StopSignals:
@@ -67,9 +177,12 @@ class StopSignals:
         for signum, previous in self._previous.items():
             if previous is None:
                 continue
-            failing = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
-            if signum == signal.SIGTERM and failing and _error_line_scopes:
-                _error_line_scopes[-1][0] = previous  # restored once the error line is out
+            # A second Ctrl-C's too: torchrun's SIGTERM, once a peer has ended, cut its line off.
+            if (
+                signum == signal.SIGTERM
+                and exc_type is not None
+                and hold_sigterm_for_the_error_line(previous)
+            ):
                 continue
             signal.signal(signum, previous)
 

@@ -13,7 +13,6 @@ import inspect
 import itertools
 import math
 import os
-import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -27,13 +26,14 @@ from torch import nn
 from titan_core._registry import Registry
 from titan_core.callbacks import Callbacks
 from titan_core.config import ConfigError, TrainerConfig, optimizer_problems
-from titan_core.data.loader import PackedBatches, files_fingerprint, read_documents
+from titan_core.data.loader import PackedBatches, files_fingerprint, read_documents, same_start
 from titan_core.data.prefetch import Prefetcher
 from titan_core.errors import (
     PluginError,
     TitanError,
     UsageError,
     call_plugin,
+    describe,
     is_out_of_memory,
     write_failure,
 )
@@ -62,7 +62,14 @@ from titan_core.run_folder import (
     tb_location,
 )
 from titan_core.schedule import WarmupStableDecay
-from titan_core.stop_signals import AgreedStop, StopSignals
+from titan_core.stop_signals import (
+    STOPS,
+    AgreedStop,
+    SigtermStop,
+    StopSignals,
+    Terminated,
+    hold_sigterm_for_the_error_line,
+)
 from titan_core.tied import retie, shared_parameters
 from titan_core.topology import Topology, check_same_config, peer_cause, post_failure
 from titan_core.validation import validation_batches
@@ -90,12 +97,6 @@ class Diverged(TitanError):
     exit_code = 1
 
 
-class Terminated(TitanError):
-    """SIGTERM (preemption) ended the run after saving what checkpointing allows."""
-
-    exit_code = 128 + signal.SIGTERM
-
-
 def set_determinism(config: TrainerConfig, seed: int) -> None:
     if config.debug.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -117,11 +118,43 @@ class Trainer:
         self._contexts = ExitStack()
         #: The background thread preparing batches while training (``data.prefetch``).
         self.prefetcher: Prefetcher | None = None
+        #: Whether the loop ran its last step (what is left is closing the run).
+        self.finished = False
         try:
             self._build(config, registry, overwrite)
+        except SigtermStop as exc:
+            self._abandon()
+            if not str(exc):
+                exc.args = (
+                    f"during the build: nothing was trained or saved; {self._rerun_after_the_build()}",
+                )
+            raise
         except BaseException:
+            # Torchrun's SIGTERM to the other ranks, once one has ended, must not cut this
+            # rank's error line off (a Ctrl-C's too), nor the cleanup before it.
+            hold_sigterm_for_the_error_line()
             self._abandon()
             raise
+
+    def stopped_outside_the_loop(self, exc: BaseException) -> str:
+        """Where a signal raised outside the loop stopped the run, for its line: after the last
+        step (a second Ctrl-C while the run closed), or before the first."""
+        if self.finished:
+            return f"after the last step ({self.step}): the run completed"
+        if isinstance(exc, SigtermStop):
+            return f"before its first step: nothing was trained or saved; {self._rerun_after_the_build()}"
+        return ""  # a Ctrl-C before the first step: nothing happened to say more of
+
+    def _rerun_after_the_build(self) -> str:
+        """What the same command does after a build that SIGTERM stopped."""
+        resumed = getattr(self, "resumed_from", 0)  # set once a checkpoint is loaded
+        if resumed:
+            return f"run the same command to resume from the checkpoint of step {resumed}"
+        if self.config.checkpoint.enable:  # perhaps stopped while it looked for one
+            return (
+                "run the same command to start the run (or resume it from its last checkpoint, if it has one)"
+            )
+        return "run the same command to start the run"
 
     def _abandon(self) -> None:
         """After a failed build: nothing of it stays behind in this process (the fake mode, the
@@ -204,7 +237,19 @@ class Trainer:
         # optimizer would then fail deep inside torch after the model is built.
         if problems := optimizer_problems(config.training):
             raise ConfigError(problems)
-        self.topology: Topology = backend.init(config)
+        # Before the topology: no traceback file (whose name has the rank) and no dump folder yet.
+        self.topology: Topology = call_plugin(
+            lambda: f"{registry.label('comm_backends', backend.name)} failed to start",
+            backend.init,
+            config,
+            passes=lambda exc: peer_failure(exc, config) is not None,  # reported as the others
+        )
+        if not isinstance(self.topology, Topology):  # its first use failed deep inside titan
+            raise PluginError(
+                f"{self.registry.label('comm_backends', backend.name)}: init returned "
+                f"{'None' if self.topology is None else 'a ' + type(self.topology).__name__}, not a "
+                "titan_core.topology.Topology (CommBackend.init)"
+            )
         setup_logging(rank=self.topology.rank)
         capture()  # lines from here on go to <dump_folder>/train.log once it is known who writes it
         if self.topology.world_size > 1 and not self.topology.simulates_peers:
@@ -242,7 +287,8 @@ class Trainer:
         # A wrong data.path should fail now, not once the model is built: read one document.
         # A plugin's exception there is one error naming the dataset (read_documents).
         name = f"data.dataset {config.data.dataset!r}"
-        if next(read_documents(lambda: dataset.documents(config.data), name), None) is None:
+        self._first_document = next(read_documents(lambda: dataset.documents(config.data), name), None)
+        if self._first_document is None:
             raise UsageError(f"data.dataset = {config.data.dataset!r} yields no documents; check data.path")
         c = config.checkpoint
         self.checkpointer: Any = None
@@ -389,7 +435,12 @@ class Trainer:
             self.batches = ZeroBatches(t.local_batch_size, t.seq_len)
         else:
             self.batches = PackedBatches(
-                documents=lambda: dataset.documents(config.data),
+                # Every pass from the document the build read (same_start says why).
+                documents=lambda: same_start(
+                    dataset.documents(config.data),
+                    self._first_document,
+                    f"data.dataset {config.data.dataset!r}",
+                ),
                 tokenizer=self.tokenizer,
                 seq_len=t.seq_len,
                 batch_size=t.local_batch_size,
@@ -566,7 +617,21 @@ class Trainer:
         return model_figure(label, field, self._as_plugin, getattr(self.spec, field), *args)
 
     def _guarded_callback(self, label: str, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """A callback's method as the loop calls it: its exception becomes one error naming it."""
+        """A callback's method as the loop calls it: its exception becomes one error naming it;
+        in ``on_failure`` a warning, since the run is failing already: one that raised there
+        replaced the run's own error (and its traceback file), and the later callbacks'
+        ``on_failure`` (the profiler's snapshot, the flight recorder's dump) never ran."""
+        if point == "on_failure":
+
+            def on_failure(*args: Any) -> None:
+                try:
+                    fn(*args)
+                except Exception as exc:
+                    log.warning(
+                        f"{label} failed in on_failure; the run's own error follows", reason=describe(exc)
+                    )
+
+            return on_failure
         return lambda *args: self._as_plugin(lambda: f"{label} failed in {point}", fn, *args)
 
     def _as_plugin(self, what: Callable[[], str], fn: Callable[..., Any], *args: Any) -> Any:
@@ -751,7 +816,12 @@ class Trainer:
 
         return clip_grad_norm(self.parts, self.config.training.max_norm, self.ctx)
 
-    def train(self) -> list[dict[str, float]]:
+    def train(self, signals: StopSignals | None = None) -> list[dict[str, float]]:
+        """Train (or write the seed checkpoint); ``signals``: the scope the caller keeps open past
+        this call (``train`` closes the run inside it), else one of its own."""
+        if signals is None:
+            with StopSignals() as signals:
+                return self.train(signals)
         if self.config.checkpoint.create_seed_checkpoint:
             save_seed = self.checkpointer.save_seed
             # The model it holds, where the checkpointer records it: a run resuming from the seed
@@ -783,9 +853,12 @@ class Trainer:
         try:
             for fn in cb.on_train_start:
                 fn(self.step)
-            with StopSignals() as signals:
-                self._run_steps(batches, signals)
+            self._run_steps(batches, signals)
+            self.finished = True
         except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and not exc.args:  # a second Ctrl-C, at once
+                lost = self._after_interrupt(self.step, in_flight=True)
+                exc.args = (f"during step {self.step}, at once (a second Ctrl-C){lost}",)
             if hasattr(exc, "add_note"):
                 exc.add_note(
                     f"titan-phase: {getattr(self, 'phase', 'the start of training')} of step {self.step}"
@@ -952,19 +1025,23 @@ class Trainer:
     def _saves(self, step: int, last: bool) -> bool:
         return self.checkpointer is not None and self.checkpointer.should_save(step, last)
 
-    def _after_interrupt(self, step: int) -> str:
-        """What a Ctrl-C leaves, for its one line: it saves nothing (SIGTERM saves the step)."""
+    def _after_interrupt(self, step: int, *, in_flight: bool = False) -> str:
+        """What a Ctrl-C leaves, for its one line: it saves nothing (SIGTERM saves the step).
+        ``in_flight``: a second Ctrl-C stopped ``step`` at once, before its end."""
         if self.checkpointer is None:
             return "; checkpointing is off, so nothing was saved: the same command starts over from step 1"
         saved = self.last_saved or self.resumed_from
+        if saved == step and not in_flight:  # checkpoint.interval saved it
+            return f", which is saved: the same command resumes from step {step + 1}"
+        unsaved = "" if in_flight else ", without saving it"
+        instead = "" if in_flight else " (SIGTERM instead of Ctrl-C saves the step in flight)"
         if not saved:
             return (
-                ", without saving it, and no checkpoint exists yet: the same command starts over from "
-                "step 1 (SIGTERM instead of Ctrl-C saves the step in flight)"
+                f"{unsaved}, and no checkpoint exists yet: the same command starts over from step 1{instead}"
             )
         return (
-            f", without saving it: the same command resumes from the checkpoint of step {saved} and "
-            f"trains steps {saved + 1}-{step} again (SIGTERM instead of Ctrl-C saves the step in flight)"
+            f"{unsaved}: the same command resumes from the checkpoint of step {saved} and trains steps "
+            f"{saved + 1}-{step} again{instead}"
         )
 
     def _after_sigterm(self, step: int) -> str:
@@ -1036,8 +1113,17 @@ def train(config: TrainerConfig, registry: Registry, *, overwrite: bool = False)
     trainer = Trainer(config, registry, overwrite=overwrite)
     completed = False
     try:
-        history = trainer.train()
-        completed = True
-    finally:
-        trainer.close(completed=completed)
+        # One scope from the start of training until the run's files are closed and its process
+        # group ended (with the peers, after a completed run): a signal is a flag all along, read
+        # after each step; after the last step it changes nothing, and nothing is cut off half-way.
+        with StopSignals() as signals:
+            try:
+                history = trainer.train(signals)
+                completed = True
+            finally:
+                trainer.close(completed=completed)
+    except STOPS as exc:
+        if not exc.args:  # raised outside the loop, which says where it stopped
+            exc.args = (trainer.stopped_outside_the_loop(exc),)
+        raise
     return history

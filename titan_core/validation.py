@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from titan_core.data.loader import PackedBatches, path_field, read_documents
+from titan_core.data.loader import PackedBatches, path_field, read_documents, same_start
 from titan_core.errors import UsageError
 from titan_core.log import get_logger
 from titan_core.run_folder import overlapping
@@ -40,13 +40,14 @@ def validation_batches(trainer: Trainer, registry: Registry) -> PackedBatches:
     dataset = registry.get("datasets", name, what="validation.dataset")
     data = attrs.evolve(d, dataset=name, path=v.path if v.path is not None else d.path)
     documents = dataset.documents
+    held_out = False
     label = f"validation.dataset {name!r}"
     # The same record read at the same path yields the training documents: the same string
     # (the dataset's own notion of a path), or one file on disk however it is spelled.
     same_path = data.path == d.path or _same_file(data.path, d.path)
     if dataset == registry.get("datasets", d.dataset, what="dataset") and same_path:
         if dataset.held_out is not None:
-            documents = dataset.held_out
+            documents, held_out = dataset.held_out, True
             label += " (held-out documents)"
         else:
             log.warning(
@@ -66,14 +67,24 @@ def validation_batches(trainer: Trainer, registry: Registry) -> PackedBatches:
     token = path_field.set("validation.path")  # a folder is listed (and warned of) on first read
     try:
         # A plugin's exception there is one error naming the dataset, as later reads' are.
-        first = next(_as_validation(read_documents(lambda: documents(data), label)), None)
+        first = next(_as_validation(read_documents(lambda: documents(data), label)), _NOTHING)
     finally:
         path_field.reset(token)
-    if first is None:
-        raise UsageError(f"validation.dataset = {name!r} yields no documents; check validation.path")
+    if first is _NOTHING:
+        if held_out:
+            raise UsageError(
+                f"{label} yields no documents: Dataset.held_out(data) of dataset {name!r} gave none; "
+                "validate on other held-out data with validation.path (and validation.dataset = "
+                "'text') or validation.dataset"
+            )
+        field = ("validation.path" if v.path is not None else "data.path") if dataset.reads_path else None
+        raise UsageError(
+            f"validation.dataset = {name!r} yields no documents; "
+            + (f"check {field}" if field else "its Dataset.documents(data) gave none")
+        )
     coords = trainer.parallel_dims.coordinates(trainer.topology.rank)
-    return PackedBatches(
-        documents=lambda: _as_validation(documents(data)),
+    batches = PackedBatches(
+        documents=lambda: same_start(_as_validation(documents(data)), first, label),
         tokenizer=trainer.tokenizer,
         seq_len=trainer.config.training.seq_len,
         batch_size=trainer.config.training.local_batch_size,
@@ -85,6 +96,15 @@ def validation_batches(trainer: Trainer, registry: Registry) -> PackedBatches:
         repeat_warning="validation.steps",
         batches_per_step=trainer.accumulation,
     )
+    # One batch now, as each validation reads it: a set too small for one batch (known at the end
+    # of its first pass) stopped the run only at the first validation, validation.freq steps into
+    # training, and documents that differ from the first read's are found before any step.
+    next(iter(batches))
+    return batches
+
+
+#: No document read (a dataset may yield ``None``, which the loader names as no text).
+_NOTHING: object = object()  # no document
 
 
 def _as_validation(documents: Iterable[str]) -> Iterator[str]:

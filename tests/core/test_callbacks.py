@@ -92,3 +92,44 @@ def test_a_method_named_almost_like_metrics_is_refused_too() -> None:
 def test_loop_points_and_helpers_of_other_names_are_accepted() -> None:
     callbacks = Callbacks([_Fine()], ["callback 'a' (plugin p)"])
     assert len(callbacks.on_step_end) == 1
+
+
+def test_a_callback_failing_in_on_failure_neither_hides_the_runs_error_nor_skips_the_others(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loop called the ``on_failure`` methods in a row: the first that raised replaced the
+    run's own error with its own, and the later ones (the profiler's snapshot, the flight
+    recorder's dump) never ran."""
+    from tests.conftest import plugin_module, tiny_llama3
+    from titan_core import Callback
+    from titan_core._registry import Registry
+    from titan_core.trainer import train
+
+    seen: list[str] = []
+
+    class Boom:
+        def after_forward_backward(self, step: int) -> None:
+            if step == 2:
+                raise RuntimeError("the run's own failure")
+
+    class BadCleanup:
+        def on_failure(self, step: int, exc: BaseException) -> None:
+            raise OSError("the cleanup's own failure")
+
+    class Recorder:
+        def on_failure(self, step: int, exc: BaseException) -> None:
+            seen.append(str(exc))
+
+    callbacks = [
+        Callback("boom", lambda trainer: Boom()),
+        Callback("bad_cleanup", lambda trainer: BadCleanup()),
+        Callback("recorder", lambda trainer: Recorder()),
+    ]
+    registry = Registry().load_entry_points()
+    registry.register(plugin_module("cbs", titan_callbacks=callbacks), "cbs", "dist-cbs", "1.0")
+    own = r"callback 'boom' .*failed in after_forward_backward: RuntimeError"
+    with pytest.raises(PluginError, match=own):
+        train(tiny_llama3(tmp_path, 4), registry)
+    assert len(seen) == 1 and "the run's own failure" in seen[0], seen
+    out = capsys.readouterr().out
+    assert "callback 'bad_cleanup'" in out and "the cleanup's own failure" in out, out[-2000:]

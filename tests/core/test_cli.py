@@ -31,6 +31,27 @@ def test_plugins_list_is_fast_and_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, env=titan_env())
 
 
+def test_plugins_list_names_a_plugin_whose_import_is_slow(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin that took 2 s to import without torch (a network call, a big table at module
+    level) showed `2001ms` in its row and nothing else, while every titan command paid for it."""
+    from titan_core import _registry
+    from titan_core._registry import PluginInfo, Registry
+    from titan_core.cli import main
+
+    registry = Registry().load_entry_points()
+    registry.plugins["sluggish"] = PluginInfo(
+        "sluggish", "titan-sluggish", "1.0", "sluggish", import_seconds=2.0
+    )
+    monkeypatch.setattr(_registry, "_default", registry)
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "sluggish: its import took 2.00s, which every titan command pays" in out, out
+    assert "hook bodies" in out
+    assert out.count("its import took") == 1  # titan's own plugins import at once
+
+
 def test_help_lists_operational_options_without_torch() -> None:
     probe = (
         "import sys\nfrom titan_core.cli import main\n"

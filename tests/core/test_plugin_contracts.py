@@ -999,3 +999,35 @@ def test_a_callback_serving_no_such_core_field_fails_its_plugin() -> None:
         "serving 'debug.memory_reprot', not a core field a plugin implements; those are: debug.memory_report"
         in (info.error or "")
     )
+
+
+# -- comm backends -------------------------------------------------------------------------------
+
+
+def _refuse_to_start(config: Any) -> Any:
+    raise RuntimeError("the fabric manager is down")
+
+
+@pytest.mark.parametrize(
+    ("init", "said"),
+    [
+        (_refuse_to_start, "failed to start: RuntimeError: the fabric manager is down"),
+        (lambda config: None, "init returned None, not a titan_core.topology.Topology"),
+    ],
+    ids=["raises", "returns-none"],
+)
+def test_a_comm_backend_whose_init_fails_is_one_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, init: Any, said: str
+) -> None:
+    """Raised: a bare traceback from the trainer's _join; None: ``AttributeError: 'NoneType'
+    object has no attribute 'rank'`` from the logging setup."""
+    from tests.parallel_harness import tiny_config
+    from titan_core import CommBackend
+
+    _with(monkeypatch, ("fabric", plugin_module("fabric", titan_comm_backends=[CommBackend("fabric", init)])))
+    config = tiny_config(**{"comm.backend": "fabric", "job.dump_folder": str(tmp_path)})
+    with pytest.raises(PluginError) as info:
+        Trainer(config, _registry.get_registry())
+    text = str(info.value)
+    assert text.startswith("comm backend 'fabric' (plugin fabric, dist-fabric 1.0)"), text
+    assert said in text, text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import types
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,7 +20,7 @@ from tests.parallel_harness import log_records, run_titan_train, write_seed_chec
 from titan_core import Dataset, Strategy
 from titan_core._registry import Registry, get_registry
 from titan_core.config import Data
-from titan_core.errors import UsageError
+from titan_core.errors import PluginError, UsageError
 from titan_core.parallelize import cross_entropy_loss
 from titan_core.trainer import Trainer, train
 
@@ -499,3 +500,101 @@ def test_the_run_summary_shows_a_small_final_loss_and_mfu_without_rounding_them_
     (block,) = blocks
     assert block["final_loss"] == "3.200e-07"
     assert block["mfu"] == "4.200e-04%"
+
+
+# -- the validation set is checked when the run is built, and read the same every time ----------
+
+
+@pytest.mark.parametrize("source", ["file", "held-out"])
+def test_a_validation_set_smaller_than_one_batch_is_refused_before_training(
+    tmp_path: Path, source: str
+) -> None:
+    """Found only at the first validation: ``validation.freq`` steps trained (hours, on a real
+    run) before a bad input any build could see stopped it."""
+    if source == "file":
+        registry = get_registry()
+        corpus = tmp_path / "val.jsonl"
+        corpus.write_text('{"text": "a tiny held out document"}\n')
+        config = with_validation(tmp_path / "out")
+        config.validation.dataset, config.validation.path = "text", str(corpus)
+        name = "validation.dataset 'text'"
+    else:
+        registry = Registry().load_entry_points()
+        tiny = Dataset("mine", training_text, held_out=lambda data: ["one short document"])
+        registry.register(plugin(titan_datasets=[tiny]), "third_party_data")
+        config = with_validation(tmp_path / "out")
+        config.data.dataset = "mine"
+        name = r"validation.dataset 'mine' \(held-out documents\)"
+    with pytest.raises(UsageError, match=rf"{name} is too small for one batch: one pass gives \d+ tokens"):
+        Trainer(config, registry)
+
+
+def test_held_out_documents_that_are_empty_are_named_not_validation_path(tmp_path: Path) -> None:
+    """It said ``validation.dataset = 'mine' yields no documents; check validation.path``: neither
+    field was set, and the dataset reads no path; its ``held_out`` gave nothing."""
+    registry = Registry().load_entry_points()
+    empty = Dataset("mine", training_text, held_out=lambda data: [], reads_path=False)
+    registry.register(plugin(titan_datasets=[empty]), "third_party_data")
+    config = with_validation(tmp_path)
+    config.data.dataset = "mine"
+    with pytest.raises(UsageError) as info:
+        Trainer(config, registry)
+    message = str(info.value)
+    assert message.startswith("validation.dataset 'mine' (held-out documents) yields no documents")
+    assert "Dataset.held_out" in message and "validation.path" in message
+    assert "check validation.path" not in message
+
+
+def _one_shared_iterator(data: Data) -> Iterable[str]:
+    return SHARED[0]
+
+
+SHARED: list[Iterable[str]] = []
+
+
+@pytest.mark.parametrize("held_out", ["one iterator", "another order each call"])
+def test_held_out_documents_read_differently_each_time_are_one_error(tmp_path: Path, held_out: str) -> None:
+    """Every validation reads its documents from the start. A ``held_out`` returning one shared
+    iterator (or the documents in another order each call) gave each validation other text,
+    exit 0: validation/loss curves of different sets, compared as one."""
+    from titan_core.errors import PluginError
+
+    texts = list(held_out_text(Data()))
+    if held_out == "one iterator":
+        SHARED[:] = [iter(texts)]
+        function = _one_shared_iterator
+    else:
+        rng = random.Random(0)
+        function = lambda data: rng.sample(texts, len(texts))
+    with pytest.raises(PluginError) as info:
+        trainer = third_party_trainer(tmp_path, Dataset("drifting", training_text, held_out=function))
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    message = str(info.value)
+    assert message.startswith(
+        "validation.dataset 'drifting' (held-out documents) gave another first document"
+    )
+    assert "the same documents in the same order on every call" in message
+
+
+def test_training_documents_from_one_shared_iterator_are_refused_before_training(tmp_path: Path) -> None:
+    """The build reads the first document (to fail a wrong data.path at once), and a dataset
+    returning one shared iterator then trained without it, without a word, in a run shorter than
+    one pass (a longer one failed at pass 2)."""
+    shared = iter(f"The river falls {i} times and the market opens." for i in range(100000))
+    registry = Registry().load_entry_points()
+    registry.register(plugin(titan_datasets=[Dataset("once", lambda data: shared)]), "third_party_data")
+    config = with_validation(tmp_path, steps=2)
+    config.validation.enable = False
+    config.data.dataset = "once"
+    with pytest.raises(PluginError) as info:
+        trainer = Trainer(config, registry)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    text = str(info.value)
+    assert text.startswith("data.dataset 'once' gave another first document on a later read"), text
+    assert "The river falls 1 times" in text and "The river falls 0 times" in text, text

@@ -570,7 +570,10 @@ class PackedBatches:
                 # Named before the count moves on (it named the pass after the empty one).
                 raise UsageError(
                     f"data: {self.name} yielded no sequence on pass {epoch + 1} over the data (pass 1 "
-                    f"gave {first_pass}): its documents changed while the run read them"
+                    f"gave {first_pass}): its documents changed while the run read them (files removed "
+                    "under the job), or a dataset plugin's documents(data) returned one shared "
+                    "iterator, spent by pass 1: it must return a new iterable on each call (a "
+                    "generator function's generator, a list)"
                 )
             epoch += 1
             yield None  # the pass ended
@@ -605,7 +608,7 @@ class PackedBatches:
         for document in read_documents(self.documents, self.name, self._pass):
             if not isinstance(document, str):
                 raise PluginError(
-                    f"{self.name} yielded {type(document).__name__} {_preview(document)} where a document "
+                    f"{self.name} yielded {type(document).__name__} {preview(document)} where a document "
                     "was expected: a Dataset's documents(data) must yield each document's text as a str"
                 )
             pieces = document_pieces(document, PIECE_CHARS)
@@ -688,7 +691,17 @@ def read_documents(documents: Callable[[], Iterable[str]], name: str, pass_: int
     prefetch thread as well."""
     count = 0
     try:
-        for document in documents():
+        source = documents()
+        if not isinstance(source, Iterable) and not hasattr(type(source), "__getitem__"):
+            # Iterated, it is a TypeError at this file's line: the loader blamed, not the plugin
+            # (``__getitem__`` alone is Python's older iteration protocol, still iterable).
+            got = "None" if source is None else f"{type(source).__name__} {preview(source)}"
+            raise PluginError(
+                f"{name} returned {got} where an iterable of documents was expected: a Dataset's "
+                "documents(data) and held_out(data) return (or yield) the documents' texts, e.g. "
+                "a list of str or a generator"
+            )
+        for document in source:
             yield document
             count += 1
     except TitanError:
@@ -699,10 +712,36 @@ def read_documents(documents: Callable[[], Iterable[str]], name: str, pass_: int
         ) from exc
 
 
-def _preview(value: object) -> str:
+def preview(value: object) -> str:
     """A value's repr, cut to 60 characters (a document may be large)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_NOTHING: object = object()
+
+
+def same_start(documents: Iterable[str], first: object, label: str) -> Iterator[str]:
+    """``documents``, refused unless they start with ``first`` (the build's first read).
+
+    Each pass over the data and every validation read the dataset from the start. A dataset that
+    returns one shared iterator (each read goes on where the last stopped) or another order on
+    each call trained without the document the build read, and gave every validation other
+    text, without a word.
+    """
+    iterator = iter(documents)
+    head = next(iterator, _NOTHING)
+    if head != first:
+        got = "no document" if head is _NOTHING else preview(head)
+        raise PluginError(
+            f"{label} gave another first document on a later read ({got}) than on the first "
+            f"({preview(first)}): each pass over the data and every validation read it from the "
+            "start, so a dataset must yield the same documents in the same order on every call: a "
+            "plugin's Dataset.documents / held_out returns a new generator or list each time (not "
+            "one shared iterator) in a fixed order, and data files must not change during the run"
+        )
+    yield head  # type: ignore[misc]
+    yield from iterator
 
 
 def _chunks(

@@ -816,6 +816,40 @@ def test_a_dataset_whose_documents_call_fails_is_one_error_naming_it() -> None:
         next(iter(loader))
 
 
+@pytest.mark.parametrize("returned", [None, 7], ids=["None", "a number"])
+def test_a_dataset_returning_no_iterable_is_one_error_naming_the_contract(returned: object) -> None:
+    """A ``documents`` (or ``held_out``) that forgot its ``return`` failed with ``TypeError:
+    'NoneType' object is not iterable (at .../titan_core/data/loader.py:691)``: titan's line, as if
+    the loader were at fault, and not what the function must return."""
+    from titan_core.errors import PluginError
+
+    loader = PackedBatches(lambda: returned, load_tokenizer(None), 32, 4, name="data.dataset 'gen'")
+    with pytest.raises(PluginError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert message.startswith(
+        f"data.dataset 'gen' returned {'None' if returned is None else 'int 7'} where an iterable "
+        "of documents was expected: "
+    )
+    assert "loader.py" not in message
+
+
+def test_a_dataset_returning_one_shared_iterator_is_told_what_documents_must_return() -> None:
+    """``documents`` returning one iterator (a pass went on where the last stopped; the second
+    found it spent) ended with ``its documents changed while the run read them`` alone: true of
+    files removed under a job, but a plugin author read it as a data problem, not the contract."""
+    shared = iter([f"The river falls {i} times and the market opens." for i in range(50)])
+    loader = PackedBatches(
+        lambda: shared, load_tokenizer(None), 32, 2, shuffle_buffer=0, name="data.dataset 'once'"
+    )
+    batches = iter(loader)
+    with pytest.raises(UsageError) as info:
+        for _ in range(1000):
+            next(batches)
+    assert "yielded no sequence on pass 2 over the data" in str(info.value)
+    assert "a new iterable on each call" in str(info.value)
+
+
 def test_a_tokenizer_without_tokens_is_refused_naming_the_file(tmp_path: Path) -> None:
     """An empty vocabulary (a conversion that lost it) encoded every text to nothing, and the run
     stopped blaming the data: 'too small for one batch: one pass gives 0 tokens'."""
