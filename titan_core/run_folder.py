@@ -9,6 +9,7 @@ and pid there; a second run gets one error naming them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -490,10 +491,16 @@ class RunFolder:
             "identity": identity(self.config, self.dp),
         }
         path = os.path.join(self.dump, RUN_FILE)
+        # Written beside it and renamed over it: a write cut short (a full disk, a kill) left a
+        # half run.json, and the folder then refused every attempt as unidentifiable.
+        tmp = f"{path}.tmp"
         try:
-            with open(path, "w") as f:
+            with open(tmp, "w") as f:
                 json.dump(record, f, indent=2)
+            os.replace(tmp, path)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             raise write_failure(path, exc, what="the run's record") from None
         return self.resumed
 

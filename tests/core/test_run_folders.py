@@ -564,3 +564,63 @@ def test_a_checkpoint_folder_that_cannot_be_created_is_a_usage_error(tmp_path: P
     with pytest.raises(UsageError, match=expected):
         train(config, get_registry())
     assert not (tmp_path / "run" / "run.json").exists()  # refused before anything is written
+
+
+def test_a_run_json_write_cut_short_keeps_the_earlier_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while a rerun recorded run.json left it half-written: the next attempt, after
+    space was freed, refused the folder as `outputs of a run titan cannot identify`, and only
+    --overwrite (deleting its checkpoints) got past it."""
+    import builtins
+
+    from titan_core import run_folder
+    from titan_core.errors import TitanError
+
+    def checkpointed() -> object:
+        config = tiny_llama3(tmp_path, 4)
+        config.checkpoint.enable = True
+        config.checkpoint.interval = 2
+        return config
+
+    stopped = checkpointed()
+    stopped.debug.max_steps = 2
+    train(stopped, get_registry())
+    before = (tmp_path / "run.json").read_text()
+    real_open = builtins.open
+
+    class CutShort:
+        """A file whose writes stop after 10 bytes, as on a disk that fills up."""
+
+        def __init__(self, file: object) -> None:
+            self.file, self.left = file, 10
+
+        def write(self, text: str) -> int:
+            if len(text) > self.left:
+                self.file.write(text[: self.left])
+                self.file.flush()
+                raise OSError(28, "No space left on device")
+            self.left -= len(text)
+            return self.file.write(text)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.file, name)
+
+        def __enter__(self) -> CutShort:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.close()
+
+    def full_disk_open(path: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        file = real_open(path, mode, *args, **kwargs)
+        return CutShort(file) if "w" in mode and "run.json" in str(path) else file
+
+    monkeypatch.setattr(run_folder, "open", full_disk_open, raising=False)
+    with pytest.raises(TitanError, match="No space left on device"):
+        train(checkpointed(), get_registry())  # resumes: records run.json again
+    monkeypatch.undo()
+    assert (tmp_path / "run.json").read_text() == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("run.json.")]  # no temp left
+    train(checkpointed(), get_registry())  # space freed: the resume goes on
+    assert steps_in(tmp_path) == [1, 2, 3, 4]

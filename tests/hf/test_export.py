@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -459,6 +460,38 @@ def test_an_overwrite_that_fails_keeps_the_earlier_export(
     ]
     state = load_file(out / "model.safetensors")
     assert not torch.equal(state["model.norm.weight"], load_file_of(before, "model.norm.weight"))
+
+
+def test_a_ctrl_c_while_an_overwrite_moves_its_files_in_never_mixes_two_exports(
+    run: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--overwrite moves the new files over the earlier export's one by one, then deletes the
+    earlier shards it does not replace: a Ctrl-C in between left shards of both."""
+    import signal
+
+    from titan_plugins_dcp import export as export_module
+
+    out = tmp_path / "hf"
+    assert export(run / "checkpoint" / "step-1", "--to", "hf", out, "--max-shard-size", "100KB") == 0
+    real, moved = os.replace, []
+
+    def interrupted(src: Any, dst: Any) -> None:
+        moved.append(dst)
+        if len(moved) == 1:
+            signal.raise_signal(signal.SIGINT)  # the Python handler runs at the next bytecode
+        real(src, dst)
+
+    monkeypatch.setattr(export_module.os, "replace", interrupted)
+    capsys.readouterr()
+    assert export(run / "checkpoint" / "step-2", "--to", "hf", out, "--overwrite") == 130
+    monkeypatch.undo()
+    # The whole new export (one file), nothing of the earlier one's shards.
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
 
 def load_file_of(files: dict[str, bytes], name: str) -> torch.Tensor:

@@ -62,6 +62,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from titan_core.errors import TitanError, UsageError, describe
 from titan_core.log import get_logger
+from titan_core.stop_signals import STOPS
 from titan_plugins_dcp._fit import check_fit, saved_shapes
 from titan_plugins_dcp._folder import (
     CHUNK_BYTES,
@@ -532,6 +533,11 @@ class DCPCheckpointer:
             try:
                 _dcp(dcp.save, state, checkpoint_id=tmp)
             except dcp.CheckpointException as exc:  # DCP raises it on every rank
+                own = exc.failures.get(self.rank, (None,))[0]
+                if isinstance(own, STOPS):  # a second Ctrl-C, a SIGTERM before the loop: no failure
+                    if self.rank == 0:
+                        remove(tmp)
+                    raise own from None
                 rank, cause = _failure(exc)
                 problem = self._save_problem(step, cause, rank)
             if problem is None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from titan_core.errors import UsageError
+from titan_core.stop_signals import stops_held
 
 if TYPE_CHECKING:
     from titan_core.config import TrainerConfig
@@ -406,11 +407,12 @@ def _write_export(
         if tokenizer is not None:
             _write_tokenizer(tokenizer, stage)
         written = sorted(entry.name for entry in stage.iterdir())
-        for name in written:
-            os.replace(stage / name, out / name)
-        for entry in out.iterdir():  # --overwrite: no file of an earlier export may survive
-            if _OUTPUTS.match(entry.name) and entry.is_file() and entry.name not in written:
-                entry.unlink()
+        with stops_held():  # a stop in between left files of two exports side by side
+            for name in written:
+                os.replace(stage / name, out / name)
+            for entry in out.iterdir():  # --overwrite: no file of an earlier export may survive
+                if _OUTPUTS.match(entry.name) and entry.is_file() and entry.name not in written:
+                    entry.unlink()
     except OSError as exc:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)

@@ -331,6 +331,33 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_loses_nothing
     assert train(resumed, range(3, 7), ck) == {i: whole[i] for i in (3, 4, 5, 6)}
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, "sigterm"], ids=["ctrl-c", "sigterm"])
+def test_a_stop_inside_a_save_stays_a_stop_and_leaves_no_partial_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: Any
+) -> None:
+    """A second Ctrl-C (or SIGTERM before the loop: a seed save) while DCP wrote the shards was
+    wrapped by DCP and reported as `checkpoint: saving step-4 ... failed: KeyboardInterrupt`,
+    exit 1, instead of the stop's own line and exit code."""
+    from titan_core.stop_signals import SigtermStop
+
+    raised = KeyboardInterrupt if stop is KeyboardInterrupt else SigtermStop
+
+    @contextlib.contextmanager
+    def interrupted(self: FileSystem, path: Any, mode: str):
+        if str(path).endswith(".distcp") and "w" in mode:
+            raise raised()
+        with _REAL_CREATE_STREAM(self, path, mode) as stream:
+            yield stream
+
+    ck = checkpointer(tmp_path, **{"checkpoint.interval": 2})
+    run = Run()
+    train(run, range(1, 3), ck)
+    monkeypatch.setattr(FileSystem, "create_stream", interrupted)
+    with pytest.raises(raised):
+        train(run, range(3, 5), ck)
+    assert listing(tmp_path) == ["step-2"]  # step-4.tmp removed
+
+
 def test_full_disk_on_a_real_small_filesystem(tmp_path: Path) -> None:
     """A tmpfs with room for about one and a half checkpoints (needs mount rights, else skipped)."""
     saved_at(tmp_path / "probe", 2, width=64)
