@@ -80,6 +80,12 @@ def load_report(path: str) -> dict[str, Any]:
         raise UsageError(
             f"{path}: no such file; give a memory_report_rank<r>.json written by a run"
         ) from None
+    except UnicodeDecodeError:
+        # Binary: most likely the memory snapshot beside the reports, which is another tool's input.
+        raise UsageError(
+            f"{path}: not a readable JSON memory report (not text: a memory snapshot pickle? view it "
+            "with titan memory view); give a memory_report_rank<r>.json"
+        ) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not a readable JSON memory report ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("observations"), list):
@@ -87,10 +93,17 @@ def load_report(path: str) -> dict[str, Any]:
             f"{path}: not a memory report (no 'observations'); give a memory_report_rank<r>.json"
         )
     problem = _malformed(data["observations"])
+    peak = data.get("peak_bytes")
+    if problem is None and not _number_or_none(peak):
+        problem = f"peak_bytes is {peak!r}, not a number"  # the peak difference subtracts it
     if problem:
         raise UsageError(f"{path}: not a memory report ({problem}); give a memory_report_rank<r>.json")
     data["_path"] = path
     return data
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _malformed(observations: list[Any]) -> str | None:
@@ -102,7 +115,7 @@ def _malformed(observations: list[Any]) -> str | None:
             return f"observation {i} has no 'point'"
         for key, _label in FIGURES:
             value = o.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            if not _number_or_none(value):
                 return f"{o['point']}: {key} is {value!r}, not a number"
     return None
 

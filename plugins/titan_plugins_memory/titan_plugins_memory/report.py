@@ -34,6 +34,7 @@ dtype, sequence and batch, model overrides and a hash of the whole config), so t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -44,6 +45,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from titan_core.errors import TitanError, write_failure
 from titan_core.log import get_logger
 from titan_plugins_memory.outputs import layout_key, report_name
 from titan_plugins_memory.tracker import AllocationTracker
@@ -274,7 +276,12 @@ class MemoryReport:
         self._stop_tracker()
         self.error = f"step {step}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
         if self.observations:
-            self.write()
+            try:
+                self.write()
+            except TitanError as failed:
+                # The run ends with its own error (an out-of-memory step, say): a report that could
+                # not be written is said, and must not take that error's place.
+                log.warning(str(failed))
 
     # -- recording -------------------------------------------------------------------------------
 
@@ -360,10 +367,18 @@ class MemoryReport:
             torch.cuda.memory._dump_snapshot(self.snapshot_path)
         data = self.summary()
         path = report_path(self.config.job.dump_folder, self.topology.rank)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2)
-        print(format_table(data), flush=True)
+        print(format_table(data), flush=True)  # the figures reach the console even if the file cannot
+        # Written beside it and renamed: a report cut short (a full disk) is never left under its name.
+        partial = path + ".partial"
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(partial, "w") as f:
+                json.dump(data, f, indent=2)
+            os.replace(partial, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(partial)
+            raise write_failure(path, exc, what="the memory report") from None
         log.info("memory report written", path=path, peak_mib=round((data["peak_bytes"] or 0) / MiB, 1))
         return data
 

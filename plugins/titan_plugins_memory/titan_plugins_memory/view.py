@@ -16,6 +16,7 @@ pickled plain data only and does not import torch.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import pickle
@@ -438,8 +439,20 @@ def write_html(snapshot_path: str, output: str | None = None, top: int = 20) -> 
             f"{snapshot_path}: not a memory snapshot (reading it failed: {type(exc).__name__}: {exc}); "
             f"{_WHAT}"
         ) from None
-    with open(output, "w") as f:
-        f.write(page)
+    try:
+        with open(output, "w") as f:
+            f.write(page)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(output)  # a page cut short (a full disk) would pass for a whole one
+        why = exc.strerror or str(exc)
+        if given:
+            raise UsageError(
+                f"-o {output}: cannot write the page ({why}); give -o a path in a folder you can write"
+            ) from None
+        raise UsageError(
+            f"cannot write the page beside the snapshot, {output} ({why}); give -o PATH for the page"
+        ) from None
     return output
 
 

@@ -22,11 +22,15 @@ the step that ran out of memory, and one error line says where and what to chang
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from titan_core.errors import TitanError, UsageError, write_failure
 from titan_core.log import get_logger
 from titan_plugins_memory.oom import is_out_of_memory, oom_message, requested_bytes
 
@@ -37,6 +41,36 @@ log = get_logger("titan.profiler")
 TRACE_WARMUP = 3
 #: Allocation events kept in the memory history (older events are dropped), on CUDA and CPU.
 MAX_MEMORY_EVENTS = 100_000
+
+
+def folder_problem(folder: str) -> str | None:
+    """Why the profiler could not write files in ``folder``, or ``None``. Nothing is created (a run
+    that never reaches its first trace leaves no empty folder): the nearest part of the path that
+    exists must be a folder where a file can be made."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"no file can be made in {existing} ({exc.strerror or exc})"
+    return None
+
+
+def write_whole(path: str, write: Callable[[str], Any]) -> None:
+    """``write`` to ``path + '.partial'``, then rename it to ``path``: a write cut short (a full
+    disk, a killed process) never leaves a file under the name of a complete trace or snapshot."""
+    partial = path + ".partial"
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
 
 
 def trace_schedule(freq: int) -> Any:
@@ -63,6 +97,25 @@ class ProfilerSession:
         self._profiler: Any = None
         self._recorder: Any = None  # the CPU allocation history (an AllocationTracker)
         self._closing = False
+        #: A trace that could not be written: (step, path, the exception), raised by on_step_end.
+        self._trace_failure: tuple[int, str, Exception] | None = None
+        self._check_folders()
+
+    def _check_folders(self) -> None:
+        """A folder the enabled outputs cannot be written to is bad input, refused before step 1
+        (found at the first trace or snapshot, it stopped a run that had trained, or crashed it)."""
+        p = self.trainer.config.profiler
+        for field, enabled, folder in (
+            ("save_traces_folder", self.trace_freq is not None, self.trace_folder),
+            ("save_memory_snapshot_folder", self.snapshot_freq is not None, self.snapshot_folder),
+        ):
+            problem = folder_problem(folder) if enabled else None
+            if problem is not None:
+                raise UsageError(
+                    f"profiler.{field} = {getattr(p, field)!r}: cannot write there: {problem}; set "
+                    f"profiler.{field} to a folder titan can create and write (a relative path is "
+                    "joined to job.dump_folder)"
+                )
 
     def unreachable(self, step: int = 0) -> list[str]:
         """A line for each output (traces, snapshots) that a run from ``step`` to its last step
@@ -147,6 +200,12 @@ class ProfilerSession:
         self.step_num = step
         if self._profiler is not None:
             self._profiler.step()
+            if self._trace_failure is not None:
+                failed_step, path, exc = self._trace_failure
+                self._trace_failure = None
+                if isinstance(exc, OSError):
+                    raise write_failure(path, exc, what=f"the profiler trace of step {failed_step}") from None
+                raise exc
         if self.snapshot_freq is not None and step % self.snapshot_freq == 0:
             self._dump_snapshot(step)
 
@@ -159,7 +218,12 @@ class ProfilerSession:
             if is_out_of_memory(exc):
                 path = None
                 if self.snapshot_freq is not None:
-                    path = self._dump_snapshot(step, oom=True, oom_request_bytes=requested_bytes(exc))
+                    try:
+                        path = self._dump_snapshot(step, oom=True, oom_request_bytes=requested_bytes(exc))
+                    except TitanError as failed:
+                        # The run ends with the out-of-memory error: a snapshot that could not be
+                        # written is said, and must not take that error's place.
+                        log.warning(str(failed))
                 log.error(oom_message(exc, step, str(self.device), self.rank, path))
         finally:
             self._close()
@@ -181,32 +245,27 @@ class ProfilerSession:
         if self._closing:
             return
         folder = os.path.join(self.trace_folder, f"iteration_{prof.step_num}")
-        os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank{self.rank}_trace.json")
-        prof.export_chrome_trace(path)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            write_whole(path, prof.export_chrome_trace)
+        except Exception as exc:
+            # Called inside torch's profiler step: an exception leaving it here leaves the profiler
+            # half stopped, and stopping it then kills the process (a segmentation fault, torch
+            # 2.13). on_step_end raises it once the profiler's step is complete.
+            self._trace_failure = (prof.step_num, path, exc)
+            return
         log.info("profiler trace written", step=prof.step_num, path=path)
 
     def _dump_snapshot(self, step: int, oom: bool = False, oom_request_bytes: int | None = None) -> str:
         """``step_<step>/`` (``step_<step>_exit/`` after an out-of-memory error) for this rank."""
         folder = os.path.join(self.snapshot_folder, f"step_{step:012d}" + ("_exit" if oom else ""))
-        os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank{self.rank}_memory_snapshot.pickle")
-        if self.cuda:
-            # Private API, as above: writes the allocator state and recorded history.
-            torch.cuda.memory._dump_snapshot(path)
-        else:
-            from titan_plugins_memory.cpu_snapshot import build_snapshot, dump_snapshot
-
-            snapshot = build_snapshot(
-                self._recorder,
-                self.trainer.parts,
-                self.trainer.optimizer,
-                rank=self.rank,
-                step=step,
-                oom=oom,
-                oom_request_bytes=oom_request_bytes,
-            )
-            dump_snapshot(path, snapshot)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self._write_snapshot(path, step, oom, oom_request_bytes)
+        except OSError as exc:
+            raise write_failure(path, exc, what=f"the memory snapshot of step {step}") from None
         html = None
         try:
             from titan_plugins_memory.view import write_html
@@ -216,3 +275,21 @@ class ProfilerSession:
             log.warning("memory snapshot page not written", path=path, error=f"{type(exc).__name__}: {exc}")
         log.info("memory snapshot written", step=step, path=path, html=html)
         return path
+
+    def _write_snapshot(self, path: str, step: int, oom: bool, oom_request_bytes: int | None) -> None:
+        if self.cuda:
+            # Private API, as above: writes the allocator state and recorded history.
+            write_whole(path, torch.cuda.memory._dump_snapshot)
+            return
+        from titan_plugins_memory.cpu_snapshot import build_snapshot, dump_snapshot
+
+        snapshot = build_snapshot(
+            self._recorder,
+            self.trainer.parts,
+            self.trainer.optimizer,
+            rank=self.rank,
+            step=step,
+            oom=oom,
+            oom_request_bytes=oom_request_bytes,
+        )
+        write_whole(path, lambda partial: dump_snapshot(partial, snapshot))

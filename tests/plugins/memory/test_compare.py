@@ -336,3 +336,33 @@ def test_a_malformed_memory_report_is_one_error(tmp_path: Path, observations: li
         result.stderr.strip()
         == f"titan: error: {b}: not a memory report ({why}); give a memory_report_rank<r>.json"
     )
+
+
+def test_a_snapshot_pickle_given_as_a_report_is_one_error(tmp_path: Path) -> None:
+    """A memory snapshot (``.pickle``) is the file beside the reports a user is likeliest to pass
+    by mistake; its bytes are no UTF-8, and the command ended in a UnicodeDecodeError traceback."""
+    import pickle
+
+    a = _report(tmp_path / "a.json", 4, 1, 100, 2)
+    snapshot = tmp_path / "rank0_memory_snapshot.pickle"
+    snapshot.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    result = run_titan("memory", "compare", str(a), str(snapshot))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"titan: error: {snapshot}: not a readable JSON memory report (not text: a memory snapshot "
+        "pickle? view it with titan memory view); give a memory_report_rank<r>.json"
+    )
+
+
+def test_a_report_whose_peak_is_not_a_number_is_one_error(tmp_path: Path) -> None:
+    a = _report(tmp_path / "a.json", 4, 1, 100, 2)
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({**json.loads(a.read_text()), "peak_bytes": "100 MiB"}))
+    result = run_titan("memory", "compare", str(a), str(b))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"titan: error: {b}: not a memory report (peak_bytes is '100 MiB', not a number); "
+        "give a memory_report_rank<r>.json"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import run_titan, step_rows
@@ -219,3 +220,64 @@ def test_tracker_under_fake_execution_ignores_dtensor_global_shape_inference() -
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+def _report_of_a_tiny_run(dump: Path) -> object:
+    """A memory report on a stand-in trainer: a linear layer and AdamW, one rank, on the CPU."""
+    from types import SimpleNamespace
+
+    from tests.parallel_harness import tiny_config
+    from titan_core.parallel_dims import ParallelDims
+    from titan_core.topology import Topology
+    from titan_plugins_memory.report import MemoryReport
+
+    config = tiny_config(**{"job.dump_folder": str(dump), "debug.memory_report": True})
+    model = torch.nn.Linear(8, 8)
+    trainer = SimpleNamespace(
+        config=config,
+        topology=Topology(1, 0, 0, torch.device("cpu")),
+        parallel_dims=ParallelDims.from_config(config.parallelism, 1),
+        parts=[model],
+        optimizer=torch.optim.AdamW(model.parameters()),
+        steps=2,
+    )
+    return MemoryReport(trainer)
+
+
+def _disk_full(*args: object, **kwargs: object) -> None:
+    raise OSError(28, "No space left on device")
+
+
+def test_a_report_that_cannot_be_written_keeps_the_runs_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk is full when a failed run writes its report: the OSError took the place of the
+    run's error (the trainer reported a plugin's failure, not the out-of-memory step), and a
+    report cut short was left under its final name."""
+    import titan_plugins_memory.report as report_module
+
+    report = _report_of_a_tiny_run(tmp_path)
+    report.on_train_start(0)
+    monkeypatch.setattr(report_module.json, "dump", _disk_full)
+    warned: list[str] = []
+    monkeypatch.setattr(report_module.log, "warning", lambda event, **kw: warned.append(event))
+    report.on_failure(
+        1, RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")
+    )
+    path = tmp_path / "memory_report_rank0.json"
+    assert warned and warned[0].startswith(f"cannot write the memory report to {path}: the disk is full")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import titan_plugins_memory.report as report_module
+    from titan_core.errors import TitanError
+
+    report = _report_of_a_tiny_run(tmp_path)
+    report.on_train_start(0)
+    monkeypatch.setattr(report_module.json, "dump", _disk_full)
+    with pytest.raises(TitanError, match=r"cannot write the memory report to .*: the disk is full"):
+        report.on_train_end(2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -254,3 +254,17 @@ def test_a_snapshot_with_frames_that_are_not_dicts_is_one_line(tmp_path: Path) -
     result = run_titan("memory", "view", str(path))
     assert result.returncode == 2, result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "not a memory snapshot" in result.stderr
+
+
+def test_a_page_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    """``-o`` in a folder where no file can be made (procfs here; a read-only mount, a full disk)
+    ended in a FileNotFoundError/PermissionError traceback."""
+    snapshot = tmp_path / "snap.pickle"
+    snapshot.write_bytes(pickle.dumps(cuda_snapshot()))
+    result = run_titan("memory", "view", str(snapshot), "-o", "/proc/snap.html")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        "titan: error: -o /proc/snap.html: cannot write the page (No such file or directory); give "
+        "-o a path in a folder you can write"
+    )

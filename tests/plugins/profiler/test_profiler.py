@@ -381,3 +381,126 @@ def test_a_profiler_setting_nothing_reads_is_refused(fields: dict[str, Any], ref
         return
     with pytest.raises(ConfigError, match=refused):
         validate(config, source="r")
+
+
+@pytest.mark.parametrize(
+    ("field", "enable"),
+    [
+        ("profiler.save_traces_folder", {"profiler.enable_profiling": True, "profiler.profile_freq": 2}),
+        (
+            "profiler.save_memory_snapshot_folder",
+            {"profiler.enable_memory_snapshot": True, "profiler.memory_snapshot_freq": 2},
+        ),
+    ],
+)
+def test_a_folder_the_profiler_cannot_write_is_refused_before_training(
+    tmp_path: Path, field: str, enable: dict[str, Any]
+) -> None:
+    """A trace folder titan cannot write (here a file in the way) crashed the process with a
+    segmentation fault at the first traced step (torch's profiler stopped after its trace callback
+    raised); a snapshot folder ended at the first snapshot as a plugin's bug. Both are bad input,
+    refused before step 1."""
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("mine")
+    result = _run(tmp_path, {"training.steps": 4, **enable, field: str(blocker)})
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("titan: error:")]
+    assert errors == [
+        f"titan: error: {field} = {str(blocker)!r}: cannot write there: {blocker} is a file, not a "
+        f"folder; set {field} to a folder titan can create and write (a relative path is joined to "
+        "job.dump_folder)"
+    ]
+    assert not [r for r in log_records(result.stdout) if r.get("event") == "step"]
+    assert blocker.read_text() == "mine"
+
+
+DISK_FULL_HEADER = """
+import errno
+
+import torch.profiler
+
+
+def _disk_full(self, path, *args, **kwargs):
+    with open(path, "w") as f:
+        f.write('{"traceEvents": [')  # what a full disk leaves of the trace
+    raise OSError(errno.ENOSPC, "No space left on device", path)
+
+
+torch.profiler.profile.export_chrome_trace = _disk_full
+"""
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    """The disk fills while a trace is written: the error raised inside torch's profiler left it
+    half stopped and the process died of a segmentation fault, with the cut-short trace under its
+    final name, read later as a complete one."""
+    result = _run(
+        tmp_path,
+        {"training.steps": 4, "profiler.enable_profiling": True, "profiler.profile_freq": 2},
+        DISK_FULL_HEADER,
+    )
+    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr
+    path = tmp_path / "out" / "profile_traces" / "iteration_2" / "rank0_trace.json"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("titan: error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(
+        f"titan: error: cannot write the profiler trace of step 2 to {path}: the disk is full "
+        "(No space left on device)"
+    ), errors[0]
+    assert [r["step"] for r in log_records(result.stdout) if r.get("event") == "step"] == [1, 2]
+    written = sorted(p.name for p in (tmp_path / "out" / "profile_traces").rglob("*") if p.is_file())
+    assert written == []
+
+
+def _disk_full_pickle(obj: Any, f: Any) -> None:
+    f.write(b"\x80\x04partial")  # what a full disk leaves of the pickle
+    raise OSError(28, "No space left on device")
+
+
+def test_a_snapshot_that_cannot_be_written_is_one_error_and_leaves_no_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from titan_core.errors import TitanError
+    from titan_plugins_memory import cpu_snapshot
+
+    config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_memory_snapshot": True})
+    config.profiler.memory_snapshot_freq = 2
+    session = ProfilerSession(_trainer(config, torch.device("cpu")))
+    session.on_train_start(0)
+    session.on_step_end(1, {}, False)
+    monkeypatch.setattr(cpu_snapshot.pickle, "dump", _disk_full_pickle)
+    folder = tmp_path / "memory_snapshot" / "step_000000000002"
+    with pytest.raises(TitanError, match="cannot write the memory snapshot of step 2 to ") as raised:
+        session.on_step_end(2, {}, False)
+    assert str(folder / "rank0_memory_snapshot.pickle") in str(raised.value)
+    assert "the disk is full (No space left on device)" in str(raised.value)
+    session.on_failure(2, raised.value)
+    assert not folder.exists() or sorted(p.name for p in folder.iterdir()) == []
+
+
+def test_an_exit_snapshot_that_cannot_be_written_keeps_the_out_of_memory_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``_exit`` snapshot of an out-of-memory step fails (the disk is full too): the failure
+    replaced the out-of-memory error (as a plugin's bug) and its line was never logged."""
+    from titan_plugins_memory import cpu_snapshot
+    from titan_plugins_profiler import session as session_module
+
+    config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_memory_snapshot": True})
+    config.profiler.memory_snapshot_freq = 100
+    session = ProfilerSession(_trainer(config, torch.device("cpu")))
+    session.on_train_start(0)
+    monkeypatch.setattr(cpu_snapshot.pickle, "dump", _disk_full_pickle)
+    logged: list[str] = []
+    monkeypatch.setattr(session_module.log, "error", lambda event, **kw: logged.append(event))
+    monkeypatch.setattr(session_module.log, "warning", lambda event, **kw: logged.append(event))
+    oom = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes.")
+    session.on_failure(1, oom)  # does not raise: the out-of-memory error goes on
+    path = tmp_path / "memory_snapshot" / "step_000000000001_exit" / "rank0_memory_snapshot.pickle"
+    assert not path.exists() and not path.with_suffix(".pickle.partial").exists()
+    assert any(line.startswith(f"cannot write the memory snapshot of step 1 to {path}") for line in logged)
+    assert any(
+        line.startswith("out of memory on cpu (rank 0) at step 1 allocating 1,024.0 MiB") for line in logged
+    )
