@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from titan_core.errors import PluginError, UsageError, write_failure
@@ -207,6 +208,31 @@ def _entries(folder: str) -> list[str]:
     """What ``folder`` holds, without titan's lock file (a checkpoint folder outside the dump
     folder holds one while a run uses it)."""
     return [n for n in os.listdir(folder) if n != LOCK_NAME] if os.path.isdir(folder) else []
+
+
+def write_whole(path: str, write: Callable[[str], Any]) -> None:
+    """``write(partial)`` into ``path + '.partial'``, then rename it to ``path``: a write cut
+    short (a full disk, a kill) never leaves a file under the name of a whole one (a half
+    ``run.json`` made the folder refuse every later attempt; a half trace or report passed for
+    one). The partial file is removed when ``write`` or the rename raises, and the error goes on."""
+    partial = path + ".partial"
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+
+
+def write_json_whole(path: str, data: Any) -> None:
+    """``data`` as indented JSON at ``path``, written whole (:func:`write_whole`)."""
+
+    def dump(partial: str) -> None:
+        with open(partial, "w") as f:
+            json.dump(data, f, indent=2)
+
+    write_whole(path, dump)
 
 
 RUN_FILE = "run.json"
@@ -491,16 +517,9 @@ class RunFolder:
             "identity": identity(self.config, self.dp),
         }
         path = os.path.join(self.dump, RUN_FILE)
-        # Written beside it and renamed over it: a write cut short (a full disk, a kill) left a
-        # half run.json, and the folder then refused every attempt as unidentifiable.
-        tmp = f"{path}.tmp"
         try:
-            with open(tmp, "w") as f:
-                json.dump(record, f, indent=2)
-            os.replace(tmp, path)
+            write_json_whole(path, record)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise write_failure(path, exc, what="the run's record") from None
         return self.resumed
 

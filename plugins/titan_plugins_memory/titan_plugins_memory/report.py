@@ -34,7 +34,6 @@ dtype, sequence and batch, model overrides and a hash of the whole config), so t
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -47,6 +46,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_core.errors import TitanError, write_failure
 from titan_core.log import get_logger
+from titan_core.run_folder import write_json_whole
 from titan_plugins_memory.outputs import layout_key, report_name
 from titan_plugins_memory.tracker import AllocationTracker
 
@@ -368,16 +368,10 @@ class MemoryReport:
         data = self.summary()
         path = report_path(self.config.job.dump_folder, self.topology.rank)
         print(format_table(data), flush=True)  # the figures reach the console even if the file cannot
-        # Written beside it and renamed: a report cut short (a full disk) is never left under its name.
-        partial = path + ".partial"
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(partial, "w") as f:
-                json.dump(data, f, indent=2)
-            os.replace(partial, path)
+            write_json_whole(path, data)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.remove(partial)
             raise write_failure(path, exc, what="the memory report") from None
         log.info("memory report written", path=path, peak_mib=round((data["peak_bytes"] or 0) / MiB, 1))
         return data

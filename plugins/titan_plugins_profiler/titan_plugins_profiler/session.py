@@ -22,16 +22,15 @@ the step that ran out of memory, and one error line says where and what to chang
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from titan_core.errors import TitanError, UsageError, write_failure
 from titan_core.log import get_logger
+from titan_core.run_folder import write_whole
 from titan_plugins_memory.oom import is_out_of_memory, oom_message, requested_bytes
 
 log = get_logger("titan.profiler")
@@ -58,19 +57,6 @@ def folder_problem(folder: str) -> str | None:
     except OSError as exc:
         return f"no file can be made in {existing} ({exc.strerror or exc})"
     return None
-
-
-def write_whole(path: str, write: Callable[[str], Any]) -> None:
-    """``write`` to ``path + '.partial'``, then rename it to ``path``: a write cut short (a full
-    disk, a killed process) never leaves a file under the name of a complete trace or snapshot."""
-    partial = path + ".partial"
-    try:
-        write(partial)
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
 
 
 def trace_schedule(freq: int) -> Any:
