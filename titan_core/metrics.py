@@ -17,6 +17,7 @@ import torch
 from titan_core.callbacks import metric_tag
 from titan_core.errors import PluginError, TitanError, write_failure
 from titan_core.log import get_logger, json_dumps
+from titan_core.run_folder import write_whole
 
 GiB = 1024**3
 
@@ -328,10 +329,12 @@ def _keep_rows_up_to(path: str, step: int) -> None:
             row = None
         if not (isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step):
             kept.append(line if line.endswith("\n") else line + "\n")
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+
+    def dump(partial: str) -> None:
+        with open(partial, "w") as f:
+            f.writelines(kept)
+
+    write_whole(path, dump)
 
 
 class MetricsFileWriter:
