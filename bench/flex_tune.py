@@ -36,11 +36,20 @@ import torch
 #: shape name -> (batch, q heads, kv heads, seq, head_dim): bench_1b_compile's, bench_8b_l8_compile's.
 SHAPES = {"1b": (8, 32, 8, 4096, 64), "8b": (4, 32, 8, 8192, 128)}
 _AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN"}
-VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
-    "block": ({}, None),
-    "autotune": (_AUTOTUNE, None),
-    "tma": ({}, {"USE_TMA": True}),
-    "autotune_tma": (_AUTOTUNE, {"USE_TMA": True}),
+#: Tiles of 64 everywhere (forward and both backward loops): the largest a 64-token mask allows.
+_TILES_64 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+_TILES_64 |= {f"bwd_{k}": 64 for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")}
+#: name -> (inductor options, kernel options, the mask's block size).
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any] | None, int]] = {
+    "block": ({}, None, 128),
+    "autotune": (_AUTOTUNE, None, 128),
+    "tma": ({}, {"USE_TMA": True}, 128),
+    "autotune_tma": (_AUTOTUNE, {"USE_TMA": True}, 128),
+    # A finer mask skips more of the tiles across document boundaries and above the diagonal,
+    # but forces tiles of at most 64 tokens: measured against 128-token masks at the same tiles.
+    "tiles64": ({}, _TILES_64, 128),
+    "mask64_tiles64": ({}, _TILES_64, 64),
+    "mask64_autotune": (_AUTOTUNE, None, 64),
 }
 
 
@@ -79,9 +88,7 @@ def measure(shape: str) -> None:
     mask = blocks.document_mask(tokens, bos)
     torch.cuda.synchronize()
     build_ms = _median_ms(lambda: blocks.document_mask(tokens, bos))
-    kv_blocks = mask.kv_num_blocks.sum().item() + (
-        mask.full_kv_num_blocks.sum().item() if mask.full_kv_num_blocks is not None else 0
-    )
+    kv_blocks = _computed_blocks(mask)
     causal_blocks = batch * (seq // 128) * (seq // 128 + 1) // 2
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -93,10 +100,15 @@ def measure(shape: str) -> None:
     grad = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
     # FLEX_TUNE_VARIANTS=block,varlen: only those (the 8B tile search takes minutes).
     chosen = os.environ.get("FLEX_TUNE_VARIANTS", ",".join([*VARIANTS, "varlen"])).split(",")
-    for name, (options, kernel_options) in VARIANTS.items():
+    masks = {128: (mask, kv_blocks)}
+    for name, (options, kernel_options, mask_block) in VARIANTS.items():
         if name not in chosen:
             continue
         torch._dynamo.reset()
+        if mask_block not in masks:
+            finer = _document_mask(tokens, bos, mask_block)
+            masks[mask_block] = (finer, _computed_blocks(finer) * (mask_block / 128) ** 2)
+        block_mask, computed = masks[mask_block]
 
         def attend(q: Any, k: Any, v: Any, m: Any, ko: Any = kernel_options) -> Any:
             return flex_attention(q, k, v, block_mask=m, enable_gqa=True, kernel_options=ko)
@@ -104,18 +116,20 @@ def measure(shape: str) -> None:
         try:
             fn = torch.compile(attend, dynamic=False, options=options)
             t0 = time.perf_counter()
-            fn(q, k, v, mask).backward(grad)
+            fn(q, k, v, block_mask).backward(grad)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
             with torch.no_grad():
-                fwd = _median_ms(lambda fn=fn: fn(q, k, v, mask))
-            both = _median_ms(lambda fn=fn: fn(q, k, v, mask).backward(grad))
+                fwd = _median_ms(lambda fn=fn, m=block_mask: fn(q, k, v, m))
+            both = _median_ms(lambda fn=fn, m=block_mask: fn(q, k, v, m).backward(grad))
             row: dict[str, Any] = {"fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3)}
             row["compile_s"] = round(compile_s, 1)
         except Exception as exc:  # one failing variant must not hide the others
             row = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         record = {"shape": shape, "variant": name, **row}
-        record["mask_blocks_share"] = round(kv_blocks / causal_blocks, 3)
+        # In units of 128 x 128 blocks, so that masks of other block sizes compare.
+        record["mask_blocks_share"] = round(computed / causal_blocks, 3)
+        record["mask_block"] = mask_block
         record["mask_build_ms"] = round(build_ms, 3)
         print(json.dumps(record), flush=True)
     if "varlen" in chosen:
@@ -125,6 +139,28 @@ def measure(shape: str) -> None:
             reference = flex(q, k, v, block_mask=mask, enable_gqa=True)
         row = _varlen(tokens, bos, q, k, v, grad, reference)
         print(json.dumps({"shape": shape, "variant": "varlen", **row}), flush=True)
+
+
+def _computed_blocks(mask: Any) -> int:
+    """The blocks ``mask`` computes, partial and full."""
+    full = mask.full_kv_num_blocks
+    return int(mask.kv_num_blocks.sum().item() + (full.sum().item() if full is not None else 0))
+
+
+def _document_mask(tokens: Any, bos: int, block: int) -> Any:
+    """titan's block-causal document mask (``blocks.document_mask``) at another block size."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from titan_core import blocks
+
+    ends = blocks.document_ends(tokens, bos)
+
+    def block_causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (q_idx >= kv_idx) & (q_idx <= ends[b, kv_idx])
+
+    batch, seq = tokens.shape
+    build = torch.compile(create_block_mask)
+    return build(block_causal, batch, None, seq, seq, device=tokens.device, BLOCK_SIZE=block)
 
 
 def _varlen(tokens: Any, bos: int, q: Any, k: Any, v: Any, grad: Any, reference: Any) -> dict[str, Any]:
