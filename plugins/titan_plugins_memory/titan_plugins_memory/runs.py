@@ -55,6 +55,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # -- reading runs -----------------------------------------------------------------------------------
 
 
+def _not_metrics(path: str, number: int) -> str:
+    """The error for a line of ``path`` that is not a metrics row, naming the command for the
+    memory tools' files that sit in a run's folder beside ``metrics.jsonl`` (a report or a
+    snapshot handed to ``titan compare`` instead of ``titan memory ...``)."""
+    said = f"{path}:{number}: not a metrics row (a JSON object with an integer 'step')"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            whole = json.loads(head + f.read()) if number == 1 and head[:1] == b"{" else None
+    except (OSError, ValueError):  # not JSON as a whole (or not text): a damaged metrics file
+        return said
+    if head[:1] == b"\x80":  # a pickle's protocol marker: the memory snapshot
+        return f"{path}: a pickle (the memory snapshot?), not a run's metrics; view it with titan memory view"
+    if isinstance(whole, dict) and "observations" in whole:
+        return f"{path}: a memory report, not a run's metrics; compare reports with titan memory compare A B"
+    return said
+
+
 def read_metrics(run: str, metrics: list[str] | tuple[str, ...] = ()) -> dict[int, dict[str, Any]]:
     """Step -> logged values of one run (the last row of a step wins, e.g. after a resume).
 
@@ -81,7 +99,7 @@ def read_metrics(run: str, metrics: list[str] | tuple[str, ...] = ()) -> dict[in
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
                 step = None
             if not isinstance(step, int) or isinstance(step, bool):
-                raise UsageError(f"{path}:{number}: not a metrics row (a JSON object with an integer 'step')")
+                raise UsageError(_not_metrics(path, number))
             rows[step], lines[step] = row, number
     if not rows:
         raise UsageError(f"{path}: no logged steps; did the run finish a step?")

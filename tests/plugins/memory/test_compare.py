@@ -366,3 +366,20 @@ def test_a_report_whose_peak_is_not_a_number_is_one_error(tmp_path: Path) -> Non
         f"titan: error: {b}: not a memory report (peak_bytes is '100 MiB', not a number); "
         "give a memory_report_rank<r>.json"
     )
+
+
+def test_compare_given_memory_reports_points_to_titan_memory_compare(tmp_path: Path) -> None:
+    """A memory report (or the snapshot beside it) handed to ``titan compare`` was "not a metrics
+    row"; the error now names the command that compares what was given."""
+    ref = write_run(tmp_path / "ref", LOSSES, NORMS)
+    report = tmp_path / "memory_report_rank0.json"
+    report.write_text(json.dumps({"observations": [], "config": {}}, indent=2))
+    snapshot = tmp_path / "rank0_memory_snapshot.pickle"
+    snapshot.write_bytes(b"\x80\x04\x95\x00\xff\xfe")
+    for given, tool in ((report, "titan memory compare"), (snapshot, "titan memory view")):
+        result = run_titan("compare", str(ref), str(given))
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith(f"titan: error: {given}: "), lines[0]
+        assert tool in lines[0], lines[0]
