@@ -1025,8 +1025,12 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, (int, float)):
-        return repr(value)
+    # As the plain number: a subclass's repr is no TOML (numpy's ``np.float64(0.001)``, an
+    # IntEnum's ``<Steps.SHORT: 7>``), and a recipe computing its LR with numpy gets one.
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        return repr(float(value))
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return _toml_string(str(value))

@@ -291,6 +291,12 @@ def _literal(value: object) -> str:
         return f'float("{value}")'
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    # As the plain number: a subclass's repr (numpy's ``np.float64(0.001)``, an IntEnum's
+    # ``<Steps.SHORT: 7>``) is no source the copied module can run without its imports.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return repr(int(value))
+    if isinstance(value, float):
+        return repr(float(value))
     return repr(value)
 
 

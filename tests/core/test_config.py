@@ -310,6 +310,27 @@ def test_config_toml_holds_any_string_and_the_largest_seed() -> None:
         config.debug.seed = 2**63  # beyond a TOML integer
 
 
+def test_config_toml_holds_numbers_of_float_and_int_subclasses() -> None:
+    """A learning rate computed with numpy (``np.sqrt``, ``np.float64`` is a float) was accepted
+    and written as ``lr = np.float64(0.001)``: config.toml was no TOML, so the run's record could
+    not be read back (``titan recipes copy RUN_FOLDER``, titan compare)."""
+    import enum
+
+    import numpy as np
+
+    class Steps(enum.IntEnum):
+        SHORT = 7
+
+    config = TrainerConfig()
+    config.training.lr = np.float64(1e-3)
+    config.training.steps = Steps.SHORT
+    config.model.overrides = {"ffn_dim_multiplier": np.float64(1.5)}
+    data = tomllib.loads(render(config))
+    assert data["training"]["lr"] == 1e-3 and data["training"]["steps"] == 7
+    assert data["model"]["overrides"] == {"ffn_dim_multiplier": 1.5}
+    assert from_dict(data) == config
+
+
 @pytest.mark.parametrize(
     "path",
     [

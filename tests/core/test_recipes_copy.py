@@ -160,3 +160,25 @@ def test_copying_a_config_file_titan_cannot_read_is_one_error_naming_it(
     result = run_titan("recipes", "copy", "bad.toml", "out.py", "--function", "f", cwd=tmp_path)
     assert result.returncode == 2 and expected in result.stderr and "bad.toml" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out.py").exists()
+
+
+def test_a_copy_of_numbers_computed_with_numpy_runs_without_numpy() -> None:
+    """A recipe's LR from numpy (``np.float64`` is a float, accepted) was copied as
+    ``config.training.lr = np.float64(0.001)``: the copied module failed with NameError."""
+    import numpy as np
+
+    from titan_core.config import TrainerConfig, to_dict
+    from titan_core.recipes import recipe_module_source
+    from titan_core.records import Recipe
+
+    def computed() -> TrainerConfig:
+        config = TrainerConfig()
+        config.training.lr = np.float64(1e-3) * np.sqrt(4.0)
+        config.model.overrides = {"ffn_dim_multiplier": np.float64(1.5)}
+        return config
+
+    source = recipe_module_source(Recipe("computed", computed), "a test", "copied", "titan run ...")
+    assert "np." not in source
+    namespace: dict = {}
+    exec(compile(source, "copied.py", "exec"), namespace)
+    assert to_dict(namespace["copied"]()) == to_dict(computed())

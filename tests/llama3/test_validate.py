@@ -63,6 +63,14 @@ def test_unsupported_layouts(args: Llama3Args, layout: ParallelDims, message: st
         ({"max_seq_len": 0}, r"max_seq_len: expected a positive integer, got 0"),
         ({"ffn_dim_multiplier": -1.0}, r"ffn_dim_multiplier: expected a positive number"),
         ({"rope_scaling_factor": 0.0}, r"rope_scaling_factor: expected a positive number"),
+        # ZeroDivisionError inside the model's build, reported as the plugin failing (exit 1).
+        ({"rope_low_freq_factor": 0.0}, r"rope_low_freq_factor: expected a positive number, got 0.0"),
+        ({"rope_high_freq_factor": 0.0}, r"rope_high_freq_factor: expected a positive number"),
+        # Every frequency was divided by the scaling factor without a word (wavelengths > 0).
+        ({"rope_original_max_len": 0}, r"rope_original_max_len: expected a positive integer, got 0"),
+        # Equal or swapped factors: the interpolation between them divides by zero or inverts.
+        ({"rope_high_freq_factor": 1.0}, r"rope_high_freq_factor: expected more than rope_low_freq_factor"),
+        ({"rope_low_freq_factor": 8.0}, r"rope_high_freq_factor: expected more than rope_low_freq_factor"),
     ],
 )
 def test_impossible_sizes_are_one_usage_error_naming_the_field(
@@ -74,3 +82,12 @@ def test_impossible_sizes_are_one_usage_error_naming_the_field(
 
 def test_rope_scaling_factor_is_not_checked_without_rope_scaling() -> None:
     validate(attrs.evolve(ARGS, rope_scaling=False, rope_scaling_factor=0.0), dims())
+    unscaled = attrs.evolve(ARGS, rope_scaling=False, rope_low_freq_factor=0.0, rope_original_max_len=0)
+    validate(unscaled, dims())
+
+
+def test_an_odd_head_dim_is_refused_before_the_build() -> None:
+    """RoPE rotates pairs of each head's features: dim=48 with n_heads=16 (head_dim 3) built the
+    model and then failed at step 1 with a bare RuntimeError from inside attention."""
+    with pytest.raises(UsageError, match=r"^model.overrides: head_dim = dim / n_heads = 48 / 16 = 3 is odd"):
+        validate(attrs.evolve(ARGS, dim=48, n_heads=16, n_kv_heads=None), dims())

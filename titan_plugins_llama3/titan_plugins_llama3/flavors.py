@@ -124,17 +124,28 @@ def validate(args: Llama3Args, parallel_dims: Any) -> None:
     positive = ["n_layers", "dim", "n_heads", "vocab_size", "multiple_of", "max_seq_len"]
     if args.n_kv_heads is not None:  # None: as many as n_heads
         positive.append("n_kv_heads")
+    if args.rope_scaling:  # 0 made every wavelength "long": all frequencies slowed, silently
+        positive.append("rope_original_max_len")
     for name in positive:
         if getattr(args, name) < 1:
             raise UsageError(
                 f"model.overrides.{name}: expected a positive integer, got {getattr(args, name)}"
             )
-    numbers = ["rope_theta"] + ["rope_scaling_factor"] * args.rope_scaling
+    numbers = ["rope_theta"]
+    if args.rope_scaling:  # the factors divide the original length (ZeroDivisionError at build)
+        numbers += ["rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor"]
     numbers += ["ffn_dim_multiplier"] * (args.ffn_dim_multiplier is not None)
     for name in numbers:
         value = getattr(args, name)
         if not 0 < value < math.inf:  # NaN too: RoPE's frequencies or the FFN width from it
             raise UsageError(f"model.overrides.{name}: expected a positive number, got {value}")
+    if args.rope_scaling and args.rope_high_freq_factor <= args.rope_low_freq_factor:
+        # Llama 3.1 interpolates frequencies between the two wavelengths: equal factors divide
+        # by zero there, swapped ones invert which frequencies are kept (as HF refuses too).
+        raise UsageError(
+            f"model.overrides.rope_high_freq_factor: expected more than rope_low_freq_factor, got "
+            f"{args.rope_high_freq_factor} <= {args.rope_low_freq_factor} (Llama 3.1: 4.0 and 1.0)"
+        )
     if not 0 < args.norm_eps < 1:
         # RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 gives NaN at the first step.
         raise UsageError(
@@ -144,6 +155,12 @@ def validate(args: Llama3Args, parallel_dims: Any) -> None:
         raise UsageError(
             f"model.overrides: dim={args.dim} must be a multiple of n_heads={args.n_heads} "
             "(head_dim = dim / n_heads); change dim or n_heads"
+        )
+    if args.head_dim % 2:
+        # RoPE rotates pairs of features: an odd head_dim built and failed at step 1 inside attention.
+        raise UsageError(
+            f"model.overrides: head_dim = dim / n_heads = {args.dim} / {args.n_heads} = {args.head_dim} "
+            "is odd; rotary embeddings rotate pairs of a head's features: change dim or n_heads"
         )
     if args.n_heads % args.kv_heads:
         raise UsageError(
