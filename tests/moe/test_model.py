@@ -393,3 +393,25 @@ def test_a_compiled_moe_layer_with_grouped_gemm_in_float32_runs() -> None:
     (grad,) = torch.autograd.grad(out.square().sum(), x)
     (expected,) = torch.autograd.grad(layer(x).square().sum(), x)
     torch.testing.assert_close(grad, expected)
+
+
+@pytest.mark.parametrize(
+    ("flavor", "overrides", "message"),
+    [
+        # MLA has its own latent norms and head widths; these were dropped without a word.
+        ("deepseek_v3_debugmodel", {"qk_norm": True}, r"qk_norm: q/k norm belongs to attention='gqa'"),
+        ("deepseek_v3_debugmodel", {"n_kv_heads": 2}, r"n_kv_heads: attention='mla' has one key/value"),
+        ("deepseek_v3_debugmodel", {"head_dim": 64}, r"head_dim: attention='mla' sets its head widths"),
+        # Grouped-query attention has no low-rank query projection.
+        ("qwen3_debugmodel", {"q_lora_rank": 64}, r"q_lora_rank: attention='gqa' has no low-rank query"),
+    ],
+)
+def test_fields_of_the_other_attention_are_refused_not_ignored(
+    flavor: str, overrides: dict[str, object], message: str
+) -> None:
+    """A field only the other attention reads built the model without it, silently."""
+    with pytest.raises(UsageError, match=rf"model\.overrides\.{message}"):
+        MoETransformer(attrs.evolve(FLAVORS[flavor], **overrides))
+    # The values they mean when unset are accepted (n_kv_heads equal to the query heads).
+    n_heads = FLAVORS["deepseek_v3_debugmodel"].n_heads
+    MoETransformer(attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], n_kv_heads=n_heads, qk_norm=False))

@@ -6,7 +6,8 @@ microbatches adds up to the batch mean).
 EP 2 (experts sharded, dense weights FSDP 2), EP 2 with expert FSDP 2 (4 ranks, also with
 multi-token prediction), TP 2 (with sequence and loss parallel) and PP 2 (also interleaved, and
 with a first stage of dense blocks only) for DeepSeek-V3's shape (MLA, group-limited sigmoid
-routing, shared expert, dense first layer); EP 2, EP 2 with expert FSDP 2 and TP 2 for Qwen3-MoE's
+routing, shared expert, dense first layer), and PP 2 x EP 2 (4 ranks) with a first stage of dense
+blocks only (no experts to shard there); EP 2, EP 2 with expert FSDP 2 and TP 2 for Qwen3-MoE's
 (q/k norm, explicit head_dim), and PP 2, CP 2 and CP 2 x PP 2 for Qwen3-MoE's with document
 masking; CP 2 for DeepSeek-V3's (MLA's decoupled RoPE key at the shard's positions); CP 2 and CP 2 x
 FSDP 2 (4 ranks) for Qwen3-MoE's with a stronger balance loss (each sequence's expert counts summed
@@ -106,6 +107,12 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
             "parallelism.pp_stages_per_rank": 2,
         },
     ),
+    # EP inside pipeline stages (2 ranks each); with deepseek_v3_dense2 the first stage holds
+    # dense blocks only, and no experts to shard.
+    "pp2_ep2": (
+        4,
+        {"parallelism.pp": 2, "parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 2},
+    ),
     "cp2": (2, {"parallelism.cp": 2}),
     # CP inside pipeline stages: each stage's shard rows of the mask come from its microbatch.
     "cp2_pp2": (4, {"parallelism.cp": 2, "parallelism.pp": 2}),
@@ -122,6 +129,7 @@ CASES = [
     ("deepseek_v3", "pp2"),
     ("deepseek_v3", "pp2_interleaved"),
     ("deepseek_v3_dense2", "pp2"),
+    ("deepseek_v3_dense2", "pp2_ep2"),
     ("deepseek_v3_mtp", "ep2_efsdp2"),
     ("qwen3", "ep2"),
     ("qwen3", "ep2_efsdp2"),

@@ -378,6 +378,33 @@ def check_args(args: MoEArgs) -> None:
         if getattr(args, name) not in choices:
             options = ", ".join(repr(c) for c in choices)
             raise _problem(name, f"expected one of {options}, got {getattr(args, name)!r}")
+    # Each attention reads its own fields only: one meant for the other was dropped silently (a
+    # DeepSeek flavor with qk_norm = True trained without q/k norm).
+    if args.attention == "mla":
+        if args.qk_norm:
+            raise _problem(
+                "qk_norm",
+                "q/k norm belongs to attention='gqa' (Qwen3); attention='mla' normalises its "
+                "low-rank latents (q_norm, kv_norm) instead; set qk_norm = False",
+            )
+        if args.n_kv_heads and args.n_kv_heads != args.n_heads:
+            raise _problem(
+                "n_kv_heads",
+                f"attention='mla' has one key/value head per query head (n_heads={args.n_heads}), "
+                f"got n_kv_heads={args.n_kv_heads}; leave n_kv_heads unset, or use attention='gqa'",
+            )
+        if args.head_dim is not None:
+            raise _problem(
+                "head_dim",
+                "attention='mla' sets its head widths with qk_nope_head_dim, qk_rope_head_dim and "
+                f"v_head_dim, got head_dim={args.head_dim}; leave head_dim unset, or use attention='gqa'",
+            )
+    elif args.q_lora_rank:
+        raise _problem(
+            "q_lora_rank",
+            f"attention='gqa' has no low-rank query projection, got q_lora_rank={args.q_lora_rank}; "
+            "set q_lora_rank = 0, or use attention='mla'",
+        )
     if args.experts_impl not in ("auto", "grouped_mm", "loop"):
         raise _problem("experts_impl", f"expected 'auto', 'grouped_mm' or 'loop', got {args.experts_impl!r}")
     unaligned = [f"{n}={getattr(args, n)}" for n in ("dim", "expert_hidden_dim") if getattr(args, n) % 8]

@@ -176,6 +176,19 @@ def _set_divide_factor(module: Any, factor: float, shard_size: int, device_type:
         force_sum(True)
 
 
+def _grouped_experts(modules: list[nn.Module]) -> list[nn.Module]:
+    return [m for part in modules for m in part.modules() if getattr(m, "grouped_experts", False)]
+
+
+def _whole_model_has_experts(ctx: ParallelContext) -> bool:
+    """Whether the whole model (every pipeline stage) has grouped experts: built on the meta
+    device (no memory), only for a stage that has none itself."""
+    import torch
+
+    with torch.device("meta"):
+        return bool(_grouped_experts([ctx.spec.build(ctx.model_args)]))
+
+
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_module
@@ -184,7 +197,13 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
 
     pd = ctx.parallel_dims
     # :func:`check` passed before anything was built; what only the built model shows:
-    experts = [m for part in parts for m in part.modules() if getattr(m, "grouped_experts", False)]
+    experts = _grouped_experts(parts)
+    if not experts and getattr(pd, "pp", 1) > 1 and _whole_model_has_experts(ctx):
+        # A pipeline stage of dense blocks only (DeepSeek-V3's leading dense blocks at a high PP
+        # degree): nothing to shard here, but the expert mesh's process groups are created by
+        # every rank together, so this stage creates them too (or the others would wait).
+        expert_mesh(ctx)
+        return parts
     if not experts:
         raise UsageError(
             f"parallelism.ep={pd.ep} but model {ctx.spec.name!r} has no grouped-experts (MoE) "

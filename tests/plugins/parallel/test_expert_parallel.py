@@ -100,6 +100,44 @@ def test_model_without_experts_is_refused() -> None:
         expert_parallel.apply([torch.nn.Linear(2, 2)], _ctx("llama3", 2))
 
 
+def _pp_ctx(spec_build: object, args: object, ep: int = 2) -> SimpleNamespace:
+    return SimpleNamespace(
+        parallel_dims=SimpleNamespace(ep=ep, tp=1, pp=2),
+        spec=SimpleNamespace(name="moe", build=spec_build),
+        model_args=args,
+    )
+
+
+def test_a_pipeline_stage_of_dense_blocks_only_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EP x PP where a stage holds only dense blocks (DeepSeek-V3's first blocks at a high PP
+    degree): the stage has no experts, the model has. It was refused with "model 'moe' has no
+    grouped-experts (MoE) layers"; the stage must still build the expert mesh, whose process
+    groups every rank creates together (skipping it would leave the other stages waiting)."""
+    import torch
+
+    from titan_plugins_moe.flavors import MoEArgs
+    from titan_plugins_moe.model import MoETransformer
+
+    args = MoEArgs(dim=32, n_layers=4, n_heads=4, n_experts=4, n_dense_layers=2)
+    with torch.device("meta"):
+        model = MoETransformer(args)
+    # The first of two stages: blocks 0 and 1, both dense.
+    del model.layers["2"], model.layers["3"]
+    meshes: list[object] = []
+    monkeypatch.setattr(expert_parallel, "expert_mesh", lambda ctx: meshes.append(ctx) or "mesh")
+    ctx = _pp_ctx(MoETransformer, args)
+    assert expert_parallel.apply([model], ctx) == [model]
+    assert meshes == [ctx]
+
+
+def test_a_dense_model_under_pipeline_parallel_is_still_refused() -> None:
+    """No stage of it has experts, and the whole model has none either."""
+    import torch
+
+    with pytest.raises(UsageError, match=r"ep=2 but model 'moe' has no grouped-experts"):
+        expert_parallel.apply([torch.nn.Linear(2, 2)], _pp_ctx(lambda args: torch.nn.Linear(2, 2), None))
+
+
 def test_ep_must_divide_the_experts() -> None:
     import torch
 
