@@ -271,6 +271,18 @@ def test_qwen3_fused_qkv_keeps_no_more_for_backward_than_separate_projections(co
             {"rope_scaling": "llama3", "rope_low_freq_factor": 0.0},
             r"rope_low_freq_factor: must be a positive number, got 0.0",
         ),
+        # Equal factors divided by zero in Llama 3.1's interpolation; swapped ones inverted which
+        # frequencies are kept, no word (Hugging Face refuses both too).
+        (
+            "qwen3_debugmodel",
+            {"rope_scaling": "llama3", "rope_low_freq_factor": 2.0, "rope_high_freq_factor": 2.0},
+            r"rope_high_freq_factor: must be more than rope_low_freq_factor, got 2.0 <= 2.0",
+        ),
+        (
+            "deepseek_v3_debugmodel",
+            {"rope_scaling": "llama3", "rope_low_freq_factor": 4.0, "rope_high_freq_factor": 1.0},
+            r"rope_high_freq_factor: must be more than rope_low_freq_factor, got 1.0 <= 4.0",
+        ),
         # YaRN's temperature factors: NaN passed (a non-zero value) and made every logit NaN.
         (
             "deepseek_v3_debugmodel",

@@ -454,6 +454,14 @@ def check_args(args: MoEArgs) -> None:
     for name in numbers:
         if not 0 < getattr(args, name) < math.inf:
             raise _problem(name, f"must be a positive number, got {getattr(args, name)}")
+    if args.rope_scaling == "llama3" and args.rope_high_freq_factor <= args.rope_low_freq_factor:
+        # Llama 3.1 interpolates between the two wavelengths: equal factors divide by zero there,
+        # swapped ones invert which frequencies are kept (Hugging Face refuses both too).
+        raise _problem(
+            "rope_high_freq_factor",
+            f"must be more than rope_low_freq_factor, got {args.rope_high_freq_factor} <= "
+            f"{args.rope_low_freq_factor} (Llama 3.1: 4.0 and 1.0)",
+        )
     # YaRN's temperature factors (0: unset): a NaN counted as set and made every logit NaN.
     for name in ["yarn_mscale", "yarn_mscale_all_dim"] * (args.rope_scaling == "yarn"):
         if not 0 <= getattr(args, name) < math.inf:
