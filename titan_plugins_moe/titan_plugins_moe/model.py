@@ -150,7 +150,9 @@ class MoETransformer(nn.Module):
             losses.append(F.cross_entropy(logits.flatten(0, 1).float(), target.flatten()))
         if not losses:  # sequences too short to have a target at any depth
             return hidden.new_zeros((), dtype=torch.float32)
-        loss = torch.stack(losses).sum() * (self.args.mtp_loss_weight * self.mtp_loss_scale / len(self.mtp))
+        # The mean over the depths that have a target: a sequence shorter than n_mtp_layers + 2
+        # leaves the deepest ones out, and counting them shrank the term.
+        loss = torch.stack(losses).sum() * (self.args.mtp_loss_weight * self.mtp_loss_scale / len(losses))
         if self.mtp_stats is not None:
             _record_mtp(self, loss)
         return loss
