@@ -44,6 +44,7 @@ ENTRY_POINT_GROUP = "titan"
 #: The module of titan's own plugin, which cannot be disabled (``cli._refuse_disabled_core``).
 CORE_MODULE = "titan_core._builtin"
 DISABLE_ENV = "TITAN_DISABLE_PLUGINS"
+_CORE_DISTRIBUTION = "titan-core"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 # Record kind -> hook name.
@@ -133,7 +134,11 @@ class Registry:
             had_torch = "torch" in sys.modules
             start = time.perf_counter()
             try:
-                plugin = ep.load()
+                plugin = _load_entry_point(ep, dist_name)
+            except _EntryPointError as exc:
+                info.status, info.error = "failed", str(exc)
+                self._add_info(info)
+                continue
             except BaseException as exc:
                 if isinstance(exc, STOPS):  # Ctrl-C or SIGTERM while it imported: not its failure
                     raise
@@ -143,6 +148,12 @@ class Registry:
             finally:
                 info.import_seconds = time.perf_counter() - start
                 info.imported_torch = not had_torch and "torch" in sys.modules
+            if (problem := _unbound_hooks(ep, plugin, dist_name)) is not None:
+                info.status, info.error = "failed", problem
+                self._add_info(info)
+                continue
+            if not self._declared_once(plugin, info):
+                continue
             self._register(plugin, info)
         self.gather_all()  # a failure in any hook is known before a run uses anything
         return self
@@ -184,6 +195,46 @@ class Registry:
                 self.pm.unregister(name=p.name)
             self._hook_failed.discard(id(p))
             p.status, p.error, p.provides = "failed", error, {}
+        return False
+
+    def _declared_once(self, plugin: Any, info: PluginInfo) -> bool:
+        """Whether ``plugin`` (an entry point's object) is registered under no other entry point.
+
+        pluggy registers an object once: the second entry point naming a module failed with its
+        ``Plugin already registered under a different name`` and a dict of every plugin, while the
+        first kept the records, credited to whichever distribution came first on ``sys.path``. As
+        for two plugins of one name, both fail naming each other; titan's own plugin, which cannot
+        be disabled, stays loaded, and only the other fails."""
+        first_name = self.pm.get_name(plugin)
+        if first_name is None:
+            return True
+        first = next(p for p in self.plugins.values() if p.name == first_name and p.status != "disabled")
+        # Named in a fixed order: which one came first depends on sys.path, not on the user.
+        one, two = sorted((first, info), key=lambda p: p.name)
+        error = (
+            f"entry points {one.name!r} ({one.origin}) and {two.name!r} ({two.origin}) both name "
+            f"{info.module}; none of them is loaded. A plugin is declared once: remove one of the "
+            "entry points, or uninstall one of the distributions"
+        )
+
+        def ours(p: PluginInfo) -> bool:  # titan's own entry point, not another naming its module
+            return p.module == CORE_MODULE and p.distribution == _CORE_DISTRIBUTION
+
+        if ours(first) or ours(info):
+            error = error.replace("none of them is loaded", "titan's own plugin stays loaded")
+        self._add_info(info)
+        info.status, info.error = "failed", error
+        if ours(info):  # the core came second: the third party's goes, not it
+            self.pm.unregister(name=first.name)
+            self._hook_failed.discard(id(first))
+            first.status, first.error, first.provides = "failed", error, {}
+            info.status, info.error = "loaded", None
+            self.plugins = {k: v for k, v in self.plugins.items() if v is not info}
+            return True
+        if not ours(first):
+            self.pm.unregister(name=first.name)
+            self._hook_failed.discard(id(first))
+            first.status, first.error, first.provides = "failed", error, {}
         return False
 
     def _register(self, plugin: Any, info: PluginInfo) -> None:
@@ -395,6 +446,69 @@ class Registry:
                             p.conflicts.append(f"{kind}: {first.record.name}")
                         continue
                     gathered[key] = _Provided(record, info)
+
+
+class _EntryPointError(Exception):
+    """An entry point that names nothing: the message says which and what to change."""
+
+
+def _fix_where(dist_name: str) -> str:
+    return f"fix the entry point in the [project.entry-points.titan] table of {dist_name}'s pyproject.toml"
+
+
+def _load_entry_point(ep: metadata.EntryPoint, dist_name: str) -> Any:
+    """``ep.load()``, where an entry point naming a module that is not installed, or an object its
+    module lacks, is an :class:`_EntryPointError` saying so (``ep.load`` reported it as an
+    ``AttributeError`` or ``ModuleNotFoundError`` at a line of importlib, naming neither the entry
+    point nor where to fix it). A module that is found but fails to import fails as it is."""
+    import importlib
+
+    module_name, attr = ep.module, ep.attr
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
+            raise  # a dependency the plugin imports, not the entry point's own module
+        raise _EntryPointError(
+            f"entry point '{ep.name} = {ep.value}' names module {module_name!r}, which is not "
+            f"installed (no module named {missing!r}); {_fix_where(dist_name)}, or make the "
+            "distribution include the package"
+        ) from None
+    owner = f"module {module_name!r}"
+    for piece in attr.split(".") if attr else ():
+        if not hasattr(found, piece):
+            raise _EntryPointError(
+                f"entry point '{ep.name} = {ep.value}' names no object: {owner} has no attribute "
+                f"{piece!r}; {_fix_where(dist_name)} (module:object, or just the module)"
+            )
+        found = getattr(found, piece)
+        owner = f"{module_name}:{attr[: attr.index(piece) + len(piece)]}"
+    return found
+
+
+def _unbound_hooks(ep: metadata.EntryPoint, plugin: Any, dist_name: str) -> str | None:
+    """Why an entry point naming a class whose hooks are plain methods cannot work, else ``None``:
+    pluggy registers the class itself, and every hook then failed with ``missing 1 required
+    positional argument: 'self'`` at titan's line that calls it."""
+    import inspect
+
+    if not inspect.isclass(plugin):
+        return None
+    methods = [
+        name
+        for name in dir(plugin)
+        if name.startswith("titan_") and inspect.isfunction(inspect.getattr_static(plugin, name, None))
+    ]
+    if not methods:  # staticmethods and classmethods are called fine without an instance
+        return None
+    return (
+        f"entry point '{ep.name} = {ep.value}' names the class {plugin.__name__}, whose hooks "
+        f"{', '.join(methods)} {'is a method' if len(methods) == 1 else 'are methods'}: titan would "
+        f"call {'it' if len(methods) == 1 else 'them'} without an instance. Name a module, or an "
+        f"instance (PLUGIN = {plugin.__name__}() in {ep.module}, and '{ep.module}:PLUGIN' in "
+        f"{dist_name}'s entry point)"
+    )
 
 
 #: Where to look up which distribution provides a name: one documented table, not code paths.

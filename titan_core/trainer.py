@@ -347,6 +347,10 @@ class Trainer:
                 max_full_gib=config.debug.init_full_model_max_gib,
                 pp_coordinate=self.parallel_dims.coordinates(self.topology.rank)["pp"],
                 world_size=self.topology.world_size,
+                label=self.registry.label("models", self.spec.name),
+                call=lambda fn, *args: self._plugin_call(
+                    "models", self.spec.name, "failed in init_weights", fn, *args
+                ),
             )
         for part in self.parts:
             part.train()

@@ -90,3 +90,155 @@ def test_both_initialisation_paths_name_added_parameters(world_size: int) -> Non
             pp_coordinate=0,
             world_size=world_size,
         )
+
+
+# A third-party model whose own init_weights misses a layer (a forgotten branch of its loop) was
+# told "a strategy added them" with no strategy applied; on several processes the one-process
+# copy took the unset values of its unmarked full build (finite memory, often zeros) and trained
+# on them without a word. Both paths now blame the model's init_weights, naming its plugin.
+
+
+class Skippy(nn.Module):
+    """A decoder whose ``init_weights`` forgets the blocks' ``mix`` layers."""
+
+    def __init__(self, vocab_size: int = 1024, dim: int = 256, n_layers: int = 2) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleDict(
+            {str(i): nn.ModuleDict({"mix": nn.Linear(dim, dim)}) for i in range(n_layers)}
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)) and not name.endswith("mix"):
+                module.reset_parameters()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for block in self.layers.values():
+            h = h + block["mix"](h)
+        return self.output(self.norm(h))
+
+
+def _skippy_spec() -> Any:
+    from titan_core import ModelSpec
+
+    return ModelSpec(
+        "skippy",
+        {"tiny": {"vocab_size": 1024, "dim": 256, "n_layers": 2}},
+        lambda args: Skippy(**args),
+        lambda args, include_embedding=True: 0,
+        lambda args, seq_len: 0.0,
+    )
+
+
+SKIPPED = (
+    r"init_weights left 4 parameters uninitialised: layers\.0\.mix\.weight, layers\.0\.mix\.bias, "
+    r"layers\.1\.mix\.weight and 1 more \(held by torch\.nn\.modules\.linear\.Linear\); initialise "
+    r"every parameter and buffer in place there"
+)
+
+
+@pytest.mark.parametrize("world_size", [1, 2], ids=["one-process", "one-process-copy"])
+def test_a_model_whose_init_weights_misses_parameters_is_blamed_not_a_strategy(world_size: int) -> None:
+    spec = _skippy_spec()
+    args = spec.flavors["tiny"]
+    with torch.device("meta"):
+        model = spec.build(args)
+    model.to_empty(device="cpu")
+    with pytest.raises(PluginError, match=r"^model 'skippy': " + SKIPPED) as raised:
+        initialise(
+            [model],
+            spec,
+            args,
+            0,
+            device=torch.device("cpu"),
+            simulated=False,
+            max_full_gib=8.0,
+            pp_coordinate=0,
+            world_size=world_size,
+        )
+    assert "strategy" not in str(raised.value)
+
+
+def test_the_trainer_names_the_plugin_whose_init_weights_misses_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = Registry().load_entry_points()
+    registry.register(plugin_module("skippy", titan_models=[_skippy_spec()]), "skippy", "skippy-lm", "0.2")
+    monkeypatch.setattr(_registry, "_default", registry)
+    config = tiny_llama3(tmp_path, 1)
+    config.model.name, config.model.flavor, config.model.overrides = "skippy", "tiny", {}
+    with pytest.raises(PluginError, match=r"^model 'skippy' \(plugin skippy, skippy-lm 0\.2\): " + SKIPPED):
+        Trainer(config, registry)
+
+
+class Raising(Skippy):
+    """A decoder whose ``init_weights`` raises (a typo in an attribute name, say)."""
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        raise ValueError("std must be positive")
+
+
+def _raising_spec() -> Any:
+    from titan_core import ModelSpec
+
+    return ModelSpec(
+        "raising",
+        {"tiny": {"vocab_size": 1024, "dim": 64, "n_layers": 2}},
+        lambda args: Raising(**args),
+        lambda args, include_embedding=True: 0,
+        lambda args, seq_len: 0.0,
+    )
+
+
+def test_an_init_weights_that_raises_is_one_error_naming_the_model_and_its_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was a bare traceback from deep in the trainer: the one model callable called unguarded."""
+    registry = Registry().load_entry_points()
+    registry.register(
+        plugin_module("raising", titan_models=[_raising_spec()]), "raising", "raising-lm", "0.3"
+    )
+    monkeypatch.setattr(_registry, "_default", registry)
+    config = tiny_llama3(tmp_path, 1)
+    config.model.name, config.model.flavor, config.model.overrides = "raising", "tiny", {}
+    with pytest.raises(PluginError) as raised:
+        Trainer(config, registry)
+    assert str(raised.value).startswith(
+        "model 'raising' (plugin raising, raising-lm 0.3) failed in init_weights: ValueError: std must "
+        "be positive; the traceback is in "
+    )
+    assert "std must be positive" in (tmp_path / "plugin_error.log").read_text()
+
+
+def test_the_full_copy_of_several_processes_calls_init_weights_as_plugin_code_too() -> None:
+    """World size 2 initialises a full copy on the CPU: its init_weights goes through ``call``
+    (the trainer's guard) as the parts' does."""
+    spec = _raising_spec()
+    args = spec.flavors["tiny"]
+    with torch.device("meta"):
+        model = Skippy(**args)
+    model.to_empty(device="cpu")
+    calls: list[str] = []
+
+    def call(fn: Any, *call_args: Any) -> Any:
+        calls.append(fn)
+        return None  # the trainer's guard would call it; skipped here, so nothing is initialised
+
+    with pytest.raises(PluginError, match="init_weights left"):
+        initialise(
+            [model],
+            spec,
+            args,
+            0,
+            device=torch.device("cpu"),
+            simulated=False,
+            max_full_gib=8.0,
+            pp_coordinate=0,
+            world_size=2,
+            call=call,
+        )
+    assert len(calls) == 2
