@@ -90,6 +90,22 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _CPU_OOM)
 
 
+def out_of_memory_cause(exc: BaseException) -> BaseException | None:
+    """The out-of-memory error (:func:`is_out_of_memory`) ``exc`` is or was raised from, else ``None``.
+
+    torch wraps errors on the way out of some of its machinery: a pipeline stage re-raises what
+    its forward or backward raised as ``RuntimeError('[Stage 1] failed to run forward: ...') from
+    e``, so the allocator's error is the wrapper's cause, not the exception that leaves the loop."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if is_out_of_memory(current):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def write_failure(path: str, exc: OSError, *, what: str, kept: str = "") -> TitanError:
     """One error for a file of the run that cannot be written (a full disk or quota, a file-size
     limit, a read-only or vanished folder): ``cannot write <what> to <path>: <why>``, then

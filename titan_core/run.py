@@ -142,7 +142,12 @@ def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
     if args.module and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does, so a user's module is found
     config = call_recipe(find_recipe(registry, args.recipe, args.module))
-    if args.comm_backend:
+    if args.comm_backend is not None:
+        if not args.comm_backend.strip():  # `--comm-backend "$MODE"` with MODE unset: not "default"
+            raise UsageError(
+                "--comm-backend: got an empty name; give the comm backend to use (default, fake, "
+                "real_pp_fake_spmd or a plugin's: titan plugins list), or leave the option out"
+            )
         config.comm.backend = args.comm_backend
     apply_backend_settings(config, registry)
     if args.dump_folder is not None:
@@ -480,17 +485,44 @@ def wrapped_titan_error(exc: BaseException) -> Exception | None:
 
 
 def out_of_memory(exc: BaseException, config: Any) -> Exception | None:
-    """One titan error for an allocator's out-of-memory error (CUDA or CPU), else ``None``."""
-    from titan_core.errors import TitanError, is_out_of_memory
+    """One titan error for an allocator's out-of-memory error (CUDA or CPU), else ``None``.
 
-    if not is_out_of_memory(exc):
+    The allocator's error may be the cause of the exception that left the training loop: a
+    pipeline stage re-raises what its forward raised as ``RuntimeError('[Stage 1] failed to run
+    forward: ...') from e``, which ended a pipeline-parallel run in a traceback. The line names
+    the ``_exit`` snapshot the profiler wrote (its note on ``exc``), and claims none it did not."""
+    from titan_core.errors import TitanError, out_of_memory_cause
+
+    oom = out_of_memory_cause(exc)
+    if oom is None:
         return None
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    rank = os.environ.get("RANK", "0")
+    first = next((line.strip() for line in str(oom).splitlines() if line.strip()), "")
+    notes = [n for n in getattr(exc, "__notes__", ()) if isinstance(n, str)]
+
+    def noted(tag: str) -> str | None:
+        return next((n.removeprefix(tag) for n in notes if n.startswith(tag)), None)
+
+    # The memory plugins note the rank the process stands for (under the fake backends a logical
+    # rank that RANK does not give) and the _exit snapshot once the profiler wrote it.
+    rank = noted("titan-oom-rank: ") or os.environ.get("RANK", "0")
+    path = noted("titan-oom-snapshot: ")
+    if path is not None:
+        snapshot = f"memory snapshot: {path}"
+    elif getattr(getattr(config, "profiler", None), "enable_memory_snapshot", False):
+        # Snapshots are taken inside the training loop: none before it, none a full disk refused.
+        snapshot = (
+            "no memory snapshot was written for it (out of memory before the training loop, or the "
+            "snapshot could not be written: a warning above says why)"
+        )
+    else:
+        snapshot = (
+            "for a memory snapshot of the step that ran out, set profiler.enable_memory_snapshot = "
+            "True (docs/profiling.md)"
+        )
     return TitanError(
         f"out of memory on rank {rank} ({first[:200]}); lower training.local_batch_size or "
         "training.seq_len, turn on activation_checkpoint.mode, or shard more (parallelism.*); "
-        f"a memory snapshot is in {config.job.dump_folder} when profiler.enable_memory_snapshot is on"
+        f"{snapshot}"
     )
 
 

@@ -47,6 +47,7 @@ from torch.distributed.tensor import DTensor
 from titan_core.errors import TitanError, write_failure
 from titan_core.log import get_logger
 from titan_core.run_folder import write_json_whole
+from titan_plugins_memory.oom import note_rank, out_of_memory_cause
 from titan_plugins_memory.outputs import layout_key, report_name
 from titan_plugins_memory.tracker import AllocationTracker
 
@@ -274,7 +275,14 @@ class MemoryReport:
     def on_failure(self, step: int, exc: BaseException) -> None:
         """Keep what was observed, with the error, so a failed configuration still says why."""
         self._stop_tracker()
-        self.error = f"step {step}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        # An out-of-memory step is named as one, also when a pipeline stage wrapped the
+        # allocator's error in its own ('[Stage 1] failed to run forward:'), which says nothing.
+        oom = out_of_memory_cause(exc)
+        cause, what = (exc, "") if oom is None else (oom, "out of memory: ")
+        if oom is not None:  # the logical rank, for the run's last line (titan_core.run)
+            note_rank(exc, self.topology.rank)
+        first = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
+        self.error = f"step {step}: {what}{type(cause).__name__}: {first}"
         if self.observations:
             try:
                 self.write()

@@ -31,7 +31,13 @@ import torch
 from titan_core.errors import TitanError, UsageError, write_failure
 from titan_core.log import get_logger
 from titan_core.run_folder import write_whole
-from titan_plugins_memory.oom import is_out_of_memory, oom_message, requested_bytes
+from titan_plugins_memory.oom import (
+    SNAPSHOT_NOTE,
+    note_rank,
+    oom_message,
+    out_of_memory_cause,
+    requested_bytes,
+)
 
 log = get_logger("titan.profiler")
 
@@ -61,8 +67,14 @@ def folder_problem(folder: str) -> str | None:
 
 def trace_schedule(freq: int) -> Any:
     """A torch.profiler schedule that records exactly step ``k * freq`` of every ``freq`` steps."""
+    import warnings
+
     warmup = min(TRACE_WARMUP, freq - 1)
-    return torch.profiler.schedule(wait=freq - warmup - 1, warmup=warmup, active=1)
+    with warnings.catch_warnings():
+        # profile_freq = 1 leaves no step to warm up in: the user's choice, which torch would
+        # otherwise log as a warning in every such run.
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup", category=UserWarning)
+        return torch.profiler.schedule(wait=freq - warmup - 1, warmup=warmup, active=1)
 
 
 class ProfilerSession:
@@ -201,16 +213,22 @@ class ProfilerSession:
     def on_failure(self, step: int, exc: BaseException) -> None:
         """An out-of-memory error gets the ``_exit`` snapshot and one clear line; never swallowed."""
         try:
-            if is_out_of_memory(exc):
+            # The allocator's error itself, or the one a pipeline stage wrapped it in.
+            oom = out_of_memory_cause(exc)
+            if oom is not None:
                 path = None
                 if self.snapshot_freq is not None:
                     try:
-                        path = self._dump_snapshot(step, oom=True, oom_request_bytes=requested_bytes(exc))
+                        path = self._dump_snapshot(step, oom=True, oom_request_bytes=requested_bytes(oom))
                     except TitanError as failed:
                         # The run ends with the out-of-memory error: a snapshot that could not be
                         # written is said, and must not take that error's place.
                         log.warning(str(failed))
-                log.error(oom_message(exc, step, str(self.device), self.rank, path))
+                # The run's last error line (titan_core.run.out_of_memory) names the file and rank.
+                if path is not None and hasattr(exc, "add_note"):
+                    exc.add_note(SNAPSHOT_NOTE + path)
+                note_rank(exc, self.rank)
+                log.error(oom_message(oom, step, str(self.device), self.rank, path))
         finally:
             self._close()
 

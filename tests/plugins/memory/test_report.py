@@ -281,3 +281,25 @@ def test_a_report_that_cannot_be_written_at_the_end_is_one_error(
     with pytest.raises(TitanError, match=r"cannot write the memory report to .*: the disk is full"):
         report.on_train_end(2)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_failed_reports_error_names_the_out_of_memory_error_a_pipeline_stage_wrapped(
+    tmp_path: Path,
+) -> None:
+    """The report of a coordinate whose pipeline stage ran out of memory said only
+    'RuntimeError: [Stage 1] failed to run forward:' (what --all-pp-ranks shows as its cause)."""
+    report = _report_of_a_tiny_run(tmp_path)
+    report.on_train_start(0)
+    oom = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"
+    try:
+        try:
+            raise RuntimeError(oom)
+        except RuntimeError as e:
+            raise RuntimeError("\n            [Stage 1] failed to run forward:\n") from e
+    except RuntimeError as exc:
+        wrapped = exc
+    report.on_failure(1, wrapped)
+    data = json.loads((tmp_path / "memory_report_rank0.json").read_text())
+    assert data["error"] == f"step 1: out of memory: RuntimeError: {oom}"
+    # the rank this process stands for, for the run's last line (fake backends: not RANK)
+    assert "titan-oom-rank: 0" in wrapped.__notes__

@@ -504,3 +504,55 @@ def test_an_exit_snapshot_that_cannot_be_written_keeps_the_out_of_memory_error(
     assert any(
         line.startswith("out of memory on cpu (rank 0) at step 1 allocating 1,024.0 MiB") for line in logged
     )
+
+
+def _stage_failure(oom: BaseException) -> RuntimeError:
+    """What torch's pipeline stage raises when its forward runs out of memory: its own
+    RuntimeError ('[Stage 1] failed to run forward: ...') raised from the allocator's error."""
+    try:
+        try:
+            raise oom
+        except Exception as e:
+            raise RuntimeError("\n    [Stage 1] failed to run forward:\n    args: (...)") from e
+    except RuntimeError as wrapped:
+        return wrapped
+
+
+def test_an_out_of_memory_error_inside_a_pipeline_stage_gets_the_exit_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline-parallel step that ran out of memory reached the profiler as the stage's
+    wrapper RuntimeError: no ``_exit`` snapshot, no out-of-memory line (only a traceback)."""
+    from titan_plugins_profiler import session as session_module
+
+    config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_memory_snapshot": True})
+    config.profiler.memory_snapshot_freq = 100
+    session = ProfilerSession(_trainer(config, torch.device("cpu"), rank=2, world=4))
+    session.on_train_start(0)
+    logged: list[str] = []
+    monkeypatch.setattr(session_module.log, "error", lambda event, **kw: logged.append(event))
+    wrapped = _stage_failure(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes.")
+    )
+    session.on_failure(1, wrapped)
+    path = tmp_path / "memory_snapshot" / "step_000000000001_exit" / "rank2_memory_snapshot.pickle"
+    assert pickle.loads(path.read_bytes())["titan"]["oom"] is True
+    assert any(
+        line.startswith("out of memory on cpu (rank 2) at step 1 allocating 1,024.0 MiB") for line in logged
+    ), logged
+    # The run's final error line (titan_core.run.out_of_memory) names the snapshot from this note.
+    assert f"titan-oom-snapshot: {path}" in getattr(wrapped, "__notes__", [])
+    assert "titan-oom-rank: 2" in wrapped.__notes__
+
+
+def test_tracing_every_step_warns_of_nothing() -> None:
+    """profile_freq = 1 leaves no step for warm-up, by the user's choice: torch's 'Profiler won't
+    be using warmup' UserWarning landed in every such run's log as a warning record."""
+    import warnings
+
+    from titan_plugins_profiler.session import trace_schedule
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schedule = trace_schedule(1)
+    assert [schedule(step) for step in range(2)] == [torch.profiler.ProfilerAction.RECORD_AND_SAVE] * 2
