@@ -53,7 +53,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any] | None, int]] = {
 }
 
 
-def _median_ms(fn: Any, warmup: int = 3, iters: int = 20) -> float:
+def median_ms(fn: Any, warmup: int = 3, iters: int = 20) -> float:
+    """Median CUDA-event milliseconds of ``fn()`` over ``iters`` calls after ``warmup``."""
     for _ in range(warmup):
         fn()
     times = []
@@ -87,7 +88,7 @@ def measure(shape: str) -> None:
     bos = load_tokenizer(tokenizer).bos_id
     mask = blocks.document_mask(tokens, bos)
     torch.cuda.synchronize()
-    build_ms = _median_ms(lambda: blocks.document_mask(tokens, bos))
+    build_ms = median_ms(lambda: blocks.document_mask(tokens, bos))
     kv_blocks = _computed_blocks(mask)
     causal_blocks = batch * (seq // 128) * (seq // 128 + 1) // 2
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -120,8 +121,8 @@ def measure(shape: str) -> None:
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
             with torch.no_grad():
-                fwd = _median_ms(lambda fn=fn, m=block_mask: fn(q, k, v, m))
-            both = _median_ms(lambda fn=fn, m=block_mask: fn(q, k, v, m).backward(grad))
+                fwd = median_ms(lambda fn=fn, m=block_mask: fn(q, k, v, m))
+            both = median_ms(lambda fn=fn, m=block_mask: fn(q, k, v, m).backward(grad))
             row: dict[str, Any] = {"fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3)}
             row["compile_s"] = round(compile_s, 1)
         except Exception as exc:  # one failing variant must not hide the others
@@ -216,8 +217,8 @@ def _varlen(tokens: Any, bos: int, q: Any, k: Any, v: Any, grad: Any, reference:
             flat_ref = reference.transpose(1, 2).reshape(out.shape)
             row[f"{name}_max_abs_diff_vs_flex"] = round(float((out.detach() - flat_ref).abs().max()), 5)
             with torch.no_grad():
-                fwd = _median_ms(attend)
-            both = _median_ms(lambda attend=attend: attend().backward(gp))
+                fwd = median_ms(attend)
+            both = median_ms(lambda attend=attend: attend().backward(gp))
             row[name] = {"fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3)}
         except Exception as exc:  # GQA may need torch >= 2.12's enable_gqa: try with copies too
             row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}

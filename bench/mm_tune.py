@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any
 
 import torch
+
+from bench.flex_tune import median_ms
 
 #: name -> (in features K, out features N, forward calls per step: 1 + recomputations).
 LINEARS = {
@@ -36,20 +37,6 @@ LINEARS = {
     "w3": (4096, 14336, 2),
     "w2": (14336, 4096, 1),
 }
-
-
-def _median_ms(fn: Any, warmup: int = 3, iters: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _variants() -> dict[str, Any]:
@@ -84,7 +71,7 @@ def main(argv: list[str]) -> int:
                     fn(a, b)
                     torch.cuda.synchronize()
                     first = time.perf_counter() - t0
-                    ms = _median_ms(lambda fn=fn, a=a, b=b: fn(a, b))
+                    ms = median_ms(lambda fn=fn, a=a, b=b: fn(a, b))
                 except Exception as exc:  # one failing variant must not hide the others
                     row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
                     continue

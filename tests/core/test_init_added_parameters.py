@@ -43,6 +43,22 @@ class Adapter(nn.Module):
         return self.base(x) + x @ self.lora_a.t() @ self.lora_b.t()
 
 
+def _initialise(model: Any, spec: Any, args: Any, world_size: int, **kwargs: Any) -> str:
+    """``initialise`` of one real (not simulated) CPU part, seed 0, with the full model fitting."""
+    return initialise(
+        [model],
+        spec,
+        args,
+        0,
+        device=torch.device("cpu"),
+        simulated=False,
+        max_full_gib=8.0,
+        pp_coordinate=0,
+        world_size=world_size,
+        **kwargs,
+    )
+
+
 def add_adapters(parts: list[nn.Module], ctx: Any = None) -> list[nn.Module]:
     for part in parts:
         for block in part.layers.values():
@@ -79,17 +95,7 @@ def test_both_initialisation_paths_name_added_parameters(world_size: int) -> Non
         model = add_adapters([spec.build(args)])[0]
     model.to_empty(device="cpu")
     with pytest.raises(PluginError, match=EXPECTED):
-        initialise(
-            [model],
-            spec,
-            args,
-            0,
-            device=torch.device("cpu"),
-            simulated=False,
-            max_full_gib=8.0,
-            pp_coordinate=0,
-            world_size=world_size,
-        )
+        _initialise(model, spec, args, world_size)
 
 
 # A third-party model whose own init_weights misses a layer (a forgotten branch of its loop) was
@@ -149,17 +155,7 @@ def test_a_model_whose_init_weights_misses_parameters_is_blamed_not_a_strategy(w
         model = spec.build(args)
     model.to_empty(device="cpu")
     with pytest.raises(PluginError, match=r"^model 'skippy': " + SKIPPED) as raised:
-        initialise(
-            [model],
-            spec,
-            args,
-            0,
-            device=torch.device("cpu"),
-            simulated=False,
-            max_full_gib=8.0,
-            pp_coordinate=0,
-            world_size=world_size,
-        )
+        _initialise(model, spec, args, world_size)
     assert "strategy" not in str(raised.value)
 
 
@@ -229,16 +225,5 @@ def test_the_full_copy_of_several_processes_calls_init_weights_as_plugin_code_to
         return None  # the trainer's guard would call it; skipped here, so nothing is initialised
 
     with pytest.raises(PluginError, match="init_weights left"):
-        initialise(
-            [model],
-            spec,
-            args,
-            0,
-            device=torch.device("cpu"),
-            simulated=False,
-            max_full_gib=8.0,
-            pp_coordinate=0,
-            world_size=2,
-            call=call,
-        )
+        _initialise(model, spec, args, 2, call=call)
     assert len(calls) == 2
