@@ -130,6 +130,7 @@ def restore(trainer: Trainer) -> None:
             "resuming with another data configuration; the data will not continue where it stopped: "
             + ", ".join(changed)
         )
+    _warn_global_batch_change(trainer, meta.get("sequences_per_step"))
     per_microbatch = trainer.config.training.local_batch_size * trainer.parallel_dims.dp  # all ranks'
     samples = meta.get("samples", trainer.step * trainer.accumulation * per_microbatch)  # earlier titans
     saved_len, seq_len = meta.get("seq_len"), trainer.config.training.seq_len
@@ -182,9 +183,45 @@ class CheckpointSaves:
                 **resume_record(t.config, samples),
                 "data_files": t.data_files,
                 "tokenizer": t.tokenizer_record,
+                # The global batch (every DP rank's microbatches of the step): a resume on fewer
+                # ranks with the same recipe takes smaller steps (_warn_global_batch_change).
+                "sequences_per_step": sequences_per_step(t),
             }
             t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
             t.last_saved = step
+
+
+def sequences_per_step(trainer: Trainer) -> int:
+    """The global batch: sequences one optimizer step averages over, all DP ranks' microbatches."""
+    return trainer.config.training.local_batch_size * trainer.parallel_dims.dp * trainer.accumulation
+
+
+def _warn_global_batch_change(trainer: Trainer, saved: Any) -> None:
+    """Warn when the steps after the checkpoint average over another number of sequences than
+    its steps did. Without ``training.global_batch_size`` the global batch is the local batch
+    times the DP degree, so a preempted job resumed on fewer ranks with the same recipe trains
+    on with smaller steps (the LR tuned for the larger batch): allowed, as a changed
+    ``training.lr`` is, but never silent. Checkpoints of earlier titans record no global batch."""
+    if not isinstance(saved, int) or isinstance(saved, bool):
+        return
+    now = sequences_per_step(trainer)
+    if saved == now:
+        return
+    t = trainer.config.training
+    per_microbatch = t.local_batch_size * trainer.parallel_dims.dp
+    if saved % per_microbatch == 0:
+        keep = f"set training.global_batch_size = {saved}"
+    else:  # no accumulation of this layout's microbatches gives it: the local batch must change too
+        keep = (
+            f"set training.global_batch_size = {saved} with a training.local_batch_size that, times "
+            f"the DP degree {trainer.parallel_dims.dp}, divides it"
+        )
+    log.warning(
+        f"resuming with another global batch; this run's applies from step {trainer.step + 1}: "
+        f"{saved} -> {now} sequences per step (training.local_batch_size {t.local_batch_size} x DP "
+        f"degree {trainer.parallel_dims.dp} x {trainer.accumulation} microbatches), so the steps "
+        f"after the checkpoint are not those of the run it saved; to keep its batch, {keep}"
+    )
 
 
 def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:

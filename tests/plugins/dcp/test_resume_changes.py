@@ -582,3 +582,28 @@ def test_a_resume_with_another_seq_len_continues_after_the_tokens_consumed(
     assert "resuming with training.seq_len 32 -> 64" in message
     assert "12 sequences of 33 tokens (396 tokens)" in message and "at sequence 8 of 65 tokens" in message
     assert not [w for w in warnings.seen if "not a multiple" in w]
+
+
+def test_a_resume_with_another_global_batch_says_so(tmp_path: Path, warnings: Warnings) -> None:
+    """A preempted job back on fewer ranks, with the same recipe (no ``global_batch_size``),
+    takes steps of fewer sequences (``local_batch_size`` x DP degree): the losses go on from
+    another batch size without a word, unlike the uninterrupted run's. Here the DP degree's part
+    is played by the local batch: 4 -> 2 sequences a step (one process)."""
+    rows(config_in(tmp_path, **{"debug.max_steps": 2}))  # 4 sequences a step
+    assert sorted(rows(config_in(tmp_path, **{"training.local_batch_size": 2}))) == [3, 4, 5, 6]
+    (message,) = [w for w in warnings.seen if "global batch" in w]
+    assert "resuming with another global batch; this run's applies from step 3" in message
+    assert "4 -> 2 sequences per step" in message
+    assert "set training.global_batch_size = 4" in message  # what keeps the checkpoint's batch
+
+
+def test_a_resume_keeping_the_global_batch_by_accumulation_says_nothing_of_it(
+    tmp_path: Path, warnings: Warnings
+) -> None:
+    """The fix the warning names: the same 4 sequences a step, as 2 microbatches of 2."""
+    rows(config_in(tmp_path, **{"debug.max_steps": 2}))
+    kept = {"training.local_batch_size": 2, "training.global_batch_size": 4}
+    assert sorted(rows(config_in(tmp_path, **kept))) == [3, 4, 5, 6]
+    assert not [w for w in warnings.seen if "global batch" in w]
+    meta = json.loads((tmp_path / "checkpoint" / "step-6" / "meta.json").read_text())["meta"]
+    assert meta["sequences_per_step"] == 4
