@@ -135,6 +135,14 @@ class ModelSpec:
     high_precision_modules: tuple[str, ...] = attrs.field(
         default=(), converter=_names("ModelSpec.high_precision_modules", "module names")
     )
+    #: Model arguments that change how the model computes, not what its weights mean or what it
+    #: computes: one matmul for three (``fuse_qkv``), a kernel choice, the longest sequence it
+    #: accepts (``max_seq_len``, a buffer's length). A resume and ``titan export`` compare the
+    #: checkpoint's model with this run's and refuse another one (its weights would be read as
+    #: this model's); a difference in these alone is the same model.
+    compute_only_args: tuple[str, ...] = attrs.field(
+        default=(), converter=_names("ModelSpec.compute_only_args", "argument names")
+    )
 
     def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""

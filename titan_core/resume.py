@@ -280,7 +280,8 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
 def model_changes(spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
     """How a checkpoint's model record (``resume_record``'s ``model``) differs from ``mine``,
     with the model arguments that differ once each is built (``rope_theta: 500000 -> 10000.0``);
-    empty when the two records build the same model (an override at its default). The records
+    empty when the two records build the same model (an override at its default, or a different
+    ``ModelSpec.compute_only_args`` such as ``fuse_qkv``). The records
     alone when the checkpoint's no longer builds (another family, a flavor this titan lacks).
     A resume and ``titan export`` decide alike."""
     from titan_core.initial_weights import _fields
@@ -295,6 +296,9 @@ def model_changes(spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, 
         return records
     if old is None or new is None:
         return records
+    for name in getattr(spec, "compute_only_args", ()):  # how it computes, not what: the same model
+        old.pop(name, None)
+        new.pop(name, None)
     built = json.loads(json.dumps({"old": old, "new": new}, default=str))
     differ = _changes(built["old"], built["new"], "")
     return [*records, f"arguments that differ: {', '.join(differ)}"] if differ else []

@@ -106,6 +106,26 @@ def test_a_resume_into_another_model_of_the_same_shapes_is_refused(tmp_path: Pat
     assert sorted(first) == [1, 2, 3]
 
 
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"fuse_qkv": False},  # Q, K and V in three matmuls instead of one: the same weights and math
+        {"max_seq_len": 4096},  # the longest sequence it accepts (a longer context later)
+    ],
+)
+def test_a_resume_changing_only_how_the_model_computes_goes_on(tmp_path: Path, override: dict) -> None:
+    """Arguments the model declares compute-only (``ModelSpec.compute_only_args``) were refused as
+    "saved by another model", though every weight means what it meant."""
+    uninterrupted = rows(config_in(tmp_path / "whole", **{"debug.max_steps": 5}))
+    rows(config_in(tmp_path / "run", **{"debug.max_steps": 3}))
+    config = config_in(tmp_path / "run", **{"debug.max_steps": 5})
+    config.model.overrides = {**config.model.overrides, **override}
+    resumed = rows(config)
+    assert sorted(resumed) == [4, 5]
+    for step in (4, 5):
+        assert resumed[step]["loss"] == pytest.approx(uninterrupted[step]["loss"], rel=1e-5)
+
+
 def test_the_data_continues_where_it_stopped_when_the_accumulation_changes(tmp_path: Path) -> None:
     """3 steps of 2 microbatches of 2 sequences consumed 12 sequences; resumed with one
     microbatch a step (a smaller global batch), step 4 trains on sequences 13-14, not 7-8."""
