@@ -79,9 +79,26 @@ def load_initial_weights(
     if _is_hf_folder(path):
         _load_hf_folder(parts, path, spec, model_args)
         return
+    _refuse_safetensors_file(path)
     meta = _meta_state(spec, model_args)
     _check_fits(path, meta)
     load_full_state_dict(parts, path, collectives=collectives, tied=_aliases(meta))
+
+
+def _refuse_safetensors_file(path: str) -> None:
+    """A Hugging Face weights file given for its folder: torch.load's own error ("device meta is
+    invalid") said neither what the file is nor what to give instead."""
+    if not (Path(path).is_file() and path.lower().endswith(".safetensors")):
+        return
+    folder = Path(path).parent
+    if (folder / "config.json").is_file():
+        fix = f"give its folder, {str(folder)!r}, which titan reads as a Hugging Face model folder"
+    else:
+        fix = (
+            "give the Hugging Face model folder holding it with its config.json (titan reads the "
+            "architecture from there)"
+        )
+    raise UsageError(f"{_FIELD}: {path!r} is a safetensors file; {fix}")
 
 
 def _read_state_dict(path: str, device: str) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.parallel_harness import tiny_config
 from titan_core import resume as resume_module
@@ -191,6 +192,33 @@ def test_an_initial_load_path_that_is_no_state_dict_is_one_error(
     )
     with pytest.raises(UsageError, match=expected):
         Trainer(config, get_registry())
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_an_initial_load_path_naming_a_safetensors_file_names_its_folder(
+    tmp_path: Path, beside: bool
+) -> None:
+    """A Hugging Face weights file given instead of its folder: the error was torch.load's
+    ("device meta is invalid"), not what to give instead."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "hf_model"
+    folder.mkdir()
+    if beside:
+        (folder / "config.json").write_text("{}")
+    path = folder / "model.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path))
+    config = tiny_config(
+        **{"job.dump_folder": str(tmp_path / "out"), "checkpoint.initial_load_path": str(path)}
+    )
+    with pytest.raises(UsageError) as raised:
+        Trainer(config, get_registry())
+    message = str(raised.value)
+    assert "is a safetensors file" in message, message
+    if beside:
+        assert f"give its folder, {str(folder)!r}" in message, message
+    else:
+        assert "config.json" in message, message
 
 
 def test_a_rerun_looking_in_another_checkpoint_folder_is_refused(tmp_path: Path) -> None:
