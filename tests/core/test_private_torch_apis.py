@@ -120,6 +120,23 @@ PRIVATE_APIS = [
     ),
     (
         "torch.distributed.pipelining.stage",
+        "PipelineStage.get_local_bwd_output",
+        "pipeline plugin: a V schedule's forward-only eval (validation) hands no input gradients "
+        "between a rank's two stages (torch's asserts a backward; no public hook)",
+    ),
+    (
+        "torch.distributed.pipelining.stage",
+        "PipelineStage.set_local_bwd_input",
+        "pipeline plugin: the other half of that handoff",
+    ),
+    (
+        "torch._functorch.config",
+        "unsafe_treat_script_objects_as_zero_size",
+        "compile plugin: 'memory_budget' under TP sizes the TP process group (a graph input) as "
+        "zero bytes (torch >= 2.13; 2.11's partitioner does not size it)",
+    ),
+    (
+        "torch.distributed.pipelining.stage",
         "PipelineStage._warmup_forward_vote",
         "fake_pipeline.SimulatedPeerStage overrides it (torch >= 2.13) so simulated peers never vote",
     ),
@@ -145,6 +162,8 @@ def test_private_api_exists(module: str, path: str, why: str) -> None:
     major_minor = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     if path.startswith("PipelineStage._warmup") and major_minor < (2, 13):
         pytest.skip("the warm-up vote exists from torch 2.13 on; older versions never call it")
+    if path == "unsafe_treat_script_objects_as_zero_size" and major_minor < (2, 13):
+        pytest.skip("2.11's partitioner does not size script objects; titan sets it where it exists")
     try:
         _resolve(module, path)
     except (ImportError, AttributeError) as exc:

@@ -70,24 +70,89 @@ def _torchao_float8() -> tuple[Any, type]:
     return float8, Float8Linear
 
 
-def _check_device(device: Any, emulate: bool) -> None:
+def _device_problem(device: Any, emulate: bool) -> str | None:
     if emulate:
-        return
+        return None
     import torch
 
     if device.type != "cuda":
-        raise UsageError(
+        return (
             f"float8.enable: the run computes on {device.type}, which has no float8 matmul; train on "
             "a CUDA GPU of compute capability 8.9+ (H100, H200), set float8.emulate = True (float8 "
             "numerics in high precision, no speed-up), or set float8.enable = False"
         )
     capability = torch.cuda.get_device_capability(device)
     if capability < (8, 9):
-        raise UsageError(
+        return (
             f"float8.enable: {torch.cuda.get_device_name(device)} (compute capability "
             f"{capability[0]}.{capability[1]}) has no float8 tensor cores (8.9+ needed: H100, H200); "
             "set float8.emulate = True or float8.enable = False"
         )
+    return None
+
+
+def _check_device(device: Any, emulate: bool) -> None:
+    if (problem := _device_problem(device, emulate)) is not None:
+        raise UsageError(problem)
+
+
+def _launch_device(config: TrainerConfig) -> Any:
+    """The kind of device the run will compute on (``training.device``, ``auto`` resolved), known
+    before any process group exists; ``None`` for ``cuda`` on a host without one, which the core
+    refuses itself (``training.device is 'cuda' but no CUDA device is available``)."""
+    import torch
+
+    if config.training.device != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return None if config.training.device == "cuda" else torch.device("cpu")
+
+
+def _rowwise_problem(config: TrainerConfig) -> str | None:
+    cfg = config.float8
+    if cfg.recipe == "rowwise" and not cfg.emulate and config.training.dtype != "bfloat16":
+        return (
+            'float8.recipe: "rowwise" scaling multiplies bf16 inputs only (torch._scaled_mm); set '
+            'training.dtype = "bfloat16" or float8.recipe = "tensorwise"'
+        )
+    return None
+
+
+def _nothing_converted(given: str) -> str:
+    return (
+        f"float8.filter_fqns: no linear layer of the model was converted (each is named by "
+        f"{given!r} or has a width that is not a multiple of {_ALIGN}); narrow "
+        "float8.filter_fqns or set float8.enable = False"
+    )
+
+
+def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: Any, model_args: Any) -> list[str]:
+    """``Strategy.check``: every refusal of :func:`apply` that the config and the model's
+    arguments show, before anything is built. ``run_train.sh`` runs it once before torchrun
+    starts; refused only in ``apply``, each torchrun worker stopped on its own and the run ended
+    with torchrun's report (exit 1) instead of one line (exit 2)."""
+    try:
+        _torchao_float8()
+    except UsageError as exc:
+        return [str(exc)]
+    cfg = config.float8
+    device = _launch_device(config)
+    on_device = None if device is None else _device_problem(device, cfg.emulate)
+    problems = [p for p in (on_device, _rowwise_problem(config)) if p is not None]
+    import torch
+    from torch import nn
+
+    with torch.device("meta"):
+        whole = spec.build(model_args)
+    linears = [(n, m) for n, m in whole.named_modules() if isinstance(m, nn.Linear)]
+    keep = filter_names(cfg.filter_fqns)
+    problem = _unmatched_filter_problem(keep, [n for n, _ in linears])
+    # The default (``output``) only warns, in apply: a model may name its head otherwise.
+    if problem is not None and cfg.filter_fqns != attrs.fields(type(cfg)).filter_fqns.default:
+        problems.append(problem + "; correct the name, or leave it out")
+    converts = module_filter([*keep, *getattr(spec, "high_precision_modules", ())])
+    if not any(converts(m, n) for n, m in linears):
+        problems.append(_nothing_converted(cfg.filter_fqns))
+    return problems
 
 
 def module_filter(names: list[str]) -> Callable[[nn.Module, str], bool]:
@@ -114,18 +179,25 @@ def _check_filter_names(keep: list[str], given: str, ctx: ParallelContext) -> No
     with torch.device("meta"):
         whole = ctx.spec.build(ctx.model_args)
     linears = [n for n, m in whole.named_modules() if isinstance(m, nn.Linear)]
-    unmatched = [name for name in keep if not any(name in fqn for fqn in linears)]
-    if not unmatched:
+    problem = _unmatched_filter_problem(keep, linears)
+    if problem is None:
         return
-    shown = ", ".join(linears[:6]) + (f", ... ({len(linears)} in all)" if len(linears) > 6 else "")
-    problem = (
-        f"float8.filter_fqns: {', '.join(map(repr, unmatched))} is part of no linear layer's name "
-        f"(the model's linears: {shown})"
-    )
     if given == attrs.fields(type(ctx.config.float8)).filter_fqns.default:
         log.warning(problem + "; every linear is converted")
         return
     raise UsageError(problem + "; correct the name, or leave it out")
+
+
+def _unmatched_filter_problem(keep: list[str], linears: list[str]) -> str | None:
+    """The names of ``keep`` that are part of no name of ``linears``, as a problem, or ``None``."""
+    unmatched = [name for name in keep if not any(name in fqn for fqn in linears)]
+    if not unmatched:
+        return None
+    shown = ", ".join(linears[:6]) + (f", ... ({len(linears)} in all)" if len(linears) > 6 else "")
+    return (
+        f"float8.filter_fqns: {', '.join(map(repr, unmatched))} is part of no linear layer's name "
+        f"(the model's linears: {shown})"
+    )
 
 
 def _warn_final_projection_converted(converted: list[str], given: str, ctx: ParallelContext) -> None:
@@ -153,12 +225,10 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
 
     cfg = ctx.config.float8
     float8, float8_linear = _torchao_float8()
+    # check() refused these before launch; the device is checked again as the run chose it.
     _check_device(ctx.topology.device, cfg.emulate)
-    if cfg.recipe == "rowwise" and not cfg.emulate and ctx.config.training.dtype != "bfloat16":
-        raise UsageError(
-            'float8.recipe: "rowwise" scaling multiplies bf16 inputs only (torch._scaled_mm); set '
-            'training.dtype = "bfloat16" or float8.recipe = "tensorwise"'
-        )
+    if (problem := _rowwise_problem(ctx.config)) is not None:
+        raise UsageError(problem)
     recipe = float8.Float8LinearConfig.from_recipe_name(cfg.recipe)
     recipe = dataclasses.replace(recipe, emulate=cfg.emulate)
     keep = filter_names(cfg.filter_fqns)
@@ -174,11 +244,7 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
         converted += [n for n, m in part.named_modules() if isinstance(m, float8_linear)]
         kept += [n for n, m in part.named_modules() if type(m) is nn.Linear]
     if not converted:
-        raise UsageError(
-            f"float8.filter_fqns: no linear layer of the model was converted (each is named by "
-            f"{cfg.filter_fqns!r} or has a width that is not a multiple of {_ALIGN}); narrow "
-            "float8.filter_fqns or set float8.enable = False"
-        )
+        raise UsageError(_nothing_converted(cfg.filter_fqns))
     _warn_final_projection_converted(converted, cfg.filter_fqns, ctx)
     ctx.state["float8"] = {"converted": converted}
     log.info(

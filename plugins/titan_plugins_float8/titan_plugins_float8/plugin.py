@@ -42,6 +42,9 @@ def titan_strategies() -> list[Strategy]:
             _lazy("applies"),
             _lazy("apply"),
             "torchao Float8Linear in place of the linear layers (float8 matmuls, dynamic scaling)",
+            (),
+            # Before launch (run_train.sh) and before anything is built: one error line.
+            _lazy("check"),
         )
     ]
 

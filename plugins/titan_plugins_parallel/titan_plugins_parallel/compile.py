@@ -91,8 +91,17 @@ def backend(config: TrainerConfig, settings: dict[str, Any] | None = None) -> An
 def _with_memory_budget(inner: Any, budget: float) -> Any:
     from torch._functorch import config as functorch_config
 
+    patches: dict[str, Any] = {"activation_memory_budget": budget}
+    # Under tensor parallelism a block's graph takes the TP process group as an input (an opaque
+    # script object, which the functional collectives name). The budget's partitioner sizes every
+    # node it might save, cannot size a script object and stopped step 1 ("Cannot compute the
+    # size of ... FakeScriptObject"). A process group holds no activation memory: zero is its
+    # true size. (A torch without the setting has no such check.)
+    if hasattr(functorch_config, "unsafe_treat_script_objects_as_zero_size"):
+        patches["unsafe_treat_script_objects_as_zero_size"] = True
+
     def compile_block(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        with functorch_config.patch(activation_memory_budget=budget):
+        with functorch_config.patch(**patches):
             return inner(graph, example_inputs)
 
     name = getattr(getattr(inner, "func", inner), "__name__", "backend")

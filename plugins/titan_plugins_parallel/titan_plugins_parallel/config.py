@@ -74,6 +74,19 @@ def _unread_settings(ac: ActivationCheckpoint) -> list[str]:
     ]
 
 
+def _unread_pipeline_schedule(p: Any) -> list[str]:
+    # The core refuses pp_microbatches and pp_stages_per_rank with pp = 1; a schedule asked for
+    # there (the degree forgotten) trained with no pipeline at all and exit 0. Only this plugin's
+    # pipeline reads it, so the plugin refuses it, naming the field as the core does the others.
+    default = attrs.fields(type(p)).pp_schedule.default
+    if p.pp != 1 or p.pp_schedule == default:
+        return []
+    return [
+        f"parallelism.pp_schedule: {p.pp_schedule!r} does nothing with parallelism.pp = 1 (only "
+        f"pipeline parallel reads it); set parallelism.pp > 1, or leave it {default!r}"
+    ]
+
+
 def check(config: Any) -> list[str]:
     """Checks across fields of the plugin's sections (run once after the recipe)."""
     ac = config.activation_checkpoint
@@ -89,6 +102,7 @@ def check(config: Any) -> list[str]:
             "chooses what each compiled block recomputes); set compile.enable = true, or use "
             "mode 'selective' or 'full'"
         )
+    errors += _unread_pipeline_schedule(config.parallelism)
     c = config.compile
     if not c.enable:  # as the AC fields a mode does not read: a recipe believing it set them
         errors += [

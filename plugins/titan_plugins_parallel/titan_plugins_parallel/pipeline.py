@@ -310,6 +310,42 @@ def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, m
         problems.append(problem)
     if (problem := _v_schedule_on_gloo_problem(cls, config)) is not None:
         problems.append(problem)
+    problems += _split_backward_problems(cls, config)
+    return problems
+
+
+#: Schedules that run a stage's backward as two autograd passes over the same graph: input
+#: gradients first (sent upstream at once), weight gradients later (the zero-bubble "W" actions).
+_SPLIT_BACKWARD = ("ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+
+
+def _split_backward_problems(cls: type, config: Any) -> list[str]:
+    """What cannot run a backward in two passes: both stopped step 1 on every rank (exit 1).
+
+    A compiled block's backward is one opaque autograd node, which the input-gradient pass cannot
+    split from the weights' (``Failed to run stage backward input``; pytorch#161904, whose check
+    in torch sees only a compiled stage root, not titan's blocks compiled in place). The op
+    policy's selective checkpoint allows one backward per recomputed region (``Trying to
+    backward an extra time``). A whole-block checkpoint (``full``, or an integer option)
+    recomputes for each pass and gives one process's steps."""
+    if cls.__name__ not in _SPLIT_BACKWARD:
+        return []
+    name = cls.__name__.removeprefix("Schedule")
+    problems = []
+    if getattr(getattr(config, "compile", None), "enable", False):
+        problems.append(
+            f"compile.enable: parallelism.pp_schedule={name} splits each stage's backward into an "
+            "input-gradient and a weight-gradient pass, which a compiled block's backward (one "
+            "graph) cannot run; set compile.enable = False, or use Interleaved1F1B (or 1F1B)"
+        )
+    ac = getattr(config, "activation_checkpoint", None)
+    if ac is not None and ac.mode == "selective" and ac.selective_ac_option == "op":
+        problems.append(
+            f"activation_checkpoint.selective_ac_option: 'op' under parallelism.pp_schedule={name}, "
+            "which splits each stage's backward into an input-gradient and a weight-gradient pass: "
+            "the op policy allows one backward per recomputed block; use mode 'full' or an "
+            "integer selective_ac_option (whole blocks), or Interleaved1F1B (or 1F1B)"
+        )
     return problems
 
 
@@ -454,6 +490,9 @@ class Pipeline:
         self._autocast = dtype == "bfloat16" and not ctx.mixed_precision_applied
         # The rank holding the last stage, in global numbering, for the loss broadcast.
         self.v_style = cls.__name__ in _V_SCHEDULES
+        if self.v_style:
+            for stage in self.stages:
+                _skip_local_gradient_handoff_without_backward(stage)
         self._last_rank = self._rank_of_last_stage(num_stages)
 
     def _add_step_kwargs(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -520,6 +559,32 @@ class Pipeline:
         loss = loss.float().contiguous()
         dist.broadcast(loss, src=self._last_rank, group=self.group)
         return loss
+
+
+def _skip_local_gradient_handoff_without_backward(stage: Any) -> None:
+    """Let a V schedule's forward-only ``eval`` pass a stage's backward actions.
+
+    Rank 0 of a V holds the first and the last stage, and rank ``r`` two adjacent ones; the
+    schedule hands a stage's input gradients to the rank's other stage in memory
+    (``get_local_bwd_output`` / ``set_local_bwd_input``) instead of a send. ``schedule.eval``
+    keeps the backward actions, skipping their computation (``has_backward`` off), but torch
+    (2.13) still makes that handoff, whose methods assert ``has_backward``: validation stopped
+    the run at its first batch (``can't steal_bwd_input if this stage doesn't have backward``).
+    Without a backward there is no gradient to hand over, so the handoff does nothing then."""
+    get_output = getattr(stage, "get_local_bwd_output", None)
+    set_input = getattr(stage, "set_local_bwd_input", None)
+    if get_output is None or set_input is None:
+        return
+
+    def get_local_bwd_output(mb_index: int) -> Any:
+        return () if not stage.has_backward else get_output(mb_index)
+
+    def set_local_bwd_input(outputs: Any, mb_index: int) -> None:
+        if stage.has_backward:
+            set_input(outputs, mb_index)
+
+    stage.get_local_bwd_output = get_local_bwd_output
+    stage.set_local_bwd_input = set_local_bwd_input
 
 
 def _plain(loss: torch.Tensor) -> torch.Tensor:

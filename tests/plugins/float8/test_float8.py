@@ -228,3 +228,40 @@ def test_a_models_high_precision_modules_stay_out_of_float8(tmp_path: Path) -> N
     assert converted and not any("router" in name for name in converted)
     assert all(math.isfinite(x) for x in losses)
     assert "router.gate" in (tmp_path / "train.log").read_text()  # named as kept by the model
+
+
+@pytest.mark.parametrize(
+    ("fields", "start"),
+    [
+        ({"float8.emulate": False}, "float8.enable: the run computes on cpu, which has no float8 matmul"),
+        (
+            {"float8.filter_fqns": "layers,output"},
+            "float8.filter_fqns: no linear layer of the model was converted",
+        ),
+        ({"float8.filter_fqns": "outptu"}, "float8.filter_fqns: 'outptu' is part of no linear layer's name"),
+    ],
+    ids=["cpu-without-emulation", "filter-keeps-everything", "filter-typo"],
+)
+def test_a_refused_float8_setting_is_refused_by_the_layout_check_before_launch(
+    tmp_path: Path, fields: dict[str, Any], start: str
+) -> None:
+    """The strategy refused these in ``apply`` only, in every torchrun worker: under
+    ``NGPU=2 ./run_train.sh`` the run ended with torchrun's ChildFailedError report and exit 1,
+    where the layout check (``Strategy.check``, run before torchrun starts) gives one line, exit 2."""
+    from titan_core.layout import check_layout
+    from titan_core.parallel_dims import ParallelDims
+
+    config = float8_config(tmp_path, **{"parallelism.dp_shard": 2, "training.local_batch_size": 2, **fields})
+    with pytest.raises(UsageError) as info:
+        check_layout(config, get_registry(), ParallelDims(1, 2, 1, 1, 1, 1, 2))
+    assert str(info.value).startswith(start), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_an_accepted_float8_layout_passes_the_layout_check(tmp_path: Path) -> None:
+    from titan_core.layout import check_layout
+    from titan_core.parallel_dims import ParallelDims
+
+    config = float8_config(tmp_path, **{"parallelism.dp_shard": 2, "training.local_batch_size": 2})
+    layout = check_layout(config, get_registry(), ParallelDims(1, 2, 1, 1, 1, 1, 2))
+    assert layout.strategies[0].name == "float8"

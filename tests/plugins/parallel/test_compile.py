@@ -274,6 +274,28 @@ def test_memory_budget_composes_with_fsdp_and_pipeline_stages(
     assert_losses_close(run_layout(tmp_path / "pp", 2, seed_checkpoint, pp, rank=1), reference_losses)
 
 
+@pytest.mark.slow
+def test_memory_budget_under_tensor_parallel_gives_the_one_process_steps(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Path
+) -> None:
+    """TP 2's compiled blocks take the TP process group as a graph input (an opaque script
+    object): the partitioner could not size it for the budget and step 1 stopped (``Cannot
+    compute the size of ... FakeScriptObject``). It holds no activation memory; losses and
+    gradient norms are one process's."""
+    from tests.plugins.parallel.rows import assert_rows_close, layout_rows, one_process_rows
+
+    layout = {
+        "compile.enable": True,
+        "compile.backend": "aot_eager",
+        "activation_checkpoint.mode": "memory_budget",
+        "activation_checkpoint.memory_budget": 0.2,
+        "parallelism.tp": 2,
+        "parallelism.dp_shard": 1,
+    }
+    expected = one_process_rows(tmp_path_factory, seed_checkpoint)
+    assert_rows_close(layout_rows(tmp_path, 2, seed_checkpoint, layout), expected)
+
+
 def test_a_model_without_layers_is_refused_and_sequential_blocks_are_compiled() -> None:
     """A plugin model without ``layers`` (blocks named ``blocks``, say) was listed as compiled
     and ran eager, without a word; blocks in an ``nn.Sequential`` were skipped the same way."""

@@ -22,6 +22,17 @@ from titan_plugins_parallel import pipeline
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
 
 
+def _on_gloo(schedule: str) -> Any:
+    """``schedule`` as a parameter of a test that trains it over gloo: the V schedules need torch
+    2.13 there (titan refuses them on 2.11, ``test_a_v_schedule_on_gloo_needs_a_torch_that_starts_it``)."""
+    import torch
+
+    major_minor = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    old = schedule in ("ZBVZeroBubble", "DualPipeV") and major_minor < (2, 13)
+    skip = pytest.mark.skipif(old, reason="V schedules on gloo need torch >= 2.13")
+    return pytest.param(schedule, marks=skip)
+
+
 # -- layout (no processes) ---------------------------------------------------------------------
 
 
@@ -57,6 +68,25 @@ def test_unknown_schedule_names_the_choices() -> None:
 def test_stage_count_the_schedule_cannot_run(schedule: str, configured: int, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         pipeline.stages_per_rank(pipeline.schedule_class(schedule), configured)
+
+
+def test_a_schedule_without_pipeline_parallel_is_refused_naming_the_field() -> None:
+    """``pp_schedule = "Interleaved1F1B"`` with ``pp = 1`` (the degree forgotten) trained without
+    any pipeline and exit 0, where ``pp_microbatches`` and ``pp_stages_per_rank`` are refused."""
+    from titan_core.config import ConfigError, validate
+
+    config = TrainerConfig()
+    config.parallelism.pp_schedule = "Interleaved1F1B"
+    with pytest.raises(ConfigError) as info:
+        validate(config, source="r")
+    assert info.value.problems == [
+        "parallelism.pp_schedule: 'Interleaved1F1B' does nothing with parallelism.pp = 1 (only "
+        "pipeline parallel reads it); set parallelism.pp > 1, or leave it '1F1B'"
+    ]
+    config.parallelism.pp = 2
+    validate(config, source="r")
+    config.parallelism.pp, config.parallelism.pp_schedule = 1, "1F1B"  # the default is no request
+    validate(config, source="r")
 
 
 def test_microbatches_must_divide_the_local_batch() -> None:
@@ -307,6 +337,59 @@ def test_check_refuses_from_the_config_the_degrees_and_the_model_arguments(
         assert problem.startswith(start), problem
 
 
+#: The schedules that split each backward into an input-gradient and a weight-gradient pass.
+SPLIT_BACKWARD = ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+COMPILED = {"compile.enable": True, "compile.backend": "aot_eager"}
+OP_POLICY = {"activation_checkpoint.mode": "selective"}
+
+
+@pytest.mark.parametrize("schedule", SPLIT_BACKWARD)
+@pytest.mark.parametrize(
+    ("fields", "start"),
+    [
+        (COMPILED, "compile.enable: parallelism.pp_schedule={schedule} splits each stage's backward"),
+        (
+            {**COMPILED, "activation_checkpoint.mode": "memory_budget"},
+            "compile.enable: parallelism.pp_schedule={schedule} splits each stage's backward",
+        ),
+        (
+            OP_POLICY,
+            "activation_checkpoint.selective_ac_option: 'op' under parallelism.pp_schedule={schedule}",
+        ),
+    ],
+    ids=["compile", "memory_budget", "op-policy"],
+)
+def test_a_split_backward_schedule_refuses_compiled_blocks_and_the_op_policy(
+    schedule: str, fields: dict[str, Any], start: str
+) -> None:
+    """The zero-bubble schedules run a stage's backward as two autograd passes (input, then
+    weight gradients). A compiled block's backward is one opaque node (``Failed to run stage
+    backward input``, pytorch#161904; torch's own check sees only a compiled stage root) and the
+    op policy allows one backward per recomputed region (``Trying to backward an extra time``):
+    both stopped step 1 on every rank, exit 1, instead of being refused before launch."""
+    layout = {"parallelism.pp_schedule": schedule, "parallelism.pp_microbatches": 4, **fields}
+    problems = [p for p in _check(layout) if "needs torch 2.13 or newer" not in p]
+    assert len(problems) == 1 and problems[0].startswith(start.format(schedule=schedule)), problems
+
+
+@pytest.mark.parametrize(
+    ("schedule", "fields"),
+    [
+        ("ZBVZeroBubble", {"activation_checkpoint.mode": "full"}),
+        ("DualPipeV", {**OP_POLICY, "activation_checkpoint.selective_ac_option": "2"}),
+        ("Interleaved1F1B", {**COMPILED, **OP_POLICY}),
+        ("1F1B", {**COMPILED, "activation_checkpoint.mode": "memory_budget"}),
+    ],
+)
+def test_whole_block_checkpoints_and_compile_under_other_schedules_still_pass(
+    schedule: str, fields: dict[str, Any]
+) -> None:
+    # Whole-block recomputation runs each backward pass over its own recomputation (checked
+    # against one process by hand, docs/parallelism.md); the other schedules run one backward.
+    layout = {"parallelism.pp_schedule": schedule, "parallelism.pp_microbatches": 4, **fields}
+    assert [p for p in _check(layout) if "needs torch 2.13 or newer" not in p] == []
+
+
 @pytest.mark.parametrize(
     ("version", "device", "backend", "refused"),
     [
@@ -379,7 +462,7 @@ def reference_rows(tmp_path_factory: pytest.TempPathFactory, seed_checkpoint: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", [_on_gloo(s) for s in SCHEDULES])
 def test_pp2_matches_one_process(
     schedule: str, tmp_path: Path, seed_checkpoint: Path, reference_rows: list[dict]
 ) -> None:
@@ -418,7 +501,7 @@ MASKED = {"model.overrides": {**TINY_MODEL, "document_mask": True}}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+@pytest.mark.parametrize("schedule", [_on_gloo(s) for s in ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")])
 def test_pp2_masks_documents_on_every_stage_as_one_process_does(
     schedule: str,
     tmp_path_factory: pytest.TempPathFactory,
@@ -534,10 +617,16 @@ def one_process_validation(tmp_path_factory: pytest.TempPathFactory, seed_checkp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
+@pytest.mark.parametrize(
+    "schedule", [_on_gloo(s) for s in ("1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV")]
+)
 def test_pp2_validation_is_forward_only_and_leaves_training_unchanged(
     schedule: str, tmp_path: Path, seed_checkpoint: Path, one_process_validation: dict
 ) -> None:
+    """The V schedules (rank 0 holds the first and the last stage) hand the last stage's input
+    gradients to the rank's other stage in memory, which torch's forward-only ``eval`` still
+    did: the first validation stopped the run (``can't steal_bwd_input if this stage doesn't
+    have backward``), exit 1."""
     layout = {"parallelism.pp": 2, "parallelism.pp_schedule": schedule}
     validated = validation_run(tmp_path / "validated", 2, seed_checkpoint, {**layout, **EVERY_STEP})
     plain = validation_run(tmp_path / "plain", 2, seed_checkpoint, layout)
