@@ -191,11 +191,15 @@ class Registry:
             f"--disable-plugin {info.name}; that disables all of them)"
         )
         for p in clashing:
-            if self.pm.has_plugin(p.name):
-                self.pm.unregister(name=p.name)
-            self._hook_failed.discard(id(p))
-            p.status, p.error, p.provides = "failed", error, {}
+            self._withdraw(p, error)
         return False
+
+    def _withdraw(self, info: PluginInfo, error: str) -> None:
+        """Fail ``info``'s plugin with ``error``: unregistered, offering nothing."""
+        if self.pm.has_plugin(info.name):
+            self.pm.unregister(name=info.name)
+        self._hook_failed.discard(id(info))
+        info.status, info.error, info.provides = "failed", error, {}
 
     def _declared_once(self, plugin: Any, info: PluginInfo) -> bool:
         """Whether ``plugin`` (an entry point's object) is registered under no other entry point.
@@ -222,19 +226,13 @@ class Registry:
 
         if ours(first) or ours(info):
             error = error.replace("none of them is loaded", "titan's own plugin stays loaded")
+        if ours(info):  # the core came second: the third party's goes, and the core registers
+            self._withdraw(first, error)
+            return True
         self._add_info(info)
         info.status, info.error = "failed", error
-        if ours(info):  # the core came second: the third party's goes, not it
-            self.pm.unregister(name=first.name)
-            self._hook_failed.discard(id(first))
-            first.status, first.error, first.provides = "failed", error, {}
-            info.status, info.error = "loaded", None
-            self.plugins = {k: v for k, v in self.plugins.items() if v is not info}
-            return True
         if not ours(first):
-            self.pm.unregister(name=first.name)
-            self._hook_failed.discard(id(first))
-            first.status, first.error, first.provides = "failed", error, {}
+            self._withdraw(first, error)
         return False
 
     def _register(self, plugin: Any, info: PluginInfo) -> None:

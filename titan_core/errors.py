@@ -90,6 +90,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _CPU_OOM)
 
 
+#: Notes (``BaseException.add_note``) a plugin may put on a failing step's out-of-memory error for
+#: the run's last line (``titan_core.run.out_of_memory``): the ``_exit`` snapshot's path once
+#: written, and the rank the process stands for (under the fake backends a logical rank that
+#: ``RANK`` does not give).
+OOM_SNAPSHOT_NOTE = "titan-oom-snapshot: "
+OOM_RANK_NOTE = "titan-oom-rank: "
+
+
 def out_of_memory_cause(exc: BaseException) -> BaseException | None:
     """The out-of-memory error (:func:`is_out_of_memory`) ``exc`` is or was raised from, else ``None``.
 

@@ -152,8 +152,8 @@ def not_initialised(
     model author is not sent looking for a strategy that never ran. ``label`` names the model and
     its plugin (``model 'x' (plugin p, dist 1.0)``)."""
     label = label or f"model {spec.name!r}"
-    own = names if renamed else _own_parameters(names, spec, model_args)
-    if own and not renamed:
+    own = [] if renamed else _own_parameters(names, spec, model_args)
+    if own:
         return PluginError(
             f"{label}: init_weights left {len(own)} parameters uninitialised: {_shown(part, own)}; "
             "initialise every parameter and buffer in place there (docs/plugins.md, the decoder "

@@ -132,7 +132,7 @@ def restore(trainer: Trainer) -> None:
         )
     _warn_global_batch_change(trainer, meta.get("sequences_per_step"))
     per_microbatch = trainer.config.training.local_batch_size * trainer.parallel_dims.dp  # all ranks'
-    samples = meta.get("samples", trainer.step * trainer.accumulation * per_microbatch)  # earlier titans
+    samples = meta.get("samples", trainer.step * sequences_per_step(trainer))  # earlier titans
     saved_len, seq_len = meta.get("seq_len"), trainer.config.training.seq_len
     trainer.consumed, rest = divmod(int(samples), per_microbatch)
     if saved_len is not None and saved_len != seq_len:

@@ -491,7 +491,7 @@ def out_of_memory(exc: BaseException, config: Any) -> Exception | None:
     pipeline stage re-raises what its forward raised as ``RuntimeError('[Stage 1] failed to run
     forward: ...') from e``, which ended a pipeline-parallel run in a traceback. The line names
     the ``_exit`` snapshot the profiler wrote (its note on ``exc``), and claims none it did not."""
-    from titan_core.errors import TitanError, out_of_memory_cause
+    from titan_core.errors import OOM_RANK_NOTE, OOM_SNAPSHOT_NOTE, TitanError, out_of_memory_cause
 
     oom = out_of_memory_cause(exc)
     if oom is None:
@@ -504,8 +504,8 @@ def out_of_memory(exc: BaseException, config: Any) -> Exception | None:
 
     # The memory plugins note the rank the process stands for (under the fake backends a logical
     # rank that RANK does not give) and the _exit snapshot once the profiler wrote it.
-    rank = noted("titan-oom-rank: ") or os.environ.get("RANK", "0")
-    path = noted("titan-oom-snapshot: ")
+    rank = noted(OOM_RANK_NOTE) or os.environ.get("RANK", "0")
+    path = noted(OOM_SNAPSHOT_NOTE)
     if path is not None:
         snapshot = f"memory snapshot: {path}"
     elif getattr(getattr(config, "profiler", None), "enable_memory_snapshot", False):

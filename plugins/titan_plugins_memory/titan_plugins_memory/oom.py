@@ -10,24 +10,17 @@ from __future__ import annotations
 
 import re
 
-# One predicate for every device, and the search through wrapping errors: the core's.
-from titan_core.errors import is_out_of_memory, out_of_memory_cause
+# One predicate for every device, the search through wrapping errors and the notes: the core's.
+from titan_core.errors import OOM_RANK_NOTE, is_out_of_memory, out_of_memory_cause
 
 _TRIED = re.compile(r"you tried to allocate (\d+) bytes")
 
 __all__ = ["is_out_of_memory", "note_rank", "oom_message", "out_of_memory_cause", "requested_bytes"]
 
-#: The note a failing step's exception carries once the profiler wrote its ``_exit`` snapshot;
-#: ``titan_core.run.out_of_memory`` names the snapshot in the run's last error line from it.
-SNAPSHOT_NOTE = "titan-oom-snapshot: "
-#: The note naming the rank that ran out: under the fake backends the process stands for a
-#: logical rank that its environment (``RANK``, unset) does not give.
-RANK_NOTE = "titan-oom-rank: "
-
 
 def note_rank(exc: BaseException, rank: int) -> None:
-    """Add :data:`RANK_NOTE` to ``exc`` once (the profiler and the memory report both may)."""
-    note = f"{RANK_NOTE}{rank}"
+    """Add ``OOM_RANK_NOTE`` to ``exc`` once (the profiler and the memory report both may)."""
+    note = f"{OOM_RANK_NOTE}{rank}"
     if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
         exc.add_note(note)
 

@@ -28,16 +28,10 @@ from typing import Any
 
 import torch
 
-from titan_core.errors import TitanError, UsageError, write_failure
+from titan_core.errors import OOM_SNAPSHOT_NOTE, TitanError, UsageError, write_failure
 from titan_core.log import get_logger
 from titan_core.run_folder import write_whole
-from titan_plugins_memory.oom import (
-    SNAPSHOT_NOTE,
-    note_rank,
-    oom_message,
-    out_of_memory_cause,
-    requested_bytes,
-)
+from titan_plugins_memory.oom import note_rank, oom_message, out_of_memory_cause, requested_bytes
 
 log = get_logger("titan.profiler")
 
@@ -226,7 +220,7 @@ class ProfilerSession:
                         log.warning(str(failed))
                 # The run's last error line (titan_core.run.out_of_memory) names the file and rank.
                 if path is not None and hasattr(exc, "add_note"):
-                    exc.add_note(SNAPSHOT_NOTE + path)
+                    exc.add_note(OOM_SNAPSHOT_NOTE + path)
                 note_rank(exc, self.rank)
                 log.error(oom_message(oom, step, str(self.device), self.rank, path))
         finally:
