@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_core.errors import TitanError, write_failure
 from titan_core.log import get_logger
-from titan_core.run_folder import write_json_whole
+from titan_core.run_folder import write_json_whole, write_whole
 from titan_plugins_memory.oom import note_rank, out_of_memory_cause
 from titan_plugins_memory.outputs import layout_key, report_name
 from titan_plugins_memory.tracker import AllocationTracker
@@ -371,8 +371,13 @@ class MemoryReport:
     def write(self) -> dict[str, Any]:
         """Write the JSON (and the CUDA snapshot) and print the table."""
         if self.snapshot_path is not None:
-            os.makedirs(os.path.dirname(self.snapshot_path), exist_ok=True)
-            torch.cuda.memory._dump_snapshot(self.snapshot_path)
+            # Written whole, as the profiler's snapshots: a full disk leaves no half pickle, and
+            # is one error naming the file (it escaped on_failure's guard, replacing the run's).
+            try:
+                os.makedirs(os.path.dirname(self.snapshot_path), exist_ok=True)
+                write_whole(self.snapshot_path, torch.cuda.memory._dump_snapshot)
+            except OSError as exc:
+                raise write_failure(self.snapshot_path, exc, what="the memory report's snapshot") from None
         data = self.summary()
         path = report_path(self.config.job.dump_folder, self.topology.rank)
         print(format_table(data), flush=True)  # the figures reach the console even if the file cannot
