@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bench.recipes import CONFIGS, document_masking
+from bench.recipes import CONFIGS, document_masking, fusion_overrides
 from titan_core import blocks as titan_blocks
 from titan_plugins_llama3.flavors import FLAVORS, flops_per_token
 from titan_plugins_llama3.model import Llama3
@@ -52,6 +52,7 @@ WITHOUT = {
     "document_mask": "document masking (flex attention, block-causal BlockMask) instead of causal SDPA "
     "over the packed sequence",
     "fuse_qkv": "one Q/K/V matmul over the concatenated weights instead of three",
+    "fuse_w13": "one gate/up matmul over the concatenated w1/w3 weights instead of two",
     "gqa": "grouped-query attention without K/V copies (enable_gqa) instead of repeat_interleave",
     "fsdp": "bf16 parameters, fp32 master weights and reduction through FSDP2 on a 1-GPU mesh instead of "
     "autocast over fp32 weights",
@@ -171,7 +172,7 @@ def main(argv: list[str]) -> int:
 
     flavor, overrides, seq, batch, steps, compiled = CONFIGS[opts.config]
     steps, seq, batch = opts.steps or steps, opts.seq or seq, opts.batch or batch
-    overrides = {**overrides, **opts.model}
+    overrides = {**overrides, **fusion_overrides(), **opts.model}
     without = set(opts.without)
     if os.environ.get("TITAN_BENCH_MIXED_PRECISION") == "autocast":
         without.add("fsdp")
@@ -188,7 +189,8 @@ def main(argv: list[str]) -> int:
     if cuda:
         torch.cuda.set_device(device)
     masking = {"document_mask": False} if "document_mask" in without else document_masking(tokenizer)
-    args = attrs.evolve(FLAVORS[flavor], **{**overrides, **masking, "fuse_qkv": "fuse_qkv" not in without})
+    fusions = {name: False for name in ("fuse_qkv", "fuse_w13") if name in without}
+    args = attrs.evolve(FLAVORS[flavor], **{**overrides, **masking, **fusions})
     torch.manual_seed(0)
 
     # FSDP2 needs a process group and a mesh, even for one GPU.

@@ -109,6 +109,7 @@ variant() { # the log-name suffix of the environment's recomputation and mixed p
   [ "${TITAN_BENCH_AC:-}" = memory_budget ] && v="_budget${TITAN_BENCH_MEMORY_BUDGET:-0.5}"
   [ "${TITAN_BENCH_MIXED_PRECISION:-fsdp}" = autocast ] && v="${v}_autocast"
   [ "${TITAN_BENCH_RESHARD:-default}" = default ] || v="${v}_reshard_${TITAN_BENCH_RESHARD}"
+  [ -z "${TITAN_BENCH_FUSE_W13:-}" ] || v="${v}_w13_${TITAN_BENCH_FUSE_W13}"
   echo "$v"
 }
 peer_run() { # peer_run NAME ARGS...: one torchtitan run in the peer kit's environment -> $W/peer/NAME.log
@@ -162,7 +163,7 @@ for stage in "${@:-titan hand peer table}"; do
       ablate)
         c=${arg:-bench_8b_l8_compile}
         capped "ablate_hand_$c" 150 python3 -m bench.handloop --config "$c" --steps 10
-        for w in document_mask fuse_qkv gqa fsdp fused_adamw compile autotune; do
+        for w in document_mask fuse_qkv fuse_w13 gqa fsdp fused_adamw compile autotune; do
           capped "ablate_hand_without_${w}_$c" 150 python3 -m bench.handloop --config "$c" --steps 10 --without "$w"
         done
         for v in titan= titan_prefetch0=TITAN_BENCH_PREFETCH=0 titan_logfreq5=TITAN_BENCH_LOG_FREQ=5; do

@@ -15,7 +15,8 @@ tokenizer, 2048 tokens); without them the bundled corpus and tokenizer.
 ``TITAN_BENCH_AC`` sets ``activation_checkpoint.mode`` (default ``selective``) and
 ``TITAN_BENCH_MEMORY_BUDGET`` its ``memory_budget``, ``TITAN_BENCH_MIXED_PRECISION``
 ``training.single_device_mixed_precision`` (``fsdp`` or ``autocast``; for ``bench/perf.sh recompute``),
-``TITAN_BENCH_RESHARD`` ``parallelism.fsdp_reshard_after_forward`` (``default``, ``always``, ``never``).
+``TITAN_BENCH_RESHARD`` ``parallelism.fsdp_reshard_after_forward`` (``default``, ``always``, ``never``),
+``TITAN_BENCH_FUSE_W13`` the model's ``fuse_w13`` (``0`` or ``1``).
 
 ``bench_8b_l8_compile_float8`` and ``..._float8_rowwise`` are ``bench_8b_l8_compile`` with
 torchao's float8 linear layers (``float8.enable``, the output projection kept in bf16): titan
@@ -76,12 +77,19 @@ def document_masking(tokenizer_path: str | None) -> dict[str, Any]:
     return {"document_mask": True, "bos_id": bos_id(tokenizer_path)}
 
 
+def fusion_overrides() -> dict[str, Any]:
+    """``TITAN_BENCH_FUSE_W13=0/1``: the model's ``fuse_w13`` (unset: the flavor's default)."""
+    value = os.environ.get("TITAN_BENCH_FUSE_W13")
+    return {} if value is None else {"fuse_w13": value == "1"}
+
+
 def _bench(name: str) -> TrainerConfig:
     flavor, overrides, seq_len, batch, steps, compiled = CONFIGS[name]
     data, tokenizer = os.environ.get("TITAN_BENCH_DATA"), os.environ.get("TITAN_BENCH_TOKENIZER")
     config = llama3_debugmodel()
     config.model.flavor = flavor
     config.model.overrides = {**overrides, **document_masking(tokenizer)}
+    config.model.overrides.update(fusion_overrides())
     config.job.dump_folder = f"./outputs/bench/{name}"
     if data:
         config.data.dataset = "text"

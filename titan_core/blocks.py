@@ -123,16 +123,27 @@ def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
 
 
 class FeedForward(nn.Module):
-    """SwiGLU feed-forward ``w2(silu(w1 x) * w3 x)`` without biases (Llama's)."""
+    """SwiGLU feed-forward ``w2(silu(w1 x) * w3 x)`` without biases (Llama's).
 
-    def __init__(self, dim: int, hidden_dim: int) -> None:
+    ``fuse_w13`` (default) computes ``w1 x`` and ``w3 x`` with one matmul over ``cat(w1, w3)``
+    when both projections allow it (:func:`_fusable`), as Megatron-LM's fused gate/up projection:
+    one GEMM twice as wide in forward and in backward, while the parameters, their names and
+    checkpoints stay ``w1``/``w3``. Selective activation checkpointing's ``op`` policy, which
+    keeps every other matmul's output, then keeps the gate and the up projection together and
+    recomputes only ``wo`` in a Llama block (``wo`` and ``w3`` separately): less recomputation
+    for one more ``hidden_dim``-wide activation per token and block.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, *, fuse_w13: bool = True) -> None:
         super().__init__()
+        self.fuse_w13 = fuse_w13
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = project_fused((self.w1, self.w3), x, fuse=self.fuse_w13)
+        return self.w2(F.silu(gate) * up)
 
     def init_weights(self, std: float) -> None:
         """``w1`` at std 0.02, the others at ``std`` (depth-scaled by the caller), as torchtitan."""
@@ -392,11 +403,22 @@ def _fusable(linears: tuple[nn.Module, ...]) -> bool:
     )
 
 
+def project_fused(
+    linears: tuple[nn.Module, ...], x: torch.Tensor, *, fuse: bool = True
+) -> tuple[torch.Tensor, ...]:
+    """``tuple(m(x) for m in linears)``: one matmul over the concatenated weights when ``fuse``
+    and the projections allow it (:func:`_fusable`), one call each otherwise. Fused, the outputs
+    are views of the one output."""
+    if not (fuse and _fusable(linears)):
+        return tuple(m(x) for m in linears)
+    weights = [m.weight for m in linears]
+    return F.linear(x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
+
+
 def project_qkv(
     wq: nn.Module, wk: nn.Module, wv: nn.Module, x: torch.Tensor, *, fuse: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``wq(x), wk(x), wv(x)``: one matmul over the concatenated weights when ``fuse`` and the
-    three projections allow it (:func:`_fusable`), three calls otherwise.
+    """``wq(x), wk(x), wv(x)`` through :func:`project_fused`.
 
     Fused, ``q`` and ``k`` are views of the one output and ``v`` is a copy of its slice: attention
     saves V for backward, and a saved view would keep the whole fused output (Q and K too) alive
@@ -404,11 +426,7 @@ def project_qkv(
     projections hold without activation checkpointing. A caller that saves Q or K for backward
     itself (a norm over them) makes them contiguous first, for the same reason.
     """
-    linears = (wq, wk, wv)
-    if not (fuse and _fusable(linears)):
-        return wq(x), wk(x), wv(x)
-    weights = [m.weight for m in linears]
-    q, k, v = F.linear(x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
+    q, k, v = project_fused((wq, wk, wv), x, fuse=fuse)
     return q, k, v.contiguous()
 
 

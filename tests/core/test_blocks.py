@@ -307,6 +307,54 @@ def test_fused_qkv_falls_back_where_a_projection_must_run_itself() -> None:
     assert _matmuls(biased, x, freqs) == 4
 
 
+def _ffn_pair() -> tuple[blocks.FeedForward, blocks.FeedForward]:
+    torch.manual_seed(0)
+    fused = blocks.FeedForward(64, 96)
+    separate = blocks.FeedForward(64, 96, fuse_w13=False)
+    separate.load_state_dict(fused.state_dict())
+    return fused, separate
+
+
+def test_fused_w13_is_one_matmul_with_the_separate_projections_results() -> None:
+    fused, separate = _ffn_pair()
+    x = torch.randn(2, 12, 64, requires_grad=True)
+    assert _matmuls(fused, x) == 2 and _matmuls(separate, x) == 3  # w13 + w2 / w1, w3 + w2
+    assert_same_forward_backward(fused, separate, x)
+    assert list(fused.state_dict()) == ["w1.weight", "w2.weight", "w3.weight"]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fused_w13_keeps_no_more_for_backward_than_separate_projections(compiled: bool) -> None:
+    """Without activation checkpointing SwiGLU keeps the gate and the up projection either way:
+    as views of the fused output they must not cost more than as two tensors."""
+    torch._dynamo.reset()
+    fused, separate = _ffn_pair()
+    x = torch.randn(2, 12, 64, requires_grad=True)
+    assert saved_storage_bytes(fused, x, compiled=compiled) == saved_storage_bytes(
+        separate, x, compiled=compiled
+    )
+
+
+def test_fused_w13_falls_back_where_a_projection_must_run_itself() -> None:
+    """A hooked gate projection and a Linear subclass (torchao's Float8Linear) run as modules."""
+    x = torch.randn(2, 12, 64)
+    hooked, separate = _ffn_pair()
+    seen: list[torch.Size] = []
+    hooked.w1.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    assert _matmuls(hooked, x) == 3 and seen == [torch.Size([2, 12, 96])]
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    subclassed, separate = _ffn_pair()
+    subclassed.w3 = Scaled(64, 96, bias=False)
+    subclassed.w3.weight = separate.w3.weight
+    separate.w3 = subclassed.w3
+    torch.testing.assert_close(subclassed(x), separate(x))
+    assert _matmuls(subclassed, x) == 3
+
+
 def test_stage_inputs_embed_tokens_slice_rotary_rows_and_mask_from_the_token_ids() -> None:
     from types import SimpleNamespace
 

@@ -427,3 +427,19 @@ def test_fields_of_the_other_attention_are_refused_not_ignored(
     # The values they mean when unset are accepted (n_kv_heads equal to the query heads).
     n_heads = FLAVORS["deepseek_v3_debugmodel"].n_heads
     MoETransformer(attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], n_kv_heads=n_heads, qk_norm=False))
+
+
+def test_dense_blocks_and_the_shared_expert_fuse_gate_and_up_unless_told_not_to() -> None:
+    """``fuse_w13`` reaches every ``FeedForward`` of the model (dense blocks, shared experts) and
+    changes nothing but the number of matmuls."""
+    from titan_core.blocks import FeedForward
+
+    args = attrs.evolve(TINY, n_dense_layers=1, shared_expert_hidden_dim=32)
+    fused, separate = build(args), build(attrs.evolve(args, fuse_w13=False))
+    separate.load_state_dict(fused.state_dict())
+    ffns = [m for m in fused.modules() if isinstance(m, FeedForward)]
+    assert len(ffns) == args.n_layers  # one dense block, one shared expert per MoE block
+    assert all(m.fuse_w13 for m in ffns)
+    assert not any(m.fuse_w13 for m in separate.modules() if isinstance(m, FeedForward))
+    tokens = torch.randint(0, args.vocab_size, (2, 16))
+    torch.testing.assert_close(fused(tokens), separate(tokens))

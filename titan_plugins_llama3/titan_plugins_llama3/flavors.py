@@ -44,6 +44,11 @@ class Llama3Args:
     #: Compute Q, K and V with one matmul over the concatenated ``wq``/``wk``/``wv`` weights
     #: (parameters and checkpoints keep the three names; ``titan_core.blocks.Attention``).
     fuse_qkv: bool = True
+    #: Compute the SwiGLU gate and up projections with one matmul over the concatenated
+    #: ``w1``/``w3`` weights (parameters and checkpoints keep both names;
+    #: ``titan_core.blocks.FeedForward``). Under selective AC's ``op`` policy a block then
+    #: recomputes one matmul less and keeps one ``ffn_hidden_dim``-wide activation more.
+    fuse_w13: bool = True
 
     @property
     def kv_heads(self) -> int:

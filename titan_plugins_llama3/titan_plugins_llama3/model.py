@@ -42,7 +42,7 @@ def rope_frequencies(args: Llama3Args, seq_len: int, device: torch.device | None
 class TransformerBlock(blocks.DecoderBlock):
     def __init__(self, layer_id: int, args: Llama3Args) -> None:
         attention = blocks.Attention(args.dim, args.n_heads, args.n_kv_heads, fuse_qkv=args.fuse_qkv)
-        feed_forward = blocks.FeedForward(args.dim, args.ffn_hidden_dim)
+        feed_forward = blocks.FeedForward(args.dim, args.ffn_hidden_dim, fuse_w13=args.fuse_w13)
         super().__init__(layer_id, args.dim, args.norm_eps, attention, feed_forward)
 
 

@@ -35,7 +35,7 @@ def titan_models() -> list[ModelSpec]:
             state_dict_adapter=StateDictAdapter(hf.to_hf, hf.from_hf, hf.hf_config, hf.args_from_hf),
             description="Llama 3 / 3.1 decoder (GQA, RoPE with scaling, SwiGLU)",
             # One Q/K/V matmul or three; RoPE's table length (positions below it are unchanged).
-            compute_only_args=("fuse_qkv", "max_seq_len"),
+            compute_only_args=("fuse_qkv", "fuse_w13", "max_seq_len"),
         )
     ]
 

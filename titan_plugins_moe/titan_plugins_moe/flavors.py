@@ -69,6 +69,10 @@ class MoEArgs:
     #: ``gqa`` attention computes Q, K and V with one matmul over the concatenated weights
     #: (parameters and checkpoints keep ``wq``/``wk``/``wv``; ``titan_core.blocks.project_qkv``).
     fuse_qkv: bool = True
+    #: Dense feed-forward blocks and the shared expert compute the SwiGLU gate and up
+    #: projections with one matmul over the concatenated ``w1``/``w3`` weights
+    #: (``titan_core.blocks.FeedForward``); the routed experts are unchanged.
+    fuse_w13: bool = True
     #: ``gqa`` (grouped-query, optional q/k RMSNorm) or ``mla`` (multi-head latent attention).
     attention: str = "gqa"
     #: RMSNorm over each query and key head before RoPE (Qwen3).

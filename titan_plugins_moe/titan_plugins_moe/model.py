@@ -40,7 +40,9 @@ class MoEBlock(blocks.DecoderBlock):
     def __init__(self, layer_id: int, args: MoEArgs) -> None:
         attention: nn.Module = MLAttention(args) if args.attention == "mla" else Attention(args)
         is_moe = layer_id >= args.n_dense_layers
-        feed_forward: nn.Module = MoE(args) if is_moe else blocks.FeedForward(args.dim, args.ffn_hidden_dim)
+        feed_forward: nn.Module = (
+            MoE(args) if is_moe else blocks.FeedForward(args.dim, args.ffn_hidden_dim, fuse_w13=args.fuse_w13)
+        )
         super().__init__(layer_id, args.dim, args.norm_eps, attention, feed_forward)
         self.is_moe = is_moe
 

@@ -219,7 +219,9 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(args)
         self.shared_expert: blocks.FeedForward | None = None
         if args.shared_expert_hidden_dim:
-            self.shared_expert = blocks.FeedForward(args.dim, args.shared_expert_hidden_dim)
+            self.shared_expert = blocks.FeedForward(
+                args.dim, args.shared_expert_hidden_dim, fuse_w13=args.fuse_w13
+            )
         #: Weight of the sequence-wise balance loss (0: off) and the number of sequences its
         #: per-sequence terms are averaged over (``None``: this forward's batch; the router
         #: callback sets the sequences of a step, so pipeline and gradient-accumulation microbatches

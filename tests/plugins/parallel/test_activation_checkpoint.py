@@ -21,7 +21,7 @@ def test_full_and_op_wrap_every_block_an_integer_option_every_nth() -> None:
     assert wrapped_indices("none", 4) == []
 
 
-def backward_matmuls(mode: str, option: str = "op") -> int:
+def backward_matmuls(mode: str, option: str = "op", **model: Any) -> int:
     """``aten.mm`` calls during the backward of one tiny Llama 3 block, under ``mode``."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -39,6 +39,7 @@ def backward_matmuls(mode: str, option: str = "op") -> int:
     config = tiny_config(
         **{"activation_checkpoint.mode": mode, "activation_checkpoint.selective_ac_option": option}
     )
+    config.model.overrides = {**config.model.overrides, **model}
     spec = get_registry().get("models", "llama3", what="model")
     torch.manual_seed(0)
     model = spec.build(spec.flavor(config.model.flavor, config.model.overrides))
@@ -64,6 +65,18 @@ def test_op_policy_recomputes_every_second_matmul_of_each_block() -> None:
     per_block = (full - plain) // blocks
     assert per_block >= 2 and full - plain == per_block * blocks
     assert op - plain == blocks * (per_block // 2)
+
+
+@pytest.mark.parametrize(("fuse_w13", "recomputed"), [(True, 1), (False, 2)])
+def test_op_policy_recomputes_only_wo_when_gate_and_up_are_one_matmul(
+    fuse_w13: bool, recomputed: int
+) -> None:
+    """A Llama block's matmuls under the ``op`` policy: fused Q/K/V (kept), ``wo`` (recomputed),
+    then the fused gate/up projection (kept) and ``w2`` (its output is not needed in backward);
+    with ``w1`` and ``w3`` apart, ``w3`` is recomputed too."""
+    plain = backward_matmuls("none", fuse_w13=fuse_w13)
+    op = backward_matmuls("selective", "op", fuse_w13=fuse_w13)
+    assert op - plain == TINY_MODEL["n_layers"] * recomputed
 
 
 def train_tiny(tmp_path: Path, seed: Path, **overrides: Any) -> tuple[Trainer, list[float]]:
