@@ -125,16 +125,16 @@ def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
 class FeedForward(nn.Module):
     """SwiGLU feed-forward ``w2(silu(w1 x) * w3 x)`` without biases (Llama's).
 
-    ``fuse_w13`` (default) computes ``w1 x`` and ``w3 x`` with one matmul over ``cat(w1, w3)``
-    when both projections allow it (:func:`_fusable`), as Megatron-LM's fused gate/up projection:
-    one GEMM twice as wide in forward and in backward, while the parameters, their names and
-    checkpoints stay ``w1``/``w3``. Selective activation checkpointing's ``op`` policy, which
-    keeps every other matmul's output, then keeps the gate and the up projection together and
-    recomputes only ``wo`` in a Llama block (``wo`` and ``w3`` separately): less recomputation
-    for one more ``hidden_dim``-wide activation per token and block.
+    ``fuse_w13`` computes ``w1 x`` and ``w3 x`` with one matmul over ``cat(w1, w3)`` when both
+    projections allow it (:func:`_fusable`), as Megatron-LM's fused gate/up projection: one GEMM
+    twice as wide in forward and in backward, while the parameters, their names and checkpoints
+    stay ``w1``/``w3``. It is a trade, hence off by default: selective activation checkpointing's
+    ``op`` policy, which keeps every other matmul's output, then keeps the gate and the up
+    projection together and recomputes only ``wo`` in a Llama block (``wo`` and ``w3``
+    separately), for one more ``hidden_dim``-wide activation per token and block kept.
     """
 
-    def __init__(self, dim: int, hidden_dim: int, *, fuse_w13: bool = True) -> None:
+    def __init__(self, dim: int, hidden_dim: int, *, fuse_w13: bool = False) -> None:
         super().__init__()
         self.fuse_w13 = fuse_w13
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)

@@ -309,8 +309,8 @@ def test_fused_qkv_falls_back_where_a_projection_must_run_itself() -> None:
 
 def _ffn_pair() -> tuple[blocks.FeedForward, blocks.FeedForward]:
     torch.manual_seed(0)
-    fused = blocks.FeedForward(64, 96)
-    separate = blocks.FeedForward(64, 96, fuse_w13=False)
+    fused = blocks.FeedForward(64, 96, fuse_w13=True)
+    separate = blocks.FeedForward(64, 96)
     separate.load_state_dict(fused.state_dict())
     return fused, separate
 

@@ -111,7 +111,7 @@ def test_a_resume_into_another_model_of_the_same_shapes_is_refused(tmp_path: Pat
     "override",
     [
         {"fuse_qkv": False},  # Q, K and V in three matmuls instead of one: the same weights and math
-        {"fuse_w13": False},  # the gate and up projections in two matmuls instead of one
+        {"fuse_w13": True},  # the gate and up projections in one matmul instead of two
         {"max_seq_len": 4096},  # the longest sequence it accepts (a longer context later)
     ],
 )
