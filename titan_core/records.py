@@ -143,6 +143,15 @@ class ModelSpec:
     compute_only_args: tuple[str, ...] = attrs.field(
         default=(), converter=_names("ModelSpec.compute_only_args", "argument names")
     )
+    #: ``resolve_args(args) -> args``: the arguments as the model reads them, every value it
+    #: derives from others filled in (``n_kv_heads=None`` is ``n_heads``; a window of ``None``
+    #: is the whole context), as the same kind of object (attrs, dataclass, dict) or a mapping
+    #: of argument names to values. A resume and ``titan export`` compare the resolved
+    #: arguments, so two spellings of one model are the same model; ``None``: the arguments are
+    #: compared as written. It must not raise on arguments a flavor accepts.
+    resolve_args: Callable[[Any], Any] | None = attrs.field(
+        default=None, validator=_optional("ModelSpec.resolve_args")
+    )
 
     def flavor(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The flavor's arguments with ``overrides`` applied (attrs, dataclass or dict args)."""

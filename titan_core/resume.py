@@ -72,6 +72,18 @@ def restore(trainer: Trainer) -> None:
     early = "check_meta" in inspect.signature(load).parameters
     kwargs: dict[str, Any] = {"check_meta": same_model} if early else {}
     trainer.step, meta = load(trainer.parts, trainer.optimizer, trainer.scheduler, **kwargs)
+    initial = trainer.config.checkpoint.initial_load_path
+    folder = os.path.join(trainer.config.job.dump_folder, trainer.config.checkpoint.folder)
+    seed = os.path.join(folder, "step-0")
+    if not trainer.step and meta and initial and os.path.realpath(initial) != os.path.realpath(seed):
+        # A seed checkpoint loaded (no checkpoint gives no meta): the trainer would then read
+        # initial_load_path over its weights, after the log said the run starts from the seed.
+        raise UsageError(
+            f"checkpoint.folder {folder!r} holds a seed checkpoint (step-0), and "
+            f"checkpoint.initial_load_path names other weights ({initial!r}): a run starts from one. "
+            "Leave out initial_load_path to start from the seed, or move step-0 out of that folder "
+            "to start from initial_load_path"
+        )
     if not trainer.step:
         return
     same_model(trainer.step, meta)
@@ -277,26 +289,38 @@ def resume_record(config: TrainerConfig, samples: int) -> dict[str, Any]:
     }
 
 
-def model_changes(spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
+def model_changes(
+    spec: ModelSpec, saved: Mapping[str, Any], mine: Mapping[str, Any], *, compute_only: bool = True
+) -> list[str]:
     """How a checkpoint's model record (``resume_record``'s ``model``) differs from ``mine``,
     with the model arguments that differ once each is built (``rope_theta: 500000 -> 10000.0``);
-    empty when the two records build the same model (an override at its default, or a different
+    empty when the two records build the same model (an override at its default, another
+    spelling of a value the model resolves, ``ModelSpec.resolve_args``, or a different
     ``ModelSpec.compute_only_args`` such as ``fuse_qkv``). The records
     alone when the checkpoint's no longer builds (another family, a flavor this titan lacks).
-    A resume and ``titan export`` decide alike."""
+    A resume and ``titan export`` decide alike; ``compute_only=False`` compares the
+    ``compute_only_args`` too (a dump folder's runs: the same weights, but timings and rounding
+    of their own)."""
     from titan_core.initial_weights import _fields
 
     records = _changes(saved, mine, "model.")
+    # The arguments as the model reads them (``ModelSpec.resolve_args``): n_kv_heads None and
+    # n_kv_heads = n_heads build the same model, which compared as written would be refused.
+    resolve = getattr(spec, "resolve_args", None) or (lambda args: args)
+
+    def resolved(record: Mapping[str, Any]) -> dict[str, Any] | None:
+        args = resolve(spec.flavor(record.get("flavor"), record.get("overrides") or {}))
+        return dict(args) if isinstance(args, Mapping) else _fields(args)
+
     try:
         if saved.get("name") != mine.get("name"):
             return records
-        old = _fields(spec.flavor(saved.get("flavor"), saved.get("overrides") or {}))
-        new = _fields(spec.flavor(mine.get("flavor"), mine.get("overrides") or {}))
-    except Exception:
+        old, new = resolved(saved), resolved(mine)
+    except Exception:  # a record this titan cannot build (a flavor it lacks): as written
         return records
     if old is None or new is None:
         return records
-    for name in getattr(spec, "compute_only_args", ()):  # how it computes, not what: the same model
+    for name in getattr(spec, "compute_only_args", ()) if compute_only else ():  # how, not what
         old.pop(name, None)
         new.pop(name, None)
     built = json.loads(json.dumps({"old": old, "new": new}, default=str))

@@ -460,6 +460,11 @@ class RunFolder:
         recorded = _without_operational(prior["identity"]) if "identity" in prior else None
         mine = _comparable(recorded or {}, identity(self.config, self.dp))
         same_model = (recorded or {}).get("model") == mine.get("model")
+        if recorded and not same_model and self._same_built_model(recorded.get("model"), mine.get("model")):
+            # Another spelling of the recorded model (n_kv_heads None and = n_heads; an override
+            # at its default): the same model, as a resume decides, so the same run.
+            mine = {**mine, "model": recorded["model"]}
+            same_model = True
         if prior.get("seed_checkpoint") and not self.config.checkpoint.create_seed_checkpoint and same_model:
             return  # a seed checkpoint of this model: this run starts from it
         if recorded == mine and not prior.get("seed_checkpoint"):
@@ -491,6 +496,23 @@ class RunFolder:
             f"job.dump_folder {self.dump!r} holds {what}; give this run a new folder (--dump-folder DIR) "
             "or replace them with `titan run ... --overwrite`"
         )
+
+    def _same_built_model(self, recorded: Any, mine: Any) -> bool:
+        """Whether two ``model`` sections of identities build the same model, by the rule a
+        resume applies (:func:`titan_core.resume.model_changes`: arguments resolved by the
+        model), compute-only arguments included; ``False`` when that cannot be told."""
+        if self.registry is None or not isinstance(recorded, dict) or not isinstance(mine, dict):
+            return False
+        from titan_core.resume import model_changes
+
+        try:
+            spec = self.registry.get("models", mine.get("name"), what="model")
+        except Exception:  # a model this titan lacks: compared as written
+            return False
+        # Compute-only arguments still tell runs apart (a fuse_qkv = False run timed beside the
+        # fused one would replace its logs); only spellings of one argument are the same run.
+        same = not model_changes(spec, recorded, mine, compute_only=False)
+        return recorded.get("name") == mine.get("name") and same
 
     def claim(self, *, is_logging_rank: bool) -> bool:
         """Record this run in ``run.json`` and clear a replaced attempt's files; whether to append."""

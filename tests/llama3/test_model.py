@@ -136,3 +136,24 @@ def test_untied_output_keeps_its_own_init() -> None:
     assert model.output.weight is not model.tok_embeddings.weight
     assert abs(model.tok_embeddings.weight.std().item() - 1.0) < 0.1
     assert abs(model.output.weight.std().item() - TINY.dim**-0.5) < 0.2 * TINY.dim**-0.5
+
+
+@pytest.mark.parametrize(
+    ("saved", "now", "same"),
+    [
+        ({}, {"n_kv_heads": 16}, True),  # debugmodel: 16 heads, n_kv_heads None is 16
+        ({"n_kv_heads": 16}, {}, True),
+        ({}, {"n_kv_heads": 8}, False),
+    ],
+)
+def test_a_resume_compares_the_arguments_as_the_model_reads_them(saved: dict, now: dict, same: bool) -> None:
+    from titan_core._registry import get_registry
+    from titan_core.resume import model_changes
+
+    spec = get_registry().get("models", "llama3", what="model")
+    changes = model_changes(
+        spec,
+        {"name": "llama3", "flavor": "debugmodel", "overrides": saved},
+        {"name": "llama3", "flavor": "debugmodel", "overrides": now},
+    )
+    assert (changes == []) is same, changes

@@ -429,13 +429,13 @@ def test_fields_of_the_other_attention_are_refused_not_ignored(
     MoETransformer(attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], n_kv_heads=n_heads, qk_norm=False))
 
 
-def test_dense_blocks_and_the_shared_expert_fuse_gate_and_up_unless_told_not_to() -> None:
+def test_dense_blocks_and_the_shared_expert_fuse_gate_and_up_when_told_to() -> None:
     """``fuse_w13`` reaches every ``FeedForward`` of the model (dense blocks, shared experts) and
     changes nothing but the number of matmuls."""
     from titan_core.blocks import FeedForward
 
     args = attrs.evolve(TINY, n_dense_layers=1, shared_expert_hidden_dim=32)
-    fused, separate = build(args), build(attrs.evolve(args, fuse_w13=False))
+    fused, separate = build(attrs.evolve(args, fuse_w13=True)), build(args)
     separate.load_state_dict(fused.state_dict())
     ffns = [m for m in fused.modules() if isinstance(m, FeedForward)]
     assert len(ffns) == args.n_layers  # one dense block, one shared expert per MoE block
@@ -443,3 +443,29 @@ def test_dense_blocks_and_the_shared_expert_fuse_gate_and_up_unless_told_not_to(
     assert not any(m.fuse_w13 for m in separate.modules() if isinstance(m, FeedForward))
     tokens = torch.randint(0, args.vocab_size, (2, 16))
     torch.testing.assert_close(fused(tokens), separate(tokens))
+
+
+@pytest.mark.parametrize(
+    ("flavor", "saved", "now", "same"),
+    [
+        ("debugmodel", {}, {"n_kv_heads": 16, "head_dim": 16}, True),  # gqa: the derived values
+        ("debugmodel", {}, {"dense_hidden_dim": 768}, True),  # Llama's rounding of dim 256
+        ("debugmodel", {"multiple_of": 128}, {"dense_hidden_dim": 768}, True),  # 768 either way
+        ("debugmodel", {}, {"dense_hidden_dim": 512}, False),
+        ("debugmodel", {}, {"n_kv_heads": 8}, False),
+        ("deepseek_v3_debugmodel", {}, {"dense_hidden_dim": 512}, True),
+    ],
+)
+def test_a_resume_compares_the_arguments_as_the_model_reads_them(
+    flavor: str, saved: dict, now: dict, same: bool
+) -> None:
+    from titan_core._registry import get_registry
+    from titan_core.resume import model_changes
+
+    spec = get_registry().get("models", "moe", what="model")
+    changes = model_changes(
+        spec,
+        {"name": "moe", "flavor": flavor, "overrides": saved},
+        {"name": "moe", "flavor": flavor, "overrides": now},
+    )
+    assert (changes == []) is same, changes

@@ -36,6 +36,7 @@ def titan_models() -> list[ModelSpec]:
             description="Llama 3 / 3.1 decoder (GQA, RoPE with scaling, SwiGLU)",
             # One Q/K/V matmul or three; RoPE's table length (positions below it are unchanged).
             compute_only_args=("fuse_qkv", "fuse_w13", "max_seq_len"),
+            resolve_args=flavors.resolve_args,
         )
     ]
 

@@ -71,8 +71,9 @@ class MoEArgs:
     fuse_qkv: bool = True
     #: Dense feed-forward blocks and the shared expert compute the SwiGLU gate and up
     #: projections with one matmul over the concatenated ``w1``/``w3`` weights
-    #: (``titan_core.blocks.FeedForward``); the routed experts are unchanged.
-    fuse_w13: bool = True
+    #: (``titan_core.blocks.FeedForward``; a trade of memory for recomputation under selective
+    #: AC, see there); the routed experts are unchanged.
+    fuse_w13: bool = False
     #: ``gqa`` (grouped-query, optional q/k RMSNorm) or ``mla`` (multi-head latent attention).
     attention: str = "gqa"
     #: RMSNorm over each query and key head before RoPE (Qwen3).
@@ -287,6 +288,24 @@ PUBLISHED = {
 
 
 # -- YaRN's factors (here, not in ``attention``: the Hugging Face import needs them without torch) --
+
+
+def resolve_args(args: MoEArgs) -> MoEArgs:
+    """The arguments as the model reads them (``ModelSpec.resolve_args``): under grouped-query
+    attention ``n_kv_heads = None`` is ``n_heads`` and ``head_dim = None`` is ``dim // n_heads``;
+    the dense FFN's width ``0`` is Llama's rounding of ``multiple_of`` and
+    ``ffn_dim_multiplier``, which nothing else reads. MLA reads neither ``n_kv_heads`` nor
+    ``head_dim`` (``validate`` refuses them there), so they are left as written."""
+    default = MoEArgs()
+    resolved = attrs.evolve(
+        args,
+        dense_hidden_dim=args.ffn_hidden_dim,
+        multiple_of=default.multiple_of,
+        ffn_dim_multiplier=default.ffn_dim_multiplier,
+    )
+    if args.attention == "gqa":
+        resolved = attrs.evolve(resolved, n_kv_heads=args.kv_heads, head_dim=args.attn_head_dim)
+    return resolved
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -44,6 +44,7 @@ def titan_models() -> list[ModelSpec]:
             high_precision_modules=("router.gate",),
             # One Q/K/V matmul or three, grouped GEMM or a loop over experts, RoPE's table length.
             compute_only_args=("fuse_qkv", "fuse_w13", "experts_impl", "max_seq_len"),
+            resolve_args=flavors.resolve_args,
             state_dict_adapter=StateDictAdapter(
                 hf.to_hf, hf.from_hf, hf.hf_config, hf.args_from_hf, hf.for_run
             ),

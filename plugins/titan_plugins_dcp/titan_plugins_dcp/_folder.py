@@ -127,7 +127,25 @@ def inspect(
     if (short := _short_file(path, metadata)) is not None:
         return short
     checksums = record.get("checksums") or {}
+    if not _checksums_record(checksums):  # parsed, but not what a save writes: damaged
+        return f"its {META_FILE}'s checksums are not titan's record (damaged or edited)"
     return Usable(step, path, str(record.get("kind", "train")), record["meta"], metadata, checksums)
+
+
+def _checksums_record(checksums: Any) -> bool:
+    """Whether ``checksums`` has the shape a save writes, ``{"chunk_bytes": N, "files": {name:
+    [crc, ...]}}`` (or is empty: an earlier titan's save), so the check of the data can read it."""
+    if checksums == {}:
+        return True
+    if not isinstance(checksums, dict) or not isinstance(checksums.get("files", {}), dict):
+        return False
+    chunk = checksums.get("chunk_bytes", CHUNK_BYTES)
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
+        return False
+    return all(
+        isinstance(crcs, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in crcs)
+        for crcs in checksums.get("files", {}).values()
+    )
 
 
 def data_files(metadata: Any) -> list[str]:
@@ -228,6 +246,52 @@ def commit(tmp: str, final: str, text: str) -> bool:
     if aside is not None:
         remove(aside)
     return aside is not None
+
+
+def tidy(folder: str) -> list[tuple[str, str]]:
+    """Finish or remove what interrupted saves left in ``folder``: ``(path, "finished")`` for a
+    save renamed, ``(path, why it was removed)`` or ``(path, "could not ...")`` for the others.
+
+    Call it only where no process can be writing into ``folder``: every leftover is then dead.
+    A ``step-N.tmp`` that :func:`inspect` accepts is a whole checkpoint (``meta.json``, written
+    last, after every rank's shards were on disk, names its step) whose save was killed before
+    its rename: it is renamed to ``step-N``, as the save would have done (replacing what it
+    replaced). Any other ``step-N.tmp`` is a save cut short, and a ``step-N.old`` is a folder
+    that was being replaced or removed: both are deleted. Nothing else is touched (only the
+    names :data:`_LEFTOVER` matches, which a user's ``step-3-hf`` or ``step-006`` does not).
+    """
+    done: list[tuple[str, str]] = []
+    if not os.path.isdir(folder):
+        return done
+    leftovers = [(m, name) for name in sorted(os.listdir(folder)) if (m := _LEFTOVER.match(name))]
+    # The .tmp folders first: finishing one may move its step-N aside as step-N.old.
+    for m, name in sorted(leftovers, key=lambda pair: pair[0].group(2) != "tmp"):
+        path = os.path.join(folder, name)
+        if os.path.islink(path):  # not a folder titan made: a user's link, left alone
+            continue
+        step = int(m.group(1))
+        if m.group(2) == "tmp" and isinstance(inspect(step, path, folder), Usable):
+            final = os.path.join(folder, step_name(step))
+            try:
+                if os.path.lexists(final):
+                    remove(final + ".old")
+                    os.rename(final, final + ".old")
+                os.rename(path, final)
+            except OSError as exc:
+                done.append((path, f"could not be renamed to {step_name(step)}: {exc}"))
+                continue
+            _fsync_dir(folder)
+            remove(final + ".old")
+            done.append((final, "finished"))
+        elif os.path.lexists(path):
+            remove(path)
+            why = (
+                f"the leftover of a save of step {step} that did not finish"
+                if m.group(2) == "tmp"
+                else f"the leftover of a checkpoint of step {step} being replaced or removed"
+            )
+            done.append((path, why if not os.path.lexists(path) else f"could not be removed ({why})"))
+    return done
 
 
 def remove(path: str) -> None:

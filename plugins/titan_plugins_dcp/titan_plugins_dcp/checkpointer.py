@@ -80,6 +80,7 @@ from titan_plugins_dcp._folder import (
     remove,
     scan,
     step_name,
+    tidy,
 )
 from titan_plugins_dcp._peers import Peers
 from titan_plugins_dcp.launch import check_seed_launch
@@ -340,6 +341,8 @@ class DCPCheckpointer:
         are read), one saved after a non-finite loss, and a folder whose checkpoints are all unusable
         (starting afresh would overwrite them).
         """
+        if not self.load_only:  # a replay only reads the folder; its run may be saving there now
+            self._tidy()
         steps, ignored = scan(self.folder)
         for path, why in ignored:
             log.warning("ignoring a folder among the checkpoints", path=path, reason=why)
@@ -392,6 +395,35 @@ class DCPCheckpointer:
             f"({'; '.join(skipped)}); starting afresh would overwrite them, so move them out of the "
             "folder (or restore them from a copy), then run again"
         )
+
+    def _tidy(self) -> None:
+        """Rank 0 finishes or removes the leftovers of killed saves (:func:`tidy`), the other ranks
+        waiting for it (their scan must see the folder it leaves, or they would resume from
+        different steps). Safe here: every rank of this run is starting up, before its first
+        save, and a run that saves holds the checkpoint folder's lock (``.titan.lock``), so no
+        other run writes there; a leftover is dead. Without it a ``step-N.tmp`` of a killed save
+        stayed forever, a warning at every start and its size on the disk."""
+        done: list[tuple[str, str]] = []
+        if self.rank == 0:
+            try:
+                done = tidy(self.folder)
+            except OSError as exc:  # best effort: the scan below skips whatever is left
+                log.warning("could not tidy the checkpoint folder", path=self.folder, reason=str(exc))
+        self.peers.broadcast(None)  # no rank scans before rank 0 is done
+        if self.rank != 0:
+            return
+        for path, what in done:
+            if what == "finished":
+                log.warning(
+                    "finished an interrupted save",
+                    path=path,
+                    reason="the save was complete (its meta.json written) but killed before its "
+                    "rename; renamed as the save would have",
+                )
+            elif what.startswith("could not"):
+                log.warning("could not tidy a leftover of an interrupted save", path=path, reason=what)
+            else:
+                log.warning("removed the leftover of an interrupted save", path=path, reason=what)
 
     def _restore(self, found: Usable, parts: list[nn.Module], optimizer: Any, scheduler: Any) -> int:
         if found.kind == "seed":  # initial weights only: optimizer and schedule start fresh

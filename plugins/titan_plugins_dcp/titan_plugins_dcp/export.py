@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = _checkpoint_folder(Path(args.checkpoint))
     max_shard = _parse_size(args.max_shard_size)
     out = Path(args.out_dir)
+    _check_not_a_checkpoint_name(out, checkpoint)
     _check_out_dir(out, args.overwrite)
     from titan_core import get_registry
     from titan_core.layout import model_arg, model_arguments
@@ -258,6 +259,39 @@ def _stale_stages(out: Path) -> list[Path]:
         for e in out.iterdir()
         if e.is_dir() and e.name.startswith(_STAGE_PREFIX) and e.name.endswith(_STAGE_SUFFIX)
     ]
+
+
+def _check_not_a_checkpoint_name(out: Path, checkpoint: Path) -> None:
+    """Refuse an OUT_DIR that a checkpoint folder would take for one of its own: named as the
+    checkpointer names its folders (``step-N``, ``step-N.tmp``, ``step-N.old``) inside a folder
+    of checkpoints, or inside such a ``step-N``. A resume would read the export as step N (or it
+    would fill a checkpoint with safetensors files), the next run's start would delete a
+    ``step-N.tmp`` as a killed save's leftover, and ``checkpoint.keep_latest_k`` deletes a
+    ``step-N`` with whatever was put in it. A folder of checkpoints is the exported checkpoint's
+    (``checkpoint`` is a ``step-N`` folder in it) or one holding any ``step-N`` entry."""
+    from titan_plugins_dcp._folder import _LEFTOVER, _STEP, scan
+
+    exported_from = os.path.realpath(checkpoint.parent)
+    real = Path(os.path.realpath(out))
+    for folder in (real, *real.parents):
+        if folder.parent == folder or not (_STEP.match(folder.name) or _LEFTOVER.match(folder.name)):
+            continue
+        holder = folder.parent
+        steps, ignored = scan(str(holder))
+        if str(holder) != exported_from and not steps and not ignored:
+            continue
+        if folder != real:
+            raise UsageError(
+                f"export: OUT_DIR {str(out)!r} lies inside {folder.name!r} of the checkpoint folder "
+                f"{str(holder)!r}, which checkpoint.keep_latest_k deletes with everything in it; choose a "
+                f"folder outside {str(holder)!r}"
+            )
+        raise UsageError(
+            f"export: OUT_DIR {str(out)!r} is named like a checkpoint (step-N) in the checkpoint folder "
+            f"{str(holder)!r}, where a resume would take it for a checkpoint and a later run could "
+            "delete it (as a killed save's leftover, or by checkpoint.keep_latest_k); choose another "
+            f"name (such as {folder.name.split('.')[0] + '-hf'!r}) or a folder outside {str(holder)!r}"
+        )
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:

@@ -13,6 +13,10 @@ Scenarios, in one launch (each in its own folder under ``<out>``):
     ranks (no false "unexpected key"), and a checkpoint of 6 layers refused by a 4-layer split.
 ``unshared``
     The ranks' checkpoint folders differ (not a shared filesystem): every rank stops, none hangs.
+``leftovers``
+    A save of step 4 killed before its rename (``step-4.tmp``, complete) and one cut short
+    (``step-6.tmp``): rank 0 finishes the first and removes the second at start-up, and every
+    rank resumes from step 4 (none scans the folder before rank 0 is done with it).
 """
 
 from __future__ import annotations
@@ -142,6 +146,31 @@ def unshared(out: Path, rank: int) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
+def leftovers(out: Path, rank: int) -> dict[str, Any]:
+    ck = checkpointer(out, 2, rank, DEVICE, **{"checkpoint.interval": 1000})
+    run = _sharded(0)
+    for step in (1, 2):
+        run.step(step)
+    _save(ck, run, 2)
+    for step in (3, 4):
+        run.step(step)
+    _save(ck, run, 4)
+    at4 = run.weights()
+    dist.barrier()
+    root = out / "checkpoint"
+    if rank == 0:
+        os.rename(root / "step-4", root / "step-4.tmp")
+        (root / "step-6.tmp").mkdir()
+    dist.barrier()
+    fresh = _sharded(5)
+    try:
+        loaded = ck.load(fresh.parts, fresh.optimizer, fresh.scheduler)[0]
+    except TitanError as exc:
+        return {"loaded": str(exc)}
+    dist.barrier()
+    return {"loaded": loaded, "same": same(fresh.weights(), at4), "listing": sorted(os.listdir(root))}
+
+
 def main() -> None:
     global DEVICE
     out = Path(sys.argv[1])
@@ -154,6 +183,7 @@ def main() -> None:
         "fsdp": fsdp(out / "fsdp", rank),
         "stages": stages(out / "stages", rank),
         "unshared": unshared(out / "unshared", rank),
+        "leftovers": leftovers(out / "leftovers", rank),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()

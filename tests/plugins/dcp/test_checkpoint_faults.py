@@ -255,6 +255,7 @@ def test_only_canonical_step_names_count(tmp_path: Path, events: Events) -> None
     reasons = dict(events.warnings())
     assert "not a name titan writes" in reasons[str(root / "step-006")]
     assert "did not finish" in reasons[str(root / "step-12.tmp")]
+    assert not (root / "step-12.tmp").exists()  # removed at start-up, not kept forever
     assert "a file, not a checkpoint folder" in reasons[str(root / "step-11")]
     assert len(reasons) == 3  # other files are not the checkpointer's business
 

@@ -64,3 +64,9 @@ def test_ranks_that_see_different_checkpoint_folders_all_stop(ranks: list[dict])
         error = result["unshared"]["error"]
         assert error.startswith("checkpoint: the ranks see different checkpoints in /")
         assert f"rank{rank}/checkpoint;" in error and "shared filesystem" in error
+
+
+def test_leftovers_of_killed_saves_are_tidied_by_rank_0_before_any_rank_looks(ranks: list[dict]) -> None:
+    for rank in ranks:
+        assert rank["leftovers"]["loaded"] == 4 and rank["leftovers"]["same"]
+    assert ranks[0]["leftovers"]["listing"] == ["step-2", "step-4"]
