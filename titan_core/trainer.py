@@ -15,7 +15,7 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -196,9 +196,11 @@ class Trainer:
         )
         if overwrite:  # no process writes before the first one has removed the replaced outputs
             self._wait_for_every_process()
+        # The data before the model: data too small for one step (or a validation set too small
+        # for one) is refused in seconds, not after the model is built and, on a GPU, compiled.
+        self._build_data(dataset)
         self._build_model(strategies)
         self._build_optimizer()
-        self._build_data(dataset)
         restore(self)
         if self.step == 0:
             self._load_initial_weights()
@@ -288,8 +290,8 @@ class Trainer:
         # A plugin's exception there is one error naming the dataset (read_documents).
         name = f"data.dataset {config.data.dataset!r}"
         self._first_document = next(read_documents(lambda: dataset.documents(config.data), name), None)
-        if self._first_document is None:
-            raise UsageError(f"data.dataset = {config.data.dataset!r} yields no documents; check data.path")
+        if self._first_document is None:  # an empty file: too small, named as a small one is
+            self._packed(lambda: ()).check_one_step()
         c = config.checkpoint
         self.checkpointer: Any = None
         if c.enable or c.create_seed_checkpoint:
@@ -429,7 +431,6 @@ class Trainer:
     def _build_data(self, dataset: Any) -> None:
         """This rank's share of the packed training batches, and the validation batches."""
         config, t = self.config, self.config.training
-        coords = self.parallel_dims.coordinates(self.topology.rank)
         #: The training files' count and bytes, once (a checkpoint records them for a resume;
         #: without a checkpointer nothing reads them, so the folder is not listed for them).
         records = dataset.reads_path and self.checkpointer is not None
@@ -438,24 +439,36 @@ class Trainer:
         if self.fake_tensors:  # no values: skip tokenizing the job's stream to find this rank's batch
             self.batches = ZeroBatches(t.local_batch_size, t.seq_len)
         else:
-            self.batches = PackedBatches(
-                # Every pass from the document the build read (same_start says why).
-                documents=lambda: same_start(
+            # Every pass from the document the build read (same_start says why).
+            self.batches = self._packed(
+                lambda: same_start(
                     dataset.documents(config.data),
                     self._first_document,
                     f"data.dataset {config.data.dataset!r}",
-                ),
-                tokenizer=self.tokenizer,
-                seq_len=t.seq_len,
-                batch_size=t.local_batch_size,
-                dp_rank=coords["dp_replicate"] * self.parallel_dims.dp_shard + coords["dp_shard"],
-                dp_degree=self.parallel_dims.dp,
-                seed=self.seed,
-                shuffle_buffer=config.data.shuffle_buffer,
-                name=f"data.dataset {config.data.dataset!r}"
-                + (f" at data.path {config.data.path!r}" if config.data.path else ""),
+                )
             )
+            self.batches.check_one_step()
         self.val_batches = validation_batches(self, self.registry) if config.validation.enable else None
+
+    def _packed(self, documents: Callable[[], Iterable[str]]) -> PackedBatches:
+        """This rank's packed training batches of ``documents``."""
+        config, t = self.config, self.config.training
+        coords = self.parallel_dims.coordinates(self.topology.rank)
+        return PackedBatches(
+            documents=documents,
+            tokenizer=self.tokenizer,
+            seq_len=t.seq_len,
+            batch_size=t.local_batch_size,
+            dp_rank=coords["dp_replicate"] * self.parallel_dims.dp_shard + coords["dp_shard"],
+            dp_degree=self.parallel_dims.dp,
+            seed=self.seed,
+            shuffle_buffer=config.data.shuffle_buffer,
+            name=f"data.dataset {config.data.dataset!r}"
+            + (f" at data.path {config.data.path!r}" if config.data.path else ""),
+            batches_per_step=self.accumulation,
+            batches_needed=self.accumulation,
+            steps=self.steps,
+        )
 
     def steps_field(self) -> str:
         """The setting that ends this run: ``debug.max_steps`` when it cuts ``training.steps``."""

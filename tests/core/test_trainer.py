@@ -117,7 +117,12 @@ def test_missing_strategy_plugin_is_named(tmp_path: Path, monkeypatch: pytest.Mo
     [
         (None, r"data\.path: .* does not exist"),
         ({}, r"data\.path: no \.jsonl or \.txt files"),
-        ({"empty.jsonl": ""}, r"data\.dataset = 'text' yields no documents"),
+        # An empty file: named with the tokens it holds and what one step needs, as a small one.
+        (
+            {"empty.jsonl": ""},
+            r"data: data\.dataset 'text' at data\.path '.*corpus' is too small for one "
+            r"step: one pass gives 0 tokens \(no documents\), and one step needs 66 tokens",
+        ),
     ],
 )
 def test_bad_data_path_fails_before_the_model_is_built(
@@ -130,6 +135,13 @@ def test_bad_data_path_fails_before_the_model_is_built(
         (tmp_path / "corpus").mkdir()
         for name, text in files.items():
             (tmp_path / "corpus" / name).write_text(text)
+    with pytest.raises(UsageError, match=expected):
+        Trainer(config, _unbuildable(config))
+
+
+def _unbuildable(config: TrainerConfig) -> Registry:
+    """A registry whose model (set in ``config``) fails the test if it is built: what is checked
+    must be refused before the model is built (and, on a GPU, compiled)."""
     registry = Registry().load_entry_points()
     llama3 = registry.get("models", "llama3")
 
@@ -143,8 +155,68 @@ def test_bad_data_path_fails_before_the_model_is_built(
 
     registry.register(Unbuildable(), "unbuildable")
     config.model.name = "unbuildable"
-    with pytest.raises(UsageError, match=expected):
-        Trainer(config, registry)
+    return registry
+
+
+_FEW_WORDS = '{"text": "only a few words here"}\n'
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        # 2 x (32 + 1) tokens for one step of one rank; a line of a few words holds about 8.
+        (
+            "small jsonl",
+            r"one pass gives \d+ tokens \(1 document\), and one step needs 66 tokens \(1 "
+            r"data-parallel rank\(s\) x training\.local_batch_size=2 x \(training\.seq_len=32 \+ 1\)\); "
+            r"add documents, or lower training\.seq_len or training\.local_batch_size$",
+        ),
+        ("empty txt", r"one pass gives 2 tokens \(1 document, empty\), and one step needs 66 tokens"),
+        ("empty documents", r"one pass gives 6 tokens \(3 documents, all empty\)"),
+        # Accumulation: one step reads 2 microbatches of 2 sequences; the data fills only one.
+        (
+            "one microbatch of two",
+            r"one step needs 132 tokens \(1 data-parallel rank\(s\) x "
+            r"training\.local_batch_size=2 x 2 microbatches \(training\.global_batch_size=4\) x "
+            r"\(training\.seq_len=32 \+ 1\)\)",
+        ),
+        (
+            "validation",
+            r"^data: validation\.dataset 'text' is too small for one step: one pass gives "
+            r"\d+ tokens \(1 document\)",
+        ),
+    ],
+)
+def test_data_too_small_for_one_step_is_refused_before_the_model_is_built(
+    tmp_path: Path, case: str, expected: str
+) -> None:
+    """Found at the end of the first pass, which only step 1 reached: after the model was built
+    (and, on a GPU, compiled), minutes into the run, from the prefetch thread."""
+    config = tiny(tmp_path / "out")
+    corpus = tmp_path / "corpus.jsonl"
+    config.data.dataset, config.data.path = "text", str(corpus)
+    if case == "small jsonl":
+        corpus.write_text(_FEW_WORDS)
+    elif case == "empty txt":
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text("")
+        config.data.path = str(corpus)
+    elif case == "empty documents":  # blank after tokenizing: BOS and EOS alone
+        corpus.write_text('{"text": ""}\n' * 3)
+    elif case == "one microbatch of two":
+        corpus.write_text(_FEW_WORDS * 9)  # 9 x 14 = 126 tokens: 3 sequences, not 4
+        config.training.global_batch_size = 4
+    else:
+        corpus.write_text(_FEW_WORDS * 40)
+        config.validation.enable = True
+        config.validation.dataset, config.validation.path = "text", str(tmp_path / "val.jsonl")
+        (tmp_path / "val.jsonl").write_text(_FEW_WORDS)
+    with pytest.raises(UsageError, match=expected) as info:
+        Trainer(config, _unbuildable(config))
+    message = str(info.value)
+    assert "\n" not in message
+    if case != "validation":
+        assert message.startswith(f"data: data.dataset 'text' at data.path {str(corpus)!r} is too small")
 
 
 class _Backend:

@@ -525,7 +525,7 @@ def test_a_validation_set_smaller_than_one_batch_is_refused_before_training(
         config = with_validation(tmp_path / "out")
         config.data.dataset = "mine"
         name = r"validation.dataset 'mine' \(held-out documents\)"
-    with pytest.raises(UsageError, match=rf"{name} is too small for one batch: one pass gives \d+ tokens"):
+    with pytest.raises(UsageError, match=rf"{name} is too small for one step: one pass gives \d+ tokens"):
         Trainer(config, registry)
 
 

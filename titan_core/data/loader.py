@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -442,11 +443,20 @@ def _jsonl_texts(file: Path) -> Iterator[str]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                # Integers as floats: Python refuses to convert one of over 4300 digits (a
+                # ValueError naming no line), and only 'text' is read (a number there is refused
+                # below either way).
+                record = json.loads(line, parse_int=float)
             except json.JSONDecodeError as exc:
                 raise UsageError(
                     f"data.path: {file}:{number} is not valid JSON ({exc.msg} at column {exc.colno}); "
                     "each line of a .jsonl file must be one JSON object with a 'text' string"
+                ) from None
+            except RecursionError:  # a bare traceback from inside the json module
+                raise UsageError(
+                    f"data.path: {file}:{number} is not valid JSON (nested deeper than Python's JSON "
+                    f"reader allows, about {sys.getrecursionlimit()} levels); each line of a .jsonl "
+                    "file must be one JSON object with a 'text' string"
                 ) from None
             if not isinstance(record, dict) or "text" not in record:
                 got = f"keys {', '.join(map(repr, list(record)[:5]))}" if record else "{}"
@@ -517,9 +527,18 @@ class PackedBatches:
     #: the same batches from the start, so a restart repeats batches within one validation).
     #: ``None``: the data restarts silently (training's corpus repeats, as documented).
     repeat_warning: str | None = None
-    #: Batches one unit of ``repeat_warning`` reads (a validation step reads the microbatches
-    #: of one global batch), for the bound the warning gives.
+    #: Batches one step reads (the microbatches of one global batch, under gradient
+    #: accumulation), for the bound ``repeat_warning`` gives and the step a new pass starts at.
     batches_per_step: int = 1
+    #: Batches each rank's share of one pass must fill, else the data is refused as too small:
+    #: a training step's microbatches (fewer, every step would train on the same sequences, some
+    #: twice). Validation needs one: a set of fewer batches than a validation step repeats them
+    #: within it, which ``repeat_warning`` says.
+    batches_needed: int = 1
+    #: The steps the run trains (``None``: not a training stream). Set, the data running out
+    #: before them is logged when the first batch of another pass is served (as torchtitan
+    #: re-loops its training data, with a warning), not silently.
+    steps: int | None = None
     _repeat_warned: bool = attrs.field(default=False, init=False, repr=False)
     #: The pass over the data being read (1 the first), for errors.
     _pass: int = attrs.field(default=1, init=False, repr=False)
@@ -534,23 +553,20 @@ class PackedBatches:
         # the passes, not from 0 in each (a pass of an odd number of sequences handed rank 0 one
         # more per pass, so after the first wrap the ranks' global batch was not one process's).
         index = 0
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         while True:
             produced = 0
             buffer: list[int] = []
             first_index = index
-            tokens = 0
-            bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
             self._pass = epoch + 1
-            started = 0  # documents of this pass begun before the chunk, for errors
-            for chunk in _chunks(self._segments(), 128, 8 * PIECE_CHARS):
-                for (_, first, last), ids in zip(chunk, self._encode(chunk, started), strict=True):
-                    started += first
+            count = _Count()
+            for chunk in self._encoded_chunks(count):
+                for first, last, ids in chunk:
                     if first and bos is not None:
                         buffer.append(bos)
                     buffer.extend(ids)
                     if last and eos is not None:
                         buffer.append(eos)
-                    tokens += len(ids) + (first and bos is not None) + (last and eos is not None)
                 # Cut sequences at an offset and drop the consumed head once per chunk (slicing
                 # the rest off after every sequence copied the whole buffer each time).
                 start = 0
@@ -562,7 +578,7 @@ class PackedBatches:
                     index += 1
                 del buffer[:start]
             if epoch == 0:
-                self._check_size(index - first_index, tokens)
+                self._check_size(index - first_index, count)
                 if self.repeat_warning and not self._repeat_warned:
                     self._warn_repeat(produced)
                 first_pass = produced
@@ -577,6 +593,38 @@ class PackedBatches:
                 )
             epoch += 1
             yield None  # the pass ended
+
+    def _encoded_chunks(self, count: _Count) -> Iterator[list[tuple[bool, bool, list[int]]]]:
+        """One pass's segments, a chunk at a time, as ``(starts a document, ends it, token ids)``;
+        ``count`` adds up their tokens (BOS/EOS framing included) and documents as they come."""
+        framing = (self.tokenizer.bos_id is not None, self.tokenizer.eos_id is not None)
+        for chunk in _chunks(self._segments(), 128, 8 * PIECE_CHARS):
+            encoded = self._encode(chunk, count.documents)
+            out = []
+            for (_, first, last), ids in zip(chunk, encoded, strict=True):
+                count.documents += first
+                # A document of one piece and no tokens: empty, or only what the tokenizer drops.
+                count.empty += first and last and not ids
+                count.tokens += len(ids) + (first and framing[0]) + (last and framing[1])
+                out.append((first, last, ids))
+            yield out
+
+    def check_one_step(self) -> None:
+        """Refuse data that cannot fill one step, reading only until it could.
+
+        Called when the run is built, before the model: the end of the first pass (where
+        :meth:`_check_size` sees it otherwise) is only reached by step 1, after the model was
+        built and, on a GPU, compiled. Every rank reads the whole stream's start and counts the
+        stream's sequences, not its own, so all ranks agree. Tokenizes one global batch's tokens
+        at most (a large corpus is not read whole here).
+        """
+        needed = self.dp_degree * self.batch_size * self.batches_needed * (self.seq_len + 1)
+        self._pass = 1
+        count = _Count()
+        for _ in self._encoded_chunks(count):
+            if count.tokens >= needed:  # sequences are cut across documents: tokens decide
+                return
+        self._check_size(count.tokens // (self.seq_len + 1), count)
 
     def _encode(self, chunk: list[tuple[str, bool, bool]], started: int) -> list[list[int]]:
         """The chunk's token ids; a tokenizer failing on a text is one error naming the document
@@ -617,21 +665,35 @@ class PackedBatches:
             for i, piece in enumerate(pieces):
                 yield piece, i == 0, i == len(pieces) - 1
 
-    def _check_size(self, sequences: int, tokens: int) -> None:
-        """One pass over the data must fill one global batch: every rank, ``batch_size`` rows.
+    def _check_size(self, sequences: int, count: _Count) -> None:
+        """One pass over the data must fill one step: every rank, ``batch_size`` rows for each of
+        the ``batches_needed`` microbatches of a step.
 
         Otherwise every step would repeat the same few documents (or a rank would get none), a
         run that trains on almost nothing without saying so.
         """
         window = self.seq_len + 1
-        needed = self.dp_degree * self.batch_size
+        per = self.batches_needed
+        needed = self.dp_degree * self.batch_size * per
         if sequences >= needed:
             return
+        if count.documents == 0:
+            held = "no documents"
+        else:
+            held = f"{count.documents} document{'s' if count.documents != 1 else ''}"
+            if count.empty == count.documents:
+                held += ", empty" if count.documents == 1 else ", all empty"
+            elif count.empty:
+                held += f", {count.empty} of them empty"
+        accumulated = f" x {per} microbatches (training.global_batch_size={needed})" if per > 1 else ""
+        # A validation step of several microbatches needs only one (repeat_warning covers more).
+        unit = "step" if per == self.batches_per_step else "batch"
         raise UsageError(
-            f"data: {self.name} is too small for one batch: one pass gives {tokens} tokens, and one "
-            f"batch needs {needed * window} ({self.dp_degree} data-parallel rank(s) x "
-            f"training.local_batch_size={self.batch_size} x (training.seq_len={self.seq_len} + 1)); "
-            "add documents, or lower training.seq_len or training.local_batch_size"
+            f"data: {self.name} is too small for one {unit}: one pass gives {count.tokens} tokens "
+            f"({held}), and one {unit} needs {needed * window} tokens ({self.dp_degree} data-parallel "
+            f"rank(s) x training.local_batch_size={self.batch_size}{accumulated} x (training.seq_len="
+            f"{self.seq_len} + 1)); add documents, or lower training.seq_len or "
+            + ("training.global_batch_size" if per > 1 else "training.local_batch_size")
         )
 
     def _warn_repeat(self, sequences: int) -> None:
@@ -661,6 +723,10 @@ class PackedBatches:
         rng = random.Random(f"{self.seed}:{self.dp_rank}")
         pool: list[list[int]] = []
         batch: list[list[int]] = []
+        current = 1  # the pass the pool's sequences are of (it is drained at each pass's end)
+        served_pass = 1  # the latest pass a served row was of
+        served = 0  # rows served (this rank), for the step a pass starts at
+        batches = 0
         for seq in self._sequences():
             if seq is None:
                 # A pass ended: serve what the pool holds (in random order) before the next pass
@@ -669,17 +735,62 @@ class PackedBatches:
                 # and others not at all. Each pass is thus a shuffle of its own sequences, every
                 # one once; a buffer of a pass or more shuffles the whole pass.
                 taken = [pool.pop(rng.randrange(len(pool))) for _ in range(len(pool))]
+                row_pass, current = current, current + 1
             else:
                 pool.append(seq)
                 if len(pool) < self.shuffle_buffer:
                     continue
                 taken = [pool.pop(rng.randrange(len(pool)) if self.shuffle_buffer else 0)]
+                row_pass = current
             for row in taken:
+                if row_pass > served_pass:
+                    # Noted where the row is served, not where the pass is read: the shuffle
+                    # buffer reads up to shuffle_buffer sequences ahead of what is served.
+                    self._note_new_pass(row_pass, served, batches)
+                    served_pass = row_pass
                 batch.append(row)
+                served += 1
                 if len(batch) == self.batch_size:
                     data = torch.tensor(batch, dtype=torch.long)
+                    batches += 1
                     yield data[:, :-1], data[:, 1:]
                     batch = []
+
+    def _note_new_pass(self, pass_: int, served: int, batches: int) -> None:
+        """Log that the training data ran out and is read again (``pass_``, from batch
+        ``batches``): once as a warning (the steps from there train on documents already seen),
+        then each later pass as info. Silent when the run ends before it: a prefetched batch the
+        run never trains on changes nothing."""
+        per = self.batches_per_step
+        if self.steps is None or batches >= self.steps * per:
+            return
+        step = batches // per + 1
+        if pass_ > 2:
+            _log().info(f"{self.name}: pass {pass_} over the data starts at step {step}", data_pass=pass_)
+            return
+        fits = served // (self.batch_size * per)  # the steps one pass fills on this rank
+        rank = f" on data-parallel rank {self.dp_rank}" if self.dp_degree > 1 else ""
+        _log().warning(
+            f"{self.name} runs out before the run's {self.steps} steps: one pass gives {served} "
+            f"sequences of training.seq_len={self.seq_len} + 1 tokens{rank}, {fits} step"
+            f"{'s' if fits != 1 else ''} of training.local_batch_size={self.batch_size}"
+            + (f" x {per} microbatches" if per > 1 else "")
+            + f"; titan reads the data again, reshuffled (as torchtitan re-loops its training "
+            f"data): pass 2 starts at step {step}, so the steps from there train on documents "
+            f"already seen ({self.steps * per * self.batch_size / served:.1f} passes in all). To "
+            f"train on each document once, add documents or lower training.steps to at most {fits}",
+            data_pass=pass_,
+            first_step_of_pass=step,
+        )
+
+
+@attrs.define
+class _Count:
+    """What a pass has read so far: tokens (BOS/EOS framing included), documents, empty ones."""
+
+    tokens: int = 0
+    documents: int = 0
+    empty: int = 0
 
 
 def read_documents(documents: Callable[[], Iterable[str]], name: str, pass_: int = 1) -> Iterator[str]:

@@ -52,4 +52,4 @@ def test_corpus_too_small_for_one_batch_is_one_line_exit_2(tmp_path: Path) -> No
     (tmp_path / "tiny.jsonl").write_text('{"text": "only a few words here"}\n')
     code, stderr = titan_run(tmp_path, {"data.path": str(tmp_path / "tiny.jsonl")})
     assert code == 2, stderr
-    assert "is too small for one batch: one pass gives " in stderr and "training.seq_len=32" in stderr
+    assert "is too small for one step: one pass gives " in stderr and "training.seq_len=32" in stderr

@@ -169,6 +169,27 @@ def test_jsonl_lines_that_are_not_text_records(tmp_path: Path, line: str, messag
         list(read_text_files(str(tmp_path)))
 
 
+def test_a_jsonl_line_nested_too_deeply_is_one_error_naming_its_line(tmp_path: Path) -> None:
+    """Python's JSON reader raised RecursionError (not a JSONDecodeError): a bare traceback that
+    named neither the file nor the line."""
+    deep = '{"text": "a", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n' + deep + "\n")
+    with pytest.raises(UsageError, match=r"a\.jsonl:2 is not valid JSON \(nested deeper than"):
+        list(read_text_files(str(tmp_path)))
+
+
+def test_a_jsonl_line_with_an_integer_of_many_digits_is_read(tmp_path: Path) -> None:
+    """Valid JSON that Python's int conversion refuses (over 4300 digits, in a field titan does
+    not read): a ValueError traceback naming neither the file nor the line. The number is not
+    needed; the document is read, and a number as 'text' is still refused."""
+    big = "1" + "0" * 5000
+    (tmp_path / "a.jsonl").write_text(f'{{"text": "kept", "id": {big}}}\n')
+    assert list(read_text_files(str(tmp_path))) == ["kept"]
+    (tmp_path / "a.jsonl").write_text(f'{{"text": {big}}}\n')
+    with pytest.raises(UsageError, match=r"a\.jsonl:1: 'text' is a number, not a string"):
+        list(read_text_files(str(tmp_path)))
+
+
 def test_byte_order_mark_and_folders_named_like_files(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_bytes('\ufeff{"text": "one"}\n'.encode())
     (tmp_path / "b.txt").write_bytes("\ufefftwo".encode())
@@ -182,32 +203,54 @@ def _tokens(texts: list[str]) -> int:
     return sum(len(ids) + 2 for ids in tok.encode_batch(texts))
 
 
+@pytest.mark.parametrize("when", ["built", "first batch"])
 @pytest.mark.parametrize(
     ("seq_len", "batch_size", "dp_degree"),
     [(64, 1, 1), (8, 4, 1), (8, 2, 2)],  # not one sequence; sequences, not a batch; not one per rank
 )
-def test_corpus_too_small_for_one_batch_names_tokens_found_and_needed(
-    seq_len: int, batch_size: int, dp_degree: int
+def test_corpus_too_small_for_one_step_names_tokens_found_and_needed(
+    seq_len: int, batch_size: int, dp_degree: int, when: str
 ) -> None:
+    """The same error from the check the trainer runs before the model is built and from the
+    end of the first pass; with 2 DP ranks, on either rank (each reads the whole stream's start)."""
     texts = ["a short document about rain.", "and one about bread."]
-    loader = PackedBatches(
-        lambda: texts,
-        load_tokenizer(None),
-        seq_len=seq_len,
-        batch_size=batch_size,
-        dp_degree=dp_degree,
-        name="data.dataset 'text' at data.path '/data/tiny'",
-    )
     found, needed = _tokens(texts), dp_degree * batch_size * (seq_len + 1)
     assert found < needed
-    with pytest.raises(UsageError) as info:
-        next(iter(loader))
-    assert str(info.value) == (
-        f"data: data.dataset 'text' at data.path '/data/tiny' is too small for one batch: one pass "
-        f"gives {found} tokens, and one batch needs {needed} ({dp_degree} data-parallel rank(s) x "
-        f"training.local_batch_size={batch_size} x (training.seq_len={seq_len} + 1)); add documents, "
-        "or lower training.seq_len or training.local_batch_size"
-    )
+    for rank in range(dp_degree):
+        loader = PackedBatches(
+            lambda: texts,
+            load_tokenizer(None),
+            seq_len=seq_len,
+            batch_size=batch_size,
+            dp_rank=rank,
+            dp_degree=dp_degree,
+            name="data.dataset 'text' at data.path '/data/tiny'",
+        )
+        with pytest.raises(UsageError) as info:
+            loader.check_one_step() if when == "built" else next(iter(loader))
+        assert str(info.value) == (
+            f"data: data.dataset 'text' at data.path '/data/tiny' is too small for one step: one pass "
+            f"gives {found} tokens (2 documents), and one step needs {needed} tokens ({dp_degree} "
+            f"data-parallel rank(s) x training.local_batch_size={batch_size} x (training.seq_len="
+            f"{seq_len} + 1)); add documents, or lower training.seq_len or training.local_batch_size"
+        )
+
+
+def test_the_check_before_the_model_reads_only_what_one_step_needs() -> None:
+    """The check runs on every rank at start-up: it must not read (and tokenize) a large corpus
+    whole, only until one step's tokens are there; data of exactly one step passes."""
+    read = []
+
+    def documents() -> Iterator[str]:
+        for i in range(100_000):
+            read.append(i)
+            yield f"document {i} about the rain in the valley and the bread of the town"
+
+    PackedBatches(documents, load_tokenizer(None), seq_len=32, batch_size=4, dp_degree=2).check_one_step()
+    assert len(read) <= 256  # two chunks of 128 documents: 8 x 33 tokens fit in the first
+    texts = ["a short document about rain.", "and one about bread."]
+    window = _tokens(texts) // 2  # exactly two sequences
+    PackedBatches(lambda: texts, load_tokenizer(None), seq_len=window - 1, batch_size=2).check_one_step()
 
 
 def test_corpus_of_exactly_one_batch_trains() -> None:
@@ -451,7 +494,7 @@ def test_the_repeat_warning_bounds_validation_steps_of_several_microbatches(
     assert f"({per_step} per step, one global batch)" in warning and advice in warning
 
 
-def test_validation_steps_that_fit_the_data_and_training_repeats_do_not_warn() -> None:
+def test_validation_steps_that_fit_the_data_do_not_warn() -> None:
     import itertools
 
     from structlog.testing import capture_logs
@@ -459,11 +502,56 @@ def test_validation_steps_that_fit_the_data_and_training_repeats_do_not_warn() -
     texts = ["a short document about rain.", "and one about bread."]
     window = _tokens(texts) // 2
     fits = _val_loader(texts, window - 1, name="validation.dataset 'text'", repeat_warning="validation.steps")
-    training = _val_loader(texts, window - 1, name="data.dataset 'text'")
     with capture_logs() as logs:
         assert len(list(itertools.islice(iter(fits), 2))) == 2  # exactly the data: no restart
-        assert len(list(itertools.islice(iter(training), 7))) == 7  # the corpus repeats, as documented
     assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
+def _training(passes_of: int, steps: int, **kwargs: Any) -> PackedBatches:
+    """A training stream of ``passes_of`` sequences of 17 tokens per pass, for ``steps`` steps."""
+    tok = load_tokenizer(None)
+    kept = [" ".join(["rain"] * 14)] * passes_of  # 17 tokens with BOS/EOS: a sequence each
+    assert all(len(ids) + 2 == 17 for ids in tok.encode_batch(kept))
+    return PackedBatches(lambda: kept, tok, 16, 2, name="data.dataset 'text'", steps=steps, **kwargs)
+
+
+@pytest.mark.parametrize("shuffle", [0, 256])
+def test_training_data_running_out_before_the_last_step_is_logged_where_it_starts_again(
+    shuffle: int,
+) -> None:
+    """The data repeating (as torchtitan re-loops its training data) was silent: a run of more
+    steps than the data holds trained on its documents again without a word."""
+    import itertools
+
+    from structlog.testing import capture_logs
+
+    loader = _training(20, steps=25, shuffle_buffer=shuffle)  # 10 steps a pass, 2.5 passes
+    with capture_logs() as logs:
+        assert len(list(itertools.islice(iter(loader), 25))) == 25
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["event"] == (
+        "data.dataset 'text' runs out before the run's 25 steps: one pass gives 20 sequences of "
+        "training.seq_len=16 + 1 tokens, 10 steps of training.local_batch_size=2; titan reads the data "
+        "again, reshuffled (as torchtitan re-loops its training data): pass 2 starts at step 11, so "
+        "the steps from there train on documents already seen (2.5 passes in all). To train on each "
+        "document once, add documents or lower training.steps to at most 10"
+    )
+    infos = [e["event"] for e in logs if e["log_level"] == "info"]
+    assert infos == ["data.dataset 'text': pass 3 over the data starts at step 21"]
+
+
+@pytest.mark.parametrize("shuffle", [0, 256])
+def test_training_that_fits_one_pass_says_nothing_of_passes_read_ahead(shuffle: int) -> None:
+    """The shuffle buffer (and the prefetch thread) read past what the run trains on: a pass
+    ending there is no repeat (and a loader of no run's steps never logs it)."""
+    import itertools
+
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        list(itertools.islice(iter(_training(20, steps=10, shuffle_buffer=shuffle)), 12))
+        list(itertools.islice(iter(_training(20, steps=None, shuffle_buffer=shuffle)), 25))  # type: ignore[arg-type]
+    assert [e for e in logs if e["log_level"] in ("warning", "info")] == []
 
 
 def test_hidden_files_and_folders_of_a_data_folder_are_not_data(tmp_path: Path) -> None:
