@@ -194,18 +194,48 @@ class GlooFlightRecorder:
         return self.path
 
 
-#: Where a run moves the dumps an earlier attempt left under its ranks' names.
+#: Where a run moves the dumps an earlier attempt left under its ranks' names: one folder per
+#: attempt, ``earlier/<time>/`` (:func:`attempt_name`).
 EARLIER = "earlier"
 _DUMP_NAME = re.compile(r"^rank_(\d+)$")
+#: The store key through which the processes of one attempt agree on its folder name.
+ATTEMPT_KEY = "titan_fr/attempt"
 
 
-def retire_earlier_dumps(dump_folder: str, rank: int, processes: list[int]) -> list[str]:
-    """Move the dumps an earlier run or attempt left in ``comm_traces/`` to ``comm_traces/earlier/``.
+def attempt_name(store: Any = None, processes: list[int] | None = None) -> str:
+    """The name of the folder this attempt moves the earlier dumps into: the UTC time it started,
+    to the microsecond (sorted by name, the folders are in the order they were moved aside).
+
+    Every process of the attempt must use the same name, or one attempt's dumps would be split
+    over folders: with several processes the first to ask sets it in the job's store (which is
+    the attempt's own: torchrun gives each restart a store prefix of its own) and the others read
+    it. Without a store (one process) the name is this process's."""
+    now = time.time_ns()
+    mine = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now // 10**9)) + f".{now // 1000 % 10**6:06d}Z"
+    if store is None or len(processes or []) <= 1:
+        return mine
+    try:
+        agreed = store.compare_set(ATTEMPT_KEY, "", mine)
+    except Exception as exc:  # a store without compare_set: each process names its own
+        log.warning("flight recorder: no folder agreed for the earlier dumps", error=str(exc))
+        return mine
+    name = agreed.decode(errors="replace") if isinstance(agreed, bytes) else str(agreed)
+    return name if re.fullmatch(r"[0-9T.Z]+", name) else mine
+
+
+def retire_earlier_dumps(
+    dump_folder: str, rank: int, processes: list[int], attempt: str | None = None
+) -> list[str]:
+    """Move the dumps an earlier run or attempt left in ``comm_traces/`` to
+    ``comm_traces/earlier/<attempt>/``.
 
     ``titan fr analyze`` reads every ``rank_<r>`` of the folder: a dump left by an earlier hang,
     beside this run's (or alone, when this run does not hang or a hung rank writes nothing), would
     name a rank "behind" in this run. They are kept, not removed: they are the evidence of the hang
     this attempt is made to fix (``--overwrite`` removes the whole folder, ``Callback.outputs``).
+    Each attempt's go to a folder of their own (``attempt``, the same in every process of this
+    one, :func:`attempt_name`): into one shared ``earlier/`` a later attempt's ``rank_0`` replaced
+    an earlier one's and sat beside that attempt's other ranks, read as one hang.
     Each process moves its own rank's dump; the first process also those of ranks no process of
     this run has (``processes``: the ranks launched). Returns the paths moved (their new names).
     """
@@ -213,6 +243,7 @@ def retire_earlier_dumps(dump_folder: str, rank: int, processes: list[int]) -> l
     if not os.path.isdir(folder):
         return []
     first = rank == min(processes, default=rank)
+    into = os.path.join(folder, EARLIER, attempt or attempt_name())
     moved = []
     for name in sorted(os.listdir(folder)):
         match = _DUMP_NAME.match(name)
@@ -221,8 +252,8 @@ def retire_earlier_dumps(dump_folder: str, rank: int, processes: list[int]) -> l
         owner = int(match.group(1))
         if owner != rank and not (first and owner not in processes):
             continue
-        target = os.path.join(folder, EARLIER, name)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        target = os.path.join(into, name)
+        os.makedirs(into, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):  # moved by its own process meanwhile
             os.replace(os.path.join(folder, name), target)
             moved.append(target)
@@ -230,7 +261,7 @@ def retire_earlier_dumps(dump_folder: str, rank: int, processes: list[int]) -> l
         log.warning(
             "flight recorder: earlier dumps moved aside",
             dumps=", ".join(os.path.basename(p) for p in moved),
-            to=os.path.join(folder, EARLIER),
+            to=into,
             note="they are an earlier run's; this run's dumps go to comm_traces/ (titan fr analyze "
             "reads each folder alone)",
         )
@@ -260,7 +291,8 @@ def build(trainer: Any) -> GlooFlightRecorder | None:
     topology = trainer.topology
     dump_folder = trainer.config.job.dump_folder
     groups = gloo_groups(topology)
-    retire_earlier_dumps(dump_folder, topology.rank, _processes(topology, groups))
+    processes = _processes(topology, groups)
+    retire_earlier_dumps(dump_folder, topology.rank, processes, attempt_name(_store(), processes))
     if trainer.config.comm.trace_buf_size <= 0:
         return None
     if topology.device.type == "cuda":
@@ -272,9 +304,19 @@ def build(trainer: Any) -> GlooFlightRecorder | None:
         return None
     import torch.distributed as dist
 
+    store = _store()
+    if store is None:
+        log.warning("flight recorder: no store to ask peers to dump; only this rank will")
+    return GlooFlightRecorder(dump_folder, dist.get_rank(), processes, store)
+
+
+def _store() -> Any:
+    """The job's store (shared by every process of this attempt), or ``None``."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
     try:
-        store = dist.distributed_c10d._get_default_store()
-    except (RuntimeError, AttributeError) as exc:  # no store to reach the peers through
-        log.warning("flight recorder: no store to ask peers to dump; only this rank will", error=str(exc))
-        store = None
-    return GlooFlightRecorder(dump_folder, dist.get_rank(), _processes(topology, groups), store)
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError):  # no store to reach the peers through
+        return None

@@ -65,6 +65,8 @@ Dumps = tuple[dict[int, dict[str, Any]], dict[int, Unreadable]]
 _RANK_SUFFIX = re.compile(r"(\d+)$")
 #: The name of a dump titan's run writes (``comm_traces/rank_<r>``).
 _RANK_FILE = re.compile(r"^rank_\d+$")
+#: How a rerun names the folder of an earlier attempt's dumps (``flight_recorder.attempt_name``).
+_ATTEMPT_NAME = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
 
 #: Fields ``analyze`` iterates, and the type each must have when present.
 _CONTAINERS = {"entries": list, "pg_config": dict, "pg_status": dict, "titan": dict}
@@ -169,17 +171,50 @@ def load_dumps(folder: str) -> Dumps:
         raise _nothing_readable(folder, unreadable)
     if not dumps:
         earlier = os.path.join(folder, "earlier")  # flight_recorder.EARLIER: a rerun moved them there
-        if any(_rank_in_name(n) is not None for n in (os.listdir(earlier) if os.path.isdir(earlier) else [])):
+        if _holds_dumps(earlier):  # as titan before one folder per attempt left them
             raise UsageError(
                 f"{folder}: no flight-recorder dumps of the last run (it left none); {earlier} holds "
                 f"those of an earlier run or attempt, moved there when the last one started: "
                 f"titan fr analyze {earlier}"
+            )
+        attempts = _attempt_folders(earlier)
+        if attempts:
+            raise UsageError(
+                f"{folder}: no flight-recorder dumps of the last run (it left none); {earlier} holds "
+                f"those of {len(attempts)} earlier attempt(s), a folder each, moved there when the next "
+                f"attempt started; the latest: titan fr analyze {attempts[-1]}"
+            )
+        attempts = _attempt_folders(folder)
+        if attempts:  # the earlier/ folder itself: the user picks the attempt
+            raise UsageError(
+                f"{folder}: holds the dumps of {len(attempts)} earlier attempt(s), a folder each "
+                f"({', '.join(os.path.basename(a) for a in attempts)}, oldest first); analyse one, "
+                f"e.g. the latest: titan fr analyze {attempts[-1]}"
             )
         raise UsageError(
             f"{folder}: no flight-recorder dumps (rank_<r> files); they are written when a collective "
             "times out with comm.trace_buf_size > 0"
         )
     return dumps, unreadable
+
+
+def _holds_dumps(folder: str) -> bool:
+    """Whether ``folder`` holds a file named as titan and NCCL name a rank's dump (``rank_<r>``)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return any(_RANK_FILE.match(n) and os.path.isfile(os.path.join(folder, n)) for n in names)
+
+
+def _attempt_folders(folder: str) -> list[str]:
+    """The subfolders of ``folder`` named as a rerun names an earlier attempt's
+    (``earlier/<time>/``, :func:`titan_plugins_comm.flight_recorder.attempt_name`) that hold dumps,
+    sorted by name: by the time they were moved aside, oldest first. Other folders (a run's
+    ``tb/``, whose files end in digits too) are no attempt's."""
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    return [
+        os.path.join(folder, n)
+        for n in names
+        if _ATTEMPT_NAME.match(n) and _holds_dumps(os.path.join(folder, n))
+    ]
 
 
 def traces_folder(folder: str) -> str:

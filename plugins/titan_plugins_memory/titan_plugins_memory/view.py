@@ -16,13 +16,13 @@ pickled plain data only and does not import torch.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import os
 import pickle
 from typing import Any
 
 from titan_core.errors import UsageError
+from titan_core.run_folder import write_whole
 
 MiB = 1024**2
 #: Points of the SVG polyline at most (min and max of each bucket are kept, so peaks survive).
@@ -428,6 +428,11 @@ def _check_output(output: str, given: bool = True) -> None:
 def write_html(snapshot_path: str, output: str | None = None, top: int = 20) -> str:
     """Write the page beside the snapshot (or at ``output``); returns its path."""
     given = output is not None
+    if given and not output:  # -o "$OUT" with OUT unset: not the page beside the snapshot
+        raise UsageError(
+            "-o: an empty path; give the page's path, e.g. -o snapshot.html, or leave -o out for the "
+            "page beside the snapshot"
+        )
     output = output or os.path.splitext(snapshot_path)[0] + ".html"
     _check_output(output, given)
     snapshot = load_snapshot(snapshot_path)
@@ -439,12 +444,16 @@ def write_html(snapshot_path: str, output: str | None = None, top: int = 20) -> 
             f"{snapshot_path}: not a memory snapshot (reading it failed: {type(exc).__name__}: {exc}); "
             f"{_WHAT}"
         ) from None
-    try:
-        with open(output, "w") as f:
+
+    def dump(partial: str) -> None:
+        with open(partial, "w") as f:
             f.write(page)
+
+    try:
+        # Written beside OUT and renamed: a page cut short (a full disk) never passes for a whole
+        # one, and the earlier page stays as it was when the rewrite fails.
+        write_whole(output, dump)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.remove(output)  # a page cut short (a full disk) would pass for a whole one
         why = exc.strerror or str(exc)
         if given:
             raise UsageError(

@@ -225,3 +225,30 @@ def test_a_folder_with_only_earlier_dumps_points_at_them(tmp_path: Path) -> None
     assert result.returncode == 2
     assert f"{traces}: no flight-recorder dumps of the last run" in result.stderr, result.stderr
     assert f"titan fr analyze {traces / 'earlier'}" in result.stderr
+
+
+def test_earlier_attempts_folders_are_pointed_at_by_name(tmp_path: Path) -> None:
+    """Each rerun moves the dumps it finds to ``earlier/<time>/``: the run's folder and ``earlier/``
+    named no dumps at all ("they are written when a collective times out"), though they were one
+    folder down."""
+    traces = tmp_path / "comm_traces"
+    older = traces / "earlier" / "20260101T000000.000001Z"
+    newer = traces / "earlier" / "20260101T000500.000001Z"
+    _write(older, {0: nccl_dump(0, 6), 1: nccl_dump(1, 5)})
+    _write(newer, {0: nccl_dump(0, 4)})
+    result = run_titan("fr", "analyze", str(traces))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{traces}: no flight-recorder dumps of the last run" in result.stderr, result.stderr
+    assert f"titan fr analyze {newer}" in result.stderr and "2 earlier attempt(s)" in result.stderr
+    result = run_titan("fr", "analyze", str(traces / "earlier"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{traces / 'earlier'}: holds the dumps of 2 earlier attempt(s), a folder each" in result.stderr
+    assert f"titan fr analyze {newer}" in result.stderr, result.stderr
+    assert run_titan("fr", "analyze", str(older)).returncode == 0
+    # Only the attempts' folders count: a run's TensorBoard files end in digits too.
+    run = tmp_path / "run"
+    (run / "tb").mkdir(parents=True)
+    (run / "tb" / "events.out.tfevents.1764950000.host.4242.0").write_bytes(b"x")
+    result = run_titan("fr", "analyze", str(run))
+    assert result.returncode == 2 and "earlier attempt" not in result.stderr, result.stderr
+    assert f"{run}: no flight-recorder dumps (rank_<r> files)" in result.stderr

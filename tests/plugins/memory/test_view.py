@@ -268,3 +268,59 @@ def test_a_page_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
         "titan: error: -o /proc/snap.html: cannot write the page (No such file or directory); give "
         "-o a path in a folder you can write"
     )
+
+
+def test_a_rewrite_that_fails_keeps_the_earlier_page_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fills while the page is rewritten removed the earlier page (the file was written
+    in place and deleted when the write failed); now the page is written beside it and renamed, so
+    the earlier page stays as it was and no partial file is left."""
+    import errno
+
+    from titan_plugins_memory import view
+
+    snapshot = tmp_path / "snap.pickle"
+    snapshot.write_bytes(pickle.dumps(cuda_snapshot()))
+    page = Path(view.write_html(str(snapshot)))
+    earlier = page.read_text()
+    real_open = open
+
+    class FullDisk:
+        """A file that takes a few bytes, then fails as a full disk does."""
+
+        def __init__(self, path: str) -> None:
+            self.file = real_open(path, "w")
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.close()
+
+        def write(self, text: str) -> int:
+            self.file.write(text[:100])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_disk_open(path: str, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return FullDisk(path) if "w" in mode else real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(view, "open", full_disk_open, raising=False)
+    with pytest.raises(view.UsageError, match=r"cannot write the page beside the snapshot, .*No space left"):
+        view.write_html(str(snapshot))
+    assert page.read_text() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap.html", "snap.pickle"]
+
+
+def test_an_empty_output_path_is_one_error(tmp_path: Path) -> None:
+    """``-o "$OUT"`` with ``OUT`` unset wrote the page beside the snapshot, as if ``-o`` had not
+    been given, where the user asked for another place."""
+    snapshot = tmp_path / "snap.pickle"
+    snapshot.write_bytes(pickle.dumps(cuda_snapshot()))
+    result = run_titan("memory", "view", str(snapshot), "-o", "")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[0] == (
+        "titan: error: -o: an empty path; give the page's path, e.g. -o snapshot.html, or leave -o out "
+        "for the page beside the snapshot"
+    )
+    assert not (tmp_path / "snap.html").exists()
