@@ -98,6 +98,14 @@ def assert_same_forward_backward(a: object, b: object, x: object, *args: object)
         torch.testing.assert_close(g_a, g_b)
 
 
+def error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a command wrote to stderr (no traceback): what a user sees of an error."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
 def saved_storage_bytes(module: object, *args: object, compiled: bool = False) -> int:
     """Bytes of the storages autograd keeps for backward over one ``module(*args)``; with
     ``compiled``, of ``torch.compile(module)`` after a first call that compiles it.

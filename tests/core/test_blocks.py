@@ -250,6 +250,13 @@ def _matmuls(module: torch.nn.Module, *args: object) -> int:
     return Count.n
 
 
+class _Scaled(torch.nn.Linear):
+    """A Linear subclass computing something else (as torchao's Float8Linear does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
 def _pair() -> tuple[blocks.Attention, blocks.Attention]:
     torch.manual_seed(0)
     fused = blocks.Attention(64, 8, 2)
@@ -291,12 +298,8 @@ def test_fused_qkv_falls_back_where_a_projection_must_run_itself() -> None:
     hooked.wk.register_forward_hook(lambda m, i, o: seen.append(o.shape))
     assert _matmuls(hooked, x, freqs) == 4 and seen == [torch.Size([2, 12, 16])]
 
-    class Scaled(torch.nn.Linear):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return 2 * super().forward(x)
-
     subclassed, separate = _pair()
-    subclassed.wv = Scaled(64, 16, bias=False)
+    subclassed.wv = _Scaled(64, 16, bias=False)
     subclassed.wv.weight = separate.wv.weight
     separate.wv = subclassed.wv
     torch.testing.assert_close(subclassed(x, freqs), separate(x, freqs))
@@ -343,12 +346,8 @@ def test_fused_w13_falls_back_where_a_projection_must_run_itself() -> None:
     hooked.w1.register_forward_hook(lambda m, i, o: seen.append(o.shape))
     assert _matmuls(hooked, x) == 3 and seen == [torch.Size([2, 12, 96])]
 
-    class Scaled(torch.nn.Linear):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return 2 * super().forward(x)
-
     subclassed, separate = _ffn_pair()
-    subclassed.w3 = Scaled(64, 96, bias=False)
+    subclassed.w3 = _Scaled(64, 96, bias=False)
     subclassed.w3.weight = separate.w3.weight
     separate.w3 = subclassed.w3
     torch.testing.assert_close(subclassed(x), separate(x))

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import error_line
 from tests.hf.conftest import TITAN_OVERRIDES, llama3, max_diff, titan_model, tokens, transformers
 from tests.parallel_harness import tiny_config, write_recipe_module
 from titan_core import hookimpl
@@ -46,13 +47,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def export(*args: str | Path) -> int:
     return main(["export", *map(str, args)])
-
-
-def error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import error_line
 from tests.parallel_harness import tiny_config
 from titan_core._registry import get_registry
 from titan_core.cli import main
@@ -38,13 +39,6 @@ def _console_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def export(*args: str | Path) -> int:
     return main(["export", *map(str, args)])
-
-
-def error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
