@@ -199,7 +199,16 @@ class CheckpointSaves:
                 # ranks with the same recipe takes smaller steps (_warn_global_batch_change).
                 "sequences_per_step": sequences_per_step(t),
             }
-            t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
+            # The save is no training: its seconds stay out of step time and tokens/s (it runs
+            # after its step's row, so they went into the next interval). The step's own device
+            # work is waited for first, outside the pause, so it still counts; a save copies
+            # the tensors to the host, which waits for it anyway.
+            if t.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(t.device)
+            with t.metrics.paused():
+                t.checkpointer.save(step, t.parts, t.optimizer, t.scheduler, last=last, meta=meta)
             t.last_saved = step
 
 

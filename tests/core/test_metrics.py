@@ -350,3 +350,38 @@ def test_a_boolean_callback_metric_is_written_as_a_number_titan_compare_reads(tm
     writer.on_step_end(1, {"step": 1, "loss": 2.0, **values}, last=True)
     writer.on_train_end(1)
     assert read_metrics(str(tmp_path), ["probe/ok"])[1]["probe/ok"] == 1
+
+
+def test_a_checkpoint_save_is_not_counted_in_the_next_steps_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint save runs after its step's row, so its seconds went into the next logged
+    interval: the step after each save logged the save's time as step time, and a tokens/s far too
+    low. Here each save takes 100 s of a shifted clock (deterministic, no sleeping)."""
+    from tests.conftest import tiny_llama3
+    from titan_core._registry import get_registry
+    from titan_core.trainer import Trainer
+
+    shift = [0.0]
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + shift[0])
+    config = tiny_llama3(tmp_path, 4)
+    config.metrics.log_freq = 1
+    config.checkpoint.enable = True
+    config.checkpoint.interval = 2
+    trainer = Trainer(config, get_registry())
+    save = trainer.checkpointer.save
+
+    def slow_save(*args: object, **kwargs: object) -> object:
+        shift[0] += 100.0
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.checkpointer, "save", slow_save)
+    try:
+        rows = trainer.train()
+    finally:
+        trainer.close()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert shift[0] == 200.0  # saved at steps 2 and 4
+    assert max(r["step_time_s"] for r in rows) < 50, rows
+    assert rows[2]["tps"] * rows[2]["step_time_s"] == pytest.approx(2 * 32, rel=2e-2)
