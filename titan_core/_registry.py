@@ -649,7 +649,8 @@ def _check_section(record: ConfigSection, hook: str) -> None:
         raise TypeError(
             f"{hook}() returned config section {record.name!r}, which has fields titan cannot write to "
             f"config.toml and read back: {', '.join(unwritable)}; use bool, int, float, str, None, "
-            "Literal[...], list[...], tuple[...] or dict[str, ...] of those, or a nested section class"
+            "Literal[...], list[...], tuple[...] or dict[str, ...] of those (their items not None: TOML has "
+            "no null), or a nested section class"
         )
     fields = {a.name for a in attrs.fields(record.cls)}
     unknown = [r for r in record.results if r not in fields]
@@ -673,11 +674,41 @@ def _unwritable_fields(cls: type) -> list[str]:
         hints = typing.get_type_hints(cls)
     except Exception:
         return []
-    return [
-        f"{a.name} ({_type_text(hints[a.name])})"
-        for a in attrs.fields(cls)
-        if a.name in hints and not _writable(hints[a.name])
-    ]
+    found = []
+    for a in attrs.fields(cls):
+        if a.name not in hints:
+            continue
+        annotation = hints[a.name]
+        if isinstance(annotation, type) and attrs.has(annotation):  # a nested section: its own fields
+            if inner := _unwritable_fields(annotation):
+                found.append(f"{a.name} ({_type_text(annotation)}: {', '.join(inner)})")
+        elif not _writable(annotation):
+            found.append(f"{a.name} ({_type_text(annotation)})")
+        elif _allows_none(annotation) and a.default is not None:
+            # TOML has no null: a None is recorded by leaving the key out (``# x = (unset)``),
+            # which reads back as the default, so a run's config.toml (and --print-config) said
+            # the default where the recipe had set None.
+            default = "its factory's value" if isinstance(a.default, attrs.Factory) else repr(a.default)
+            found.append(
+                f"{a.name} ({_type_text(annotation)} with default {default}: TOML has no null, and a "
+                f"None left out reads back as {default}; make None its default or drop None from it)"
+            )
+    return found
+
+
+def _allows_none(annotation: Any) -> bool:
+    """Whether ``annotation`` admits ``None`` (``int | None``, ``Literal["a", None]``, ``Any``)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return True
+    if origin is typing.Literal:
+        return None in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_allows_none(a) for a in args)
+    return False
 
 
 def _type_text(annotation: Any) -> str:
@@ -698,10 +729,14 @@ def _writable(annotation: Any) -> bool:
         return True
     if origin is typing.Literal:
         return all(isinstance(a, (bool, int, float, str)) or a is None for a in args)
-    if origin in (typing.Union, types.UnionType, list, tuple):
-        return all(a is Ellipsis or _writable(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return all(_writable(a) for a in args)
+    # An item of a TOML array or inline table cannot be left out as a field can: a None there
+    # was written as the string "None" (read back as that string, or refused).
+    if origin in (list, tuple):
+        return all(a is Ellipsis or (_writable(a) and not _allows_none(a)) for a in args)
     if origin is dict:
-        return len(args) == 2 and args[0] is str and _writable(args[1])
+        return len(args) == 2 and args[0] is str and _writable(args[1]) and not _allows_none(args[1])
     if isinstance(annotation, type) and attrs.has(annotation):  # a nested section: a TOML table
         return not _unwritable_fields(annotation)
     return False

@@ -991,23 +991,35 @@ def render(config: TrainerConfig, fmt: Literal["toml", "json"] = "toml") -> str:
     data = to_dict(config)
     if fmt == "json":
         return json.dumps(data, indent=2)
-    return _to_toml(data)
+    return _to_toml(data, config.sections())
 
 
-def _to_toml(data: dict[str, Any]) -> str:
+def _to_toml(data: dict[str, Any], sections: dict[str, Any] | None = None) -> str:
     top = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     lines = [*top, ""] if top else []
     for section_name, values in data.items():
-        if not isinstance(values, dict):
-            continue
-        lines.append(f"[{section_name}]")
-        for key, value in values.items():
-            if value is None:
-                lines.append(f"# {key} = (unset)")
-            else:
-                lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
+        if isinstance(values, dict):
+            lines += _toml_table(section_name, values, (sections or {}).get(section_name))
     return "\n".join(lines)
+
+
+def _toml_table(name: str, values: dict[str, Any], section_value: Any) -> list[str]:
+    """``[name]`` and its keys, then a ``[name.field]`` table per nested section class. A nested
+    section is a table of its own, not an inline one, so that its ``None`` fields are left out as
+    the section's are: TOML has no null, and inside ``{ ... }`` a None was the string "None"."""
+    lines, nested = [f"[{name}]"], []
+    for key, value in values.items():
+        child = getattr(section_value, key, None)
+        if isinstance(value, dict) and attrs.has(type(child)):
+            nested.append((f"{name}.{key}", value, child))
+        elif value is None:
+            lines.append(f"# {key} = (unset)")
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    lines.append("")
+    for table in nested:
+        lines += _toml_table(*table)
+    return lines
 
 
 def _toml_string(text: str) -> str:

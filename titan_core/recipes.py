@@ -307,11 +307,7 @@ def recipe_module_source(recipe: Recipe, origin: str, function: str, run_command
     above); the others are listed commented out with their default, so every field of a core
     section is in view. Plugin sections appear when the recipe changed one of their fields.
     """
-    import textwrap
-
-    import attrs
-
-    from titan_core.config import CORE_SECTIONS, TrainerConfig, field_docs, to_dict
+    from titan_core.config import CORE_SECTIONS, TrainerConfig, to_dict
 
     config = call_recipe(recipe)
     mine, defaults = to_dict(config), to_dict(TrainerConfig())
@@ -337,15 +333,35 @@ def recipe_module_source(recipe: Recipe, origin: str, function: str, run_command
         changed = [k for k in values if values[k] != base.get(k)]
         if name not in CORE_SECTIONS and not changed:
             continue
-        docs = field_docs(type(section))
         lines += ["", f"    # [{name}]"]
-        for a in attrs.fields(type(section)):
-            key = a.name
-            assignment = f"config.{name}.{key} = {_literal(values[key])}"
-            if key in changed:
-                lines += [f"    # {text}" for text in textwrap.wrap(docs.get(key, ""), 96)]
-                lines.append(f"    {assignment}")
-            else:
-                lines.append(f"    # {assignment}  (default)")
+        lines += _field_lines(f"config.{name}", section, values, base)
     lines += ["    return config", ""]
     return "\n".join(lines)
+
+
+def _field_lines(path: str, section: object, values: dict, base: dict) -> list[str]:
+    """One assignment per field of ``section`` (``values``: its unstructured data, ``base``: the
+    defaults'), commented out where it is the default. A nested section class is written field by
+    field (``config.x.inner.n = 4``): assigning it the dict it unstructures to is refused."""
+    import textwrap
+
+    import attrs
+
+    from titan_core.config import field_docs
+
+    docs = field_docs(type(section))
+    lines = []
+    for a in attrs.fields(type(section)):
+        key = a.name
+        value, default = values[key], base.get(key)
+        child = getattr(section, key)
+        if attrs.has(type(child)) and isinstance(value, dict):
+            lines += _field_lines(f"{path}.{key}", child, value, default if isinstance(default, dict) else {})
+            continue
+        assignment = f"{path}.{key} = {_literal(value)}"
+        if value != default:
+            lines += [f"    # {text}" for text in textwrap.wrap(docs.get(key, ""), 96)]
+            lines.append(f"    {assignment}")
+        else:
+            lines.append(f"    # {assignment}  (default)")
+    return lines

@@ -46,6 +46,21 @@ def _optional(what: str) -> Callable[[Any, Any, Any], None]:
     return lambda _i, _a, v: v is None or _callable(what, v)
 
 
+def _text(what: str) -> Callable[[Any], str]:
+    """An attrs converter of a description: ``None`` is ``""`` (``Recipe(name, fn, fn.__doc__)``
+    of a function without a docstring; the tables of ``titan recipes list`` failed on it with a
+    TypeError), any other non-string a TypeError naming the field, where the plugin makes it."""
+
+    def convert(value: Any) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise TypeError(f"{what}: expected a string, got {type(value).__name__} {value!r}")
+        return value
+
+    return convert
+
+
 def _names(what: str, noun: str) -> Callable[[Any], tuple[str, ...]]:
     """An attrs converter to a tuple of names; a bare string (``("norm")`` lacks its comma) would
     become its letters, each a name nobody meant."""
@@ -92,7 +107,7 @@ class ModelSpec:
     #: ``tp_plan(model, tp_mesh, loss_parallel) -> None`` applies the DTensor TP/SP plan in
     #: place; ``None`` when the model does not support tensor parallelism.
     tp_plan: Callable[..., None] | None = attrs.field(default=None, validator=_optional("ModelSpec.tp_plan"))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("ModelSpec.description"))
     #: ``validate(args, parallel_dims) -> None`` raises :class:`~titan_core.errors.UsageError`
     #: when this model cannot run under the layout (e.g. a TP degree that does not divide the
     #: vocabulary); called after the config is checked and before anything is built.
@@ -267,7 +282,7 @@ class Recipe:
 
     name: str
     fn: Callable[[], TrainerConfig] = attrs.field(validator=_function("Recipe.fn"))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("Recipe.description"))
 
 
 @attrs.frozen
@@ -288,7 +303,7 @@ class Strategy:
     #: and a :class:`~titan_core.parallelize.ParallelContext`, returns the parts to train; it may
     #: also contribute to the training step through the context (loss, batch, step contexts).
     apply: Callable[..., Any] = attrs.field(validator=lambda _i, _a, v: _callable("Strategy.apply", v))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("Strategy.description"))
     #: Parallel dimensions this strategy implements when it applies (``"tp"``, ``"dp_shard"``,
     #: ...: :data:`PARALLEL_DIMS`): a run whose degree is above 1 in a dimension no applied
     #: strategy handles fails before anything is built.
@@ -333,7 +348,7 @@ class CommBackend:
     name: str
     #: ``init(config) -> Topology``; initialises process groups (or fakes them).
     init: Callable[[TrainerConfig], Topology] = attrs.field(validator=_function("CommBackend.init"))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("CommBackend.description"))
     #: Environment variables this backend reads that no backend without them does
     #: (``FAKE_PP_RANK`` for ``fake``). A run whose backend does not declare one of them while it
     #: is set (not blank) is refused before anything starts: it would ignore the variable without
@@ -384,7 +399,7 @@ class Dataset:
     #: so each call returns a new iterable of the same documents in the same order (a resume
     #: re-reads them to skip what the saved steps consumed): not one shared iterator.
     documents: Callable[[Data], Iterable[str]] = attrs.field(validator=_function("Dataset.documents"))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("Dataset.description"))
     #: ``held_out(data_config) -> Iterable[str]``: documents that ``documents`` never yields, of
     #: the same distribution, the same ones in the same order on every call (each validation
     #: reads them from the start); used for validation when validation reads this dataset with
@@ -424,7 +439,7 @@ class Checkpointer:
 
     name: str
     build: Callable[[TrainerConfig, Topology], Any] = attrs.field(validator=_function("Checkpointer.build"))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("Checkpointer.description"))
     #: ``launch_check(config, processes)``, or ``None``: raises ``UsageError`` for a config this
     #: checkpointer refuses when the run has ``processes`` processes (a seed checkpoint is
     #: written by one). Called before any process group starts: by ``run_train.sh`` before
@@ -480,7 +495,7 @@ class Callback:
     name: str
     build: Callable[[Any], Any] = attrs.field(validator=_function("Callback.build"))
     order: int = attrs.field(default=50, validator=lambda _i, _a, v: _an_int("Callback.order", v))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("Callback.description"))
     #: Files and folders it writes at the top of ``job.dump_folder``, as glob patterns
     #: (``"my_report_rank*.json"``): ``--overwrite`` removes them with the earlier run's own
     #: outputs, which would otherwise stay beside the new run's as if they were its.
@@ -523,7 +538,7 @@ class Command:
         validator=_function("Command.configure")
     )
     run: Callable[[argparse.Namespace], int] = attrs.field(validator=_function("Command.run"))
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("Command.description"))
 
 
 @attrs.frozen
@@ -540,7 +555,7 @@ class RunOption:
     run: Callable[[TrainerConfig, Any, argparse.Namespace], int] = attrs.field(
         validator=_function("RunOption.run")
     )
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("RunOption.description"))
     #: What it writes at the top of ``job.dump_folder``, as :attr:`Callback.outputs`.
     outputs: tuple[str, ...] = attrs.field(default=(), validator=lambda _i, _a, v: _output_patterns(v))
 
@@ -561,7 +576,7 @@ class ConfigSection:
 
     name: str
     cls: type
-    description: str = ""
+    description: str = attrs.field(default="", converter=_text("ConfigSection.description"))
     #: ``check(config) -> list[str]``: problems that span several fields (``"section.field:
     #: message"`` each), run once after the recipe returns; single fields use validators.
     check: Callable[[TrainerConfig], list[str]] | None = attrs.field(

@@ -191,6 +191,76 @@ def test_a_section_record_that_would_fail_every_run_fails_only_its_plugin(record
     assert info.status == "failed" and problem in (info.error or "")
 
 
+@section
+class _OptionalInner:
+    label: str | None = None
+    n: int = 1
+
+
+@section
+class _Optionals:
+    freq: int | None = None
+    inner: _OptionalInner = attrs.Factory(_OptionalInner)
+
+
+def test_none_in_a_nested_section_prints_as_unset_and_loads_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested section was an inline table, where a None field was written as the string
+    "None": config.toml and --print-config read back ``label = "None"``, exit 0."""
+    import tomllib
+
+    from titan_core.config import TrainerConfig, from_dict, render
+
+    section_record = ConfigSection("opts", _Optionals)
+    _with(monkeypatch, ("opts", plugin_module("opts", titan_config_sections=[section_record])))
+    config = TrainerConfig()
+    config.opts.inner.n = 4
+    text = render(config, "toml")
+    assert "[opts.inner]\n# label = (unset)\nn = 4\n" in text
+    assert from_dict(tomllib.loads(text)).opts == config.opts
+    config.opts.inner.label, config.opts.freq = "x", 3
+    assert from_dict(tomllib.loads(render(config, "toml"))).opts == config.opts
+
+
+@section
+class _NoneNotDefault:
+    freq: int | None = 5
+
+
+@section
+class _NoneItems:
+    items: list[int | None] = [1]
+
+
+@section
+class _NoneValues:
+    table: dict[str, str | None] = {}
+
+
+@section
+class _NestedNoneNotDefault:
+    inner: _NoneNotDefault = attrs.Factory(_NoneNotDefault)
+
+
+@pytest.mark.parametrize(
+    ("cls", "problem"),
+    [
+        # None was written as ``# freq = (unset)``, which read back as 5: the run's config.toml
+        # and --print-config gave another config than the recipe's, without a word.
+        (_NoneNotDefault, "freq (int | None with default 5: TOML has no null, and a None left out"),
+        (_NestedNoneNotDefault, "inner (_NoneNotDefault: freq (int | None with default 5"),
+        # An item None was the string "None" in the array or inline table.
+        (_NoneItems, "items (list[int | None])"),
+        (_NoneValues, "table (dict[str, str | None])"),
+    ],
+)
+def test_a_section_whose_none_toml_cannot_record_fails_only_its_plugin(cls: type, problem: str) -> None:
+    registry = Registry()
+    record = ConfigSection("nonesec", cls)
+    info = registry.register(plugin_module("bad", titan_config_sections=[record]), "bad", "dist-bad", "1.0")
+    assert set(registry.config_sections()) == set()
+    assert info.status == "failed" and problem in (info.error or ""), info.error
+
+
 @pytest.mark.parametrize(
     ("check", "expected"),
     [

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from tests.conftest import run_titan
+from titan_core.config import section
 
 
 def printed_config(*args: str, cwd: Path) -> dict:
@@ -182,3 +184,44 @@ def test_a_copy_of_numbers_computed_with_numpy_runs_without_numpy() -> None:
     namespace: dict = {}
     exec(compile(source, "copied.py", "exec"), namespace)
     assert to_dict(namespace["copied"]()) == to_dict(computed())
+
+
+@section
+class _Inner:
+    label: str | None = None
+    n: int = 1
+
+
+@section
+class _Opts:
+    freq: int = 1
+    inner: _Inner = attrs.Factory(_Inner)
+
+
+def test_a_copy_of_a_nested_plugin_section_sets_its_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested section class of a plugin's section was copied as the dict it prints as,
+    ``config.opts.inner = {'label': None, 'n': 4}``: the copied module failed with
+    ``opts.inner: expected a _Inner section, got dict``."""
+    from tests.conftest import plugin_module
+    from titan_core import ConfigSection, _registry
+    from titan_core._registry import Registry
+    from titan_core.config import TrainerConfig, to_dict
+    from titan_core.recipes import recipe_module_source
+    from titan_core.records import Recipe
+
+    registry = Registry().load_entry_points()
+    module = plugin_module("opts", titan_config_sections=[ConfigSection("opts", _Opts)])
+    registry.register(module, "opts", "dist-opts", "1.0")
+    monkeypatch.setattr(_registry, "_default", registry)
+
+    def nested() -> TrainerConfig:
+        config = TrainerConfig()
+        config.opts.inner.n = 4
+        return config
+
+    source = recipe_module_source(Recipe("nested", nested), "a test", "copied", "titan run ...")
+    assert "    config.opts.inner.n = 4\n" in source
+    assert "    # config.opts.inner.label = None  (default)\n" in source
+    namespace: dict = {}
+    exec(compile(source, "copied.py", "exec"), namespace)
+    assert to_dict(namespace["copied"]()) == to_dict(nested())

@@ -161,3 +161,24 @@ def test_tuples_of_module_names_and_results_are_kept() -> None:
     made = ModelSpec("m", {"t": {}}, _f, _f, _f, first_stage_modules=["tok_embeddings", "pos"])
     assert made.first_stage_modules == ("tok_embeddings", "pos")
     assert ConfigSection("s", _Section, results=["enable"]).results == ("enable",)
+
+
+def test_a_recipe_without_a_docstring_is_listed() -> None:
+    """``Recipe(name, fn, fn.__doc__)`` of a function without a docstring gave a description of
+    None, and ``titan recipes list`` ended in a TypeError traceback for every plugin's recipes."""
+    from titan_core.cli import print_table
+    from titan_core.records import Recipe
+
+    def undocumented() -> None:
+        pass
+
+    recipe = Recipe("undocumented", undocumented, undocumented.__doc__)
+    assert recipe.description == ""
+    print_table([("RECIPE", "FROM", "DESCRIPTION"), (recipe.name, "plugin", recipe.description)])
+
+
+def test_a_description_that_is_no_text_is_refused_where_the_plugin_makes_it() -> None:
+    from titan_core.records import Recipe
+
+    with pytest.raises(TypeError, match=r"Recipe.description: expected a string, got int 3"):
+        Recipe("r", lambda: None, 3)
