@@ -4,6 +4,7 @@ the expert-bias update, what a step records (and what it must not), the ``moe`` 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import attrs
 import pytest
@@ -363,3 +364,74 @@ def test_bad_values_fail_on_the_field() -> None:
         MoEConfig(bias_update_rate=-0.1)
     with pytest.raises(ConfigError, match=r"router_stats: expected one of off, summary, per_layer"):
         MoEConfig(router_stats="all")
+
+
+def hybrid_trainer(model: torch.nn.Module, **degrees: int) -> SimpleNamespace:
+    """A fake trainer of one process of ``real_pp_fake_spmd`` (every mesh dimension but ``pp``
+    simulated) with the given parallel degrees (1 where not given)."""
+    trainer = pipeline_trainer(model, simulated=frozenset({"dp_replicate", "dp_shard", "cp", "tp"}))
+    trainer.config.moe = MoEConfig(bias_update_rate=0.01, aux_loss_weight=0.01)
+    sizes = {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 2, **degrees}
+    trainer.parallel_dims = SimpleNamespace(**sizes, dp=sizes["dp_replicate"] * sizes["dp_shard"], ep=1)
+    # One pipeline stage holds the whole model here: no stage group to add the stages' values up.
+    trainer.topology.group = lambda dim, mesh: None
+    trainer.topology.groups = {"pp": "real-pp-group"}  # the pipeline stages are real processes
+    return trainer
+
+
+@pytest.mark.parametrize("degrees", [{"tp": 2}, {"dp_shard": 2}, {"cp": 2}])
+def test_statistics_of_simulated_peers_are_left_out(degrees: dict[str, int]) -> None:
+    """Under ``real_pp_fake_spmd`` the data/context/tensor-parallel peers are simulated: their
+    collectives move nothing, so the counts were one rank's (not summed over the batch), of
+    garbage activations under TP/EP, and the balance loss was divided by ranks that added
+    nothing; they were logged as the batch's. They are left out; the balancing still runs."""
+    tokens = torch.randint(0, ARGS.vocab_size, (2, 8))
+
+    def one_step(trainer: SimpleNamespace) -> dict[str, float]:
+        model = trainer.parts[0]
+        callback = RouterCallback.build(trainer)
+        assert callback is not None
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+        callback.after_optimizer_step(1)
+        assert layer(model).router.expert_bias.abs().max() > 0  # the bias update ran
+        return callback.metrics(1)
+
+    trainer = hybrid_trainer(build(), **degrees)
+    # The statistics never ask for the simulated data-parallel group: its all-reduce would return
+    # this rank's values. (The balance loss takes the ``cp`` group, as the job it stands for.)
+    trainer.mesh = {
+        "dp_cp": SimpleNamespace(get_group=_no_group("dp_cp")),
+        "cp": SimpleNamespace(get_group=lambda: None),
+    }
+    assert not any(k.startswith("moe/") for k in one_step(trainer))
+    # Every simulated degree 1 (NGPU = pp): the run is real, its statistics are reported.
+    row = one_step(hybrid_trainer(build()))
+    assert {"moe/layer1/imbalance", "moe/aux_loss", "moe/expert_bias_absmax"} <= row.keys()
+    # Every peer simulated (``fake``): each value of the run is documented as meaningless, and the
+    # first stage's counts are those of its own tokens (tests/plugins/comm/test_fake.py).
+    every_peer = hybrid_trainer(build(), **degrees)
+    every_peer.topology.groups = {}
+    every_peer.mesh = {name: SimpleNamespace(get_group=lambda: None) for name in ("dp_cp", "cp")}
+    assert "moe/layer1/imbalance" in one_step(every_peer)
+
+
+def _no_group(name: str) -> Any:
+    def get_group() -> None:
+        raise AssertionError(f"asked for the simulated {name} group")
+
+    return get_group
+
+
+def test_a_later_simulated_stage_leaves_its_statistics_out() -> None:
+    """Under ``--comm-backend fake`` with computed tensors a stage after the first routes the
+    activations its simulated receive returned (zeros): every token tied on the first experts and
+    the stage logged imbalance 4.0 of 4 experts, ``tokens_min`` 0, each step, as if measured."""
+    model = build(attrs.evolve(ARGS, n_layers=4))
+    model.tok_embeddings = None  # a later stage: its input comes from the previous one
+    trainer = pipeline_trainer(model, simulated=frozenset({"pp"}))
+    callback = RouterCallback.build(trainer)
+    assert callback is not None
+    layer(model, 3)(torch.zeros(2, 8, ARGS.dim))
+    callback.after_optimizer_step(1)
+    assert not any(k.startswith("moe/") for k in callback.metrics(1))
+    # The first stage routes the real tokens: it reports its own layers (test above).

@@ -373,3 +373,35 @@ def test_deepseek_v2_without_shared_experts_imports() -> None:
     """Older DeepSeek-V2 configs write ``n_shared_experts: null`` for none."""
     args = hf.args_from_hf({**DEEPSEEK_V2, "n_shared_experts": None})
     assert args.shared_expert_hidden_dim == 0
+
+
+@pytest.mark.parametrize(
+    ("base", "field", "value"),
+    [
+        ("deepseek_v3", "n_routed_experts", None),
+        ("deepseek_v3", "n_routed_experts", "8"),
+        ("deepseek_v3", "kv_lora_rank", None),
+        ("deepseek_v3", "first_k_dense_replace", None),
+        ("deepseek_v3", "routed_scaling_factor", None),
+        ("deepseek_v3", "rms_norm_eps", None),
+        ("deepseek_v3", "rope_theta", None),
+        ("deepseek_v3", "max_position_embeddings", None),
+        ("deepseek_v3", "intermediate_size", None),
+        ("qwen3_moe", "num_experts", None),
+        ("qwen3_moe", "num_experts_per_tok", 2.0),
+        ("qwen3_moe", "head_dim", "24"),
+        ("qwen3_moe", "num_hidden_layers", True),
+        ("qwen3_moe", "rope_scaling", "yarn"),
+    ],
+)
+def test_a_config_json_field_of_the_wrong_type_is_one_error_naming_it(
+    base: str, field: str, value: Any
+) -> None:
+    """A ``null`` or a string where transformers' config wants a number (its strict config
+    refuses them too): a ``TypeError``/``AttributeError`` traceback from titan's import, or, for
+    Qwen3's ``num_experts: null``, a refusal blaming its dense layers."""
+    config = {**(QWEN3 if base == "qwen3_moe" else DEEPSEEK_V3), field: value}
+    with pytest.raises(
+        UsageError, match=rf"^Hugging Face config: {field} = {re.escape(repr(value))} is not "
+    ):
+        hf.args_from_hf(config)

@@ -177,3 +177,40 @@ def test_layout_matches_one_process(
     for key in keys:
         got, want = [r[key] for r in rows], [r[key] for r in expected]
         assert got == pytest.approx(want, rel=1e-4), key
+
+
+HYBRID_RECIPES = """
+from titan_plugins_moe.recipes import deepseek_v3_debugmodel
+
+
+def ds_pp2_fsdp2():
+    config = deepseek_v3_debugmodel()
+    config.model.overrides = {"dim": 64, "n_layers": 4}
+    config.parallelism.pp = 2
+    config.parallelism.dp_shard = 2
+    config.training.local_batch_size = 4
+    config.training.seq_len = 32
+    config.training.device = "cpu"
+    config.debug.fake_tensors = "off"
+    config.metrics.enable_tensorboard = False
+    config.job.dump_folder = "./out"
+    return config
+"""
+
+
+@pytest.mark.slow
+def test_hybrid_mode_leaves_out_the_statistics_of_simulated_ranks(tmp_path: Path) -> None:
+    """``real_pp_fake_spmd`` with FSDP 2 simulated: the logged balance loss was half the job's
+    (divided by a rank that added nothing) and the token counts one rank's, as the batch's."""
+    import json
+
+    from tests.plugins.comm.test_fake import torchrun
+
+    (tmp_path / "moe_hybrid.py").write_text(HYBRID_RECIPES)
+    train = ["-m", "titan_core.train", "--module", "moe_hybrid", "--config", "ds_pp2_fsdp2"]
+    result = torchrun(tmp_path, *train, "--comm-backend", "real_pp_fake_spmd", NGPU="4")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(row["loss"] > 0 for row in rows)
+    assert not [key for row in rows for key in row if key.startswith("moe/")]
+    assert "MoE router statistics, balance loss and bias are not logged" in result.stdout

@@ -30,6 +30,13 @@ Under pipeline parallelism a rank holds its own stages' layers only: on logging 
 add up their per-layer sums (one small all-reduce over the ``pp`` group, each layer living on one
 stage), so every rank, the logging one (the last stage) included, reports every MoE layer and the
 whole model's balance loss.
+
+A run whose data-parallel, context or tensor peers are simulated while its pipeline stages are
+real (``real_pp_fake_spmd``), or a simulated pipeline stage after the first (``fake`` with
+computed tensors), reports none of these values: the simulated collectives move nothing, so the
+counts would be one rank's, not the batch's (and under TP, EP or on a later stage counted on
+activations received as garbage), and the balance loss would be divided by ranks that added
+nothing. The balancing itself still runs (one line says what is left out).
 """
 
 from __future__ import annotations
@@ -40,7 +47,10 @@ from typing import Any
 import torch
 
 from titan_core.fake_tensors import is_fake
+from titan_core.log import get_logger
 from titan_plugins_moe.moe import MoE
+
+log = get_logger("titan.moe")
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _MTP = re.compile(r"(?:^|\.)mtp\.(\d+)(?:\.|$)")
@@ -95,6 +105,30 @@ def _stage_group(trainer: Any) -> Any:
     return trainer.topology.group("pp", trainer.mesh)
 
 
+def simulated_peers(trainer: Any) -> list[str]:
+    """The simulated mesh dimensions that make this rank's statistics junk that would pass for
+    real, for a backend keeping a dimension real (``real_pp_fake_spmd``: its pipeline stages
+    exchange real values and add up their statistics): those of more than one rank whose
+    collectives the statistics rely on (``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; EP borrows
+    its ranks from ``dp_shard`` and ``cp``), which move nothing. Under any simulating backend also
+    ``pp`` when this rank holds a stage after the first (one without the embedding): its input is
+    what a simulated receive returned. (A backend simulating every peer, ``fake``, keeps a first
+    stage's values: every value of such a run is documented as meaningless, and the rank's counts
+    show how its own tokens were routed.)"""
+    topology = getattr(trainer, "topology", None)
+    if topology is None or trainer.mesh is None:
+        return []
+    pd = trainer.parallel_dims
+    found = []
+    if getattr(topology, "groups", None):
+        dims = ("dp_replicate", "dp_shard", "cp", "tp")
+        found = [d for d in dims if d in topology.simulated and getattr(pd, d, 1) > 1]
+    later_stage = any(getattr(part, "tok_embeddings", True) is None for part in trainer.parts)
+    if "pp" in topology.simulated and getattr(pd, "pp", 1) > 1 and later_stage:
+        found.append("pp")
+    return found
+
+
 def all_labels(model_args: Any) -> list[str] | None:
     """The labels of every MoE layer of the whole model (all pipeline stages), in model order, from
     its arguments; ``None`` when they are not this plugin's (no ``n_layers``/``n_dense_layers``)."""
@@ -136,6 +170,7 @@ class RouterCallback:
         mtp: list[Any] = (),  # type: ignore[assignment]
         stage_group: Any = None,
         labels: list[str] | None = None,
+        reported: bool = True,
     ) -> None:
         self.index = [i for i, _ in layers]
         self.layers = [m for _, m in layers]
@@ -158,6 +193,9 @@ class RouterCallback:
         self.mtp = list(mtp)
         self.mtp_window = torch.zeros((), dtype=torch.float32, device=device)
         self.steps = 0
+        #: False when simulated peers make the values junk (:func:`simulated_peers`): the bias
+        #: update and balance loss run, but no value is reported.
+        self.reported = reported
 
     @classmethod
     def build(cls, trainer: Any) -> RouterCallback | None:
@@ -193,6 +231,16 @@ class RouterCallback:
         for model in mtp:
             model.mtp_stats = []
         tokens = t.local_batch_size * accumulation * t.seq_len // trainer.parallel_dims.cp
+        simulated = simulated_peers(trainer)
+        if simulated:
+            log.info(
+                "MoE router statistics, balance loss and bias are not logged",
+                reason=f"this run simulates its {', '.join(simulated)} peers, whose collectives move "
+                "nothing: the values would be one rank's, or computed on activations received as "
+                "garbage, not the batch's; a real run reports them",
+            )
+            # The bias update sums nothing over simulated ranks: each rank's counts steer its bias.
+            return cls(layers, settings, tokens, None, trainer.device, mtp, stages, labels, reported=False)
         return cls(layers, settings, tokens, _dp_group(trainer), trainer.device, mtp, stages, labels)
 
     def _all_reduce(self, counts: torch.Tensor) -> torch.Tensor:
@@ -210,14 +258,15 @@ class RouterCallback:
         taken = [take_step(m, self.tokens) for m in self.layers]
         counts = torch.stack([c for c, _ in taken])
         load = None
-        if self.rate > 0 or self.stats != "off":  # the step's counts over the data-parallel ranks
+        stats = self.stats != "off" and self.reported
+        if self.rate > 0 or stats:  # the step's counts over the data-parallel ranks
             load = self._all_reduce(counts.clone()).double()
         if self.rate > 0:
             delta = self.rate * torch.sign(load.mean(dim=1, keepdim=True) - load).float()
             delta -= delta.mean(dim=1, keepdim=True)
             for m, d in zip(self.layers, delta, strict=True):
                 m.router.expert_bias.add_(d)
-        if self.stats != "off":
+        if stats:
             # This step's statistics: the imbalance of counts summed over the interval would
             # average different experts' peaks away (the longer the interval, the more).
             mean = load.mean(dim=1)
@@ -263,7 +312,7 @@ class RouterCallback:
     @torch.no_grad()
     def metrics(self, step: int) -> dict[str, float]:
         steps, self.steps = max(self.steps, 1), 0
-        if is_fake(self.window):  # shape-only steps: no counts to report
+        if is_fake(self.window) or not self.reported:  # shape-only steps, simulated peers
             return {}
         packed = self._gather(steps)
         imbalance, lows, highs, bias = packed[:4, : len(self.labels)]

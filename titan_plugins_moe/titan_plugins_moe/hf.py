@@ -512,6 +512,47 @@ def _qwen3_dense_layers(config: dict[str, Any], n_experts: int) -> list[int]:
     return [i for i in range(n_layers) if i in only or n_experts <= 0 or (i + 1) % step]
 
 
+#: Fields :func:`args_from_hf` reads as numbers, and which of them may be ``null`` (transformers'
+#: config types them ``int | None``: no query compression, no shared experts, ...). transformers 5
+#: refuses the others' ``null`` or a string (its strict config); titan failed on them with a
+#: ``TypeError`` traceback.
+_INTEGERS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts_per_tok"]
+_INTEGERS += ["moe_intermediate_size", "max_position_embeddings", "intermediate_size"]
+_MLA_INTEGERS = ["n_routed_experts", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"]
+_MLA_INTEGERS += ["first_k_dense_replace"]
+_KIND_INTEGERS = {"qwen3_moe": ["num_experts"], "deepseek_v3": _MLA_INTEGERS, "deepseek_v2": _MLA_INTEGERS}
+_NULLABLE_INTEGERS = ["num_key_value_heads", "head_dim", "q_lora_rank", "n_shared_experts", "n_group"]
+_NULLABLE_INTEGERS += ["topk_group", "decoder_sparse_step", "num_local_experts"]
+_NUMBERS = ["rms_norm_eps", "rope_theta", "routed_scaling_factor"]
+
+
+def _check_types(config: dict[str, Any], kind: str) -> None:
+    """One error naming a field whose value is not of the type transformers' config gives it."""
+
+    def refuse(field: str, what: str) -> UsageError:
+        return UsageError(
+            f"Hugging Face config: {field} = {config[field]!r} is not {what}, as transformers' {kind} "
+            "config types it (its model cannot be built from it either); correct it in config.json"
+        )
+
+    def is_integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for field in [*_INTEGERS, *_KIND_INTEGERS[kind], *_NULLABLE_INTEGERS]:
+        if field not in config or (config[field] is None and field in _NULLABLE_INTEGERS):
+            continue
+        if not is_integer(config[field]):
+            raise refuse(field, "an integer")
+    for field in _NUMBERS:
+        if field in config and (
+            isinstance(config[field], bool) or not isinstance(config[field], (int, float))
+        ):
+            raise refuse(field, "a number")
+    for field in ("rope_scaling", "rope_parameters"):
+        if config.get(field) is not None and not isinstance(config[field], dict):
+            raise refuse(field, "a table (rope_type, factor, ...) or null")
+
+
 def args_from_hf(config: dict[str, Any]) -> MoEArgs:
     """Model arguments equal to a Hugging Face ``config.json`` (Qwen3-MoE, DeepSeek-V2/V3)."""
     kind = config.get("model_type")
@@ -528,6 +569,7 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
         "num_experts" if kind == "qwen3_moe" else "n_routed_experts",
         config.get("num_local_experts", _EXPERTS_DEFAULT[kind]),
     )
+    _check_types(config, kind)
     config = {**_HF_DEFAULTS[kind], **config}
     _refuse_unsupported(config, kind)
     # Fields transformers has no default for (DeepSeek-V2's num_experts_per_tok: its model cannot
