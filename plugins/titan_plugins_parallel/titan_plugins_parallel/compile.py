@@ -4,7 +4,8 @@ Blocks are compiled one by one and in place (``nn.Module.compile``), as torchtit
 blocks share one compiled graph (they have the same structure), compilation stays short, FSDP
 still sees plain modules to shard, and state-dict keys gain no ``_orig_mod.`` prefix. Applied
 after activation checkpointing so the recomputed region is the compiled block (under tensor
-parallelism, a whole-block checkpoint stays eager around it: :func:`_compiled_region`). The blocks are
+parallelism or ``activation_checkpoint.debug``, a whole-block checkpoint stays eager around it:
+:func:`_compiled_region`). The blocks are
 those of ``model.layers`` (:func:`titan_plugins_parallel.model_blocks.model_blocks`); a model
 without ``layers`` is refused, as activation checkpointing refuses it, rather than listed as
 compiled while it runs eager.
@@ -111,7 +112,8 @@ def _with_memory_budget(inner: Any, budget: float) -> Any:
 
 def _compiled_region(block: nn.Module, ctx: ParallelContext) -> nn.Module:
     """The module of ``block`` to compile: the block, its checkpointing included; under tensor
-    parallelism, inside a whole-block checkpoint (``full``, or ``selective`` every N-th block).
+    parallelism or ``activation_checkpoint.debug``, inside a whole-block checkpoint (``full``, or
+    ``selective`` every N-th block).
 
     Compiled around the checkpoint, a TP block's graph takes the device mesh of its DTensor
     parameters as an input, and torch 2.13's AOTAutograd saves that input for the recomputation
@@ -119,13 +121,18 @@ def _compiled_region(block: nn.Module, ctx: ParallelContext) -> nn.Module:
     ... DeviceMesh``). Compiled inside it, the checkpoint stays eager around the compiled block
     and recomputes it whole, the same work and memory. The ``op`` policy and the other layouts
     compile around the checkpoint, as torchtitan does.
+
+    ``debug`` records the recomputed operators through a ``context_fn`` of
+    ``torch.utils.checkpoint``; traced into a compiled block, the checkpoint already has one and
+    step 1 stopped (``debug=True is incompatible with non-default context_fn``). An eager
+    checkpoint around the compiled block records them as it does without compile.
     """
     inner = getattr(block, "_checkpoint_wrapped_module", None)
     if not isinstance(inner, nn.Module):
         return block
     ac = ctx.config.activation_checkpoint
     whole = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
-    return inner if whole and ctx.parallel_dims.tp > 1 else block
+    return inner if whole and (ctx.parallel_dims.tp > 1 or ac.debug) else block
 
 
 def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:

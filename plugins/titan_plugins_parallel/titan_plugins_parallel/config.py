@@ -5,6 +5,7 @@ fails with "no config section", instead of asking for work nobody would do. The 
 those of titan's first release.
 """
 
+import importlib.util
 from typing import Any, Literal
 
 import attrs
@@ -87,6 +88,31 @@ def _unread_pipeline_schedule(p: Any) -> list[str]:
     ]
 
 
+#: ``torch.compile`` backends that torch lists as available but that import a package of their own
+#: when they compile the first graph: backend name -> (module imported, what to install).
+_BACKEND_PACKAGES = {
+    "tvm": ("tvm", "apache-tvm"),
+    "openxla": ("torch_xla", "torch_xla"),
+    "openxla_eval": ("torch_xla", "torch_xla"),
+    "onnxrt": ("onnxruntime", "onnxruntime"),
+}
+
+
+def _missing_backend_package(backend: str) -> str | None:
+    """Why ``compile.backend`` cannot compile here: the package it imports is not installed
+    (found without importing it, or torch). Without this, the run built the model and stopped
+    at step 1 with a ``BackendCompilerFailed: ... ImportError`` traceback."""
+    if backend not in _BACKEND_PACKAGES:
+        return None
+    module, package = _BACKEND_PACKAGES[backend]
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return (
+        f"compile.backend: {backend!r} compiles through the package {package} (import {module}), "
+        f"which is not installed; install it, or use 'inductor' (or 'aot_eager')"
+    )
+
+
 def check(config: Any) -> list[str]:
     """Checks across fields of the plugin's sections (run once after the recipe)."""
     ac = config.activation_checkpoint
@@ -111,6 +137,8 @@ def check(config: Any) -> list[str]:
             for f in attrs.fields(type(c))
             if f.name != "enable" and getattr(c, f.name) != f.default
         ]
+    elif (problem := _missing_backend_package(c.backend)) is not None:
+        errors.append(problem)
     elif ac.mode == "memory_budget" and c.backend != "inductor" and not c.backend.startswith("aot_"):
         errors.append(
             f"activation_checkpoint.mode: 'memory_budget' is applied by the AOT partitioner, which "

@@ -61,17 +61,35 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
     return parallel_dims.pp > 1
 
 
+#: The schedules a run can name (``get_schedule_class`` also maps two base classes).
+_SCHEDULE_NAMES = "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble or DualPipeV"
+
+
 def schedule_class(name: str) -> type:
     """The torch.distributed.pipelining schedule class called ``name`` (clear error otherwise)."""
-    from torch.distributed.pipelining.schedules import get_schedule_class
+    from torch.distributed.pipelining.schedules import (
+        PipelineScheduleMulti,
+        PipelineScheduleSingle,
+        get_schedule_class,
+    )
 
     try:
-        return get_schedule_class(name)
+        cls = get_schedule_class(name)
     except ValueError:
         raise UsageError(
             f"parallelism.pp_schedule={name!r} is not a schedule of torch.distributed.pipelining; "
-            "use GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble or ZBVZeroBubble"
+            f"use {_SCHEDULE_NAMES}"
         ) from None
+    if cls in (PipelineScheduleSingle, PipelineScheduleMulti):
+        # torch maps its base classes' names too; neither has an order of actions of its own
+        # (Single is abstract, Multi's order is empty): every rank stopped at step 1 with
+        # "Can't instantiate abstract class" or a bare KeyError.
+        raise UsageError(
+            f"parallelism.pp_schedule={name!r} names {cls.__name__}, the base class of torch's "
+            f"{'single' if cls is PipelineScheduleSingle else 'multi'}-stage schedules, which "
+            f"has no order of its own to run; use {_SCHEDULE_NAMES}"
+        )
+    return cls
 
 
 def is_single_stage(cls: type) -> bool:
@@ -327,7 +345,10 @@ def _split_backward_problems(cls: type, config: Any) -> list[str]:
     in torch sees only a compiled stage root, not titan's blocks compiled in place). The op
     policy's selective checkpoint allows one backward per recomputed region (``Trying to
     backward an extra time``). A whole-block checkpoint (``full``, or an integer option)
-    recomputes for each pass and gives one process's steps."""
+    recomputes for each pass and gives one process's steps, but not with the checkpoint's
+    ``debug`` recording: the weight-gradient pass raised a checkpoint error, and torch's debug
+    report of it failed in turn (``AttributeError: '_GeneratorContextManager' object has no
+    attribute 'args'``), at step 1 on every rank."""
     if cls.__name__ not in _SPLIT_BACKWARD:
         return []
     name = cls.__name__.removeprefix("Schedule")
@@ -345,6 +366,17 @@ def _split_backward_problems(cls: type, config: Any) -> list[str]:
             "which splits each stage's backward into an input-gradient and a weight-gradient pass: "
             "the op policy allows one backward per recomputed block; use mode 'full' or an "
             "integer selective_ac_option (whole blocks), or Interleaved1F1B (or 1F1B)"
+        )
+    whole_blocks = ac is not None and (
+        ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+    )
+    if whole_blocks and ac.debug:  # the op policy with debug is refused by the config's check
+        problems.append(
+            f"activation_checkpoint.debug: parallelism.pp_schedule={name} splits each stage's "
+            "backward into an input-gradient and a weight-gradient pass, which the checkpoint's "
+            "debug recording cannot follow (the second pass stopped step 1); set "
+            "activation_checkpoint.debug = False, or debug the recomputation under Interleaved1F1B "
+            "(or 1F1B)"
         )
     return problems
 

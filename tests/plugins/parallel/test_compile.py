@@ -176,6 +176,36 @@ def test_a_compile_setting_nothing_reads_is_refused(fields: dict, problem: str) 
     assert [p for p in info.value.problems if p.startswith(problem)], info.value.problems
 
 
+@pytest.mark.parametrize(("backend", "package"), [("tvm", "apache-tvm"), ("openxla", "torch_xla")])
+def test_a_backend_whose_package_is_missing_is_refused_before_the_model_is_built(
+    monkeypatch: pytest.MonkeyPatch, backend: str, package: str
+) -> None:
+    """torch lists ``tvm`` and ``openxla`` whether or not their packages are installed; such a run
+    built the model and stopped at step 1 (``BackendCompilerFailed: backend='tvm' raised:
+    ImportError: Please install apache-tvm``, an 80-line traceback, exit 1)."""
+    import importlib.util
+
+    from tests.parallel_harness import apply_overrides
+    from titan_core.config import ConfigError, TrainerConfig, validate
+
+    fields = {"compile.enable": True, "compile.backend": backend}
+    real_find_spec = importlib.util.find_spec
+    installed: set[str] = set()
+
+    def find_spec(name: str, *args: object) -> object:
+        if name in ("tvm", "torch_xla"):
+            return object() if name in installed else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ConfigError) as info:
+        validate(apply_overrides(TrainerConfig(), fields), source="r")
+    expected = f"compile.backend: {backend!r} compiles through the package {package}"
+    assert [p for p in info.value.problems if p.startswith(expected)], info.value.problems
+    installed.update({"tvm", "torch_xla"})
+    validate(apply_overrides(TrainerConfig(), fields), source="r")  # installed: nothing to refuse
+
+
 def _compile_calls(monkeypatch: pytest.MonkeyPatch, device: str, **fields: object) -> list[dict]:
     """The keywords each block's ``torch.compile`` gets from the compile strategy on ``device``."""
     from types import SimpleNamespace
@@ -370,3 +400,44 @@ def test_compiled_moe_blocks_with_selective_checkpointing_keep_the_eager_losses_
     assert len(rows["eager"]) == 3
     for eager, compiled in zip(rows["eager"], rows["compiled"], strict=True):
         assert {k: compiled[k] for k in keys} == pytest.approx({k: eager[k] for k in keys}, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"activation_checkpoint.mode": "full"},
+        {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "2"},
+    ],
+    ids=["full", "every_2nd"],
+)
+def test_checkpoint_debug_with_compiled_blocks_trains_like_eager(
+    tmp_path: Path, seed_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, extra: dict
+) -> None:
+    """``activation_checkpoint.debug`` with ``compile.enable`` stopped step 1 (``debug=True is
+    incompatible with non-default context_fn``: the checkpoint traced into the compiled block);
+    the checkpoint now stays eager around the compiled block, and the losses are eager's."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    torch._dynamo.reset()
+    runs = {}
+    for enable in (False, True):
+        overrides = {
+            "checkpoint.initial_load_path": str(seed_checkpoint),
+            "job.dump_folder": str(tmp_path / str(enable)),
+            "training.steps": 3,
+        }
+        if enable:
+            overrides.update({**extra, "activation_checkpoint.debug": True, "compile.enable": True})
+        trainer = Trainer(tiny_config(**overrides), get_registry())
+        try:
+            runs[enable] = [row["loss"] for row in trainer.train()]
+        finally:
+            trainer.close()
+        if enable:
+            wrapped = [
+                b for b in trainer.parts[0].layers.values() if hasattr(b, "_checkpoint_wrapped_module")
+            ]
+            assert wrapped and all(b._compiled_call_impl is None for b in wrapped)
+            assert all(b._checkpoint_wrapped_module._compiled_call_impl is not None for b in wrapped)
+    assert len(runs[True]) == 3
+    assert runs[True] == pytest.approx(runs[False], rel=1e-4)

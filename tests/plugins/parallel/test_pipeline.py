@@ -61,6 +61,17 @@ def test_unknown_schedule_names_the_choices() -> None:
         pipeline.schedule_class("Zigzag")
 
 
+@pytest.mark.parametrize("name", ["PipelineScheduleSingle", "PipelineScheduleMulti", "pipelineschedulemulti"])
+def test_a_base_class_of_the_schedules_is_refused_before_launch(name: str) -> None:
+    """``get_schedule_class`` maps torch's two base classes as well; named as the schedule, they
+    passed the check and every rank stopped at step 1 (``Can't instantiate abstract class
+    PipelineScheduleSingle``, or ``KeyError: 0`` from Multi's empty order of actions)."""
+    problems = _check({"parallelism.pp_schedule": name})
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"parallelism.pp_schedule={name!r} names PipelineSchedule"), problems
+    assert "DualPipeV" in problems[0]
+
+
 @pytest.mark.parametrize(
     ("schedule", "configured", "message"),
     [("1F1B", 2, "runs one stage per rank"), ("ZBVZeroBubble", 3, "exactly two stages per rank")],
@@ -356,8 +367,20 @@ OP_POLICY = {"activation_checkpoint.mode": "selective"}
             OP_POLICY,
             "activation_checkpoint.selective_ac_option: 'op' under parallelism.pp_schedule={schedule}",
         ),
+        (
+            {"activation_checkpoint.mode": "full", "activation_checkpoint.debug": True},
+            "activation_checkpoint.debug: parallelism.pp_schedule={schedule} splits each stage's",
+        ),
+        (
+            {
+                **OP_POLICY,
+                "activation_checkpoint.selective_ac_option": "2",
+                "activation_checkpoint.debug": True,
+            },
+            "activation_checkpoint.debug: parallelism.pp_schedule={schedule} splits each stage's",
+        ),
     ],
-    ids=["compile", "memory_budget", "op-policy"],
+    ids=["compile", "memory_budget", "op-policy", "full-debug", "every-2nd-debug"],
 )
 def test_a_split_backward_schedule_refuses_compiled_blocks_and_the_op_policy(
     schedule: str, fields: dict[str, Any], start: str
@@ -365,8 +388,10 @@ def test_a_split_backward_schedule_refuses_compiled_blocks_and_the_op_policy(
     """The zero-bubble schedules run a stage's backward as two autograd passes (input, then
     weight gradients). A compiled block's backward is one opaque node (``Failed to run stage
     backward input``, pytorch#161904; torch's own check sees only a compiled stage root) and the
-    op policy allows one backward per recomputed region (``Trying to backward an extra time``):
-    both stopped step 1 on every rank, exit 1, instead of being refused before launch."""
+    op policy allows one backward per recomputed region (``Trying to backward an extra time``);
+    a whole-block checkpoint's ``debug`` recording fails on the second pass (``AttributeError:
+    '_GeneratorContextManager' object has no attribute 'args'``). All stopped step 1 on every
+    rank, exit 1, instead of being refused before launch."""
     layout = {"parallelism.pp_schedule": schedule, "parallelism.pp_microbatches": 4, **fields}
     problems = [p for p in _check(layout) if "needs torch 2.13 or newer" not in p]
     assert len(problems) == 1 and problems[0].startswith(start.format(schedule=schedule)), problems
@@ -379,6 +404,7 @@ def test_a_split_backward_schedule_refuses_compiled_blocks_and_the_op_policy(
         ("DualPipeV", {**OP_POLICY, "activation_checkpoint.selective_ac_option": "2"}),
         ("Interleaved1F1B", {**COMPILED, **OP_POLICY}),
         ("1F1B", {**COMPILED, "activation_checkpoint.mode": "memory_budget"}),
+        ("Interleaved1F1B", {"activation_checkpoint.mode": "full", "activation_checkpoint.debug": True}),
     ],
 )
 def test_whole_block_checkpoints_and_compile_under_other_schedules_still_pass(
