@@ -292,7 +292,8 @@ def build(trainer: Any) -> GlooFlightRecorder | None:
     dump_folder = trainer.config.job.dump_folder
     groups = gloo_groups(topology)
     processes = _processes(topology, groups)
-    retire_earlier_dumps(dump_folder, topology.rank, processes, attempt_name(_store(), processes))
+    store = _store()
+    retire_earlier_dumps(dump_folder, topology.rank, processes, attempt_name(store, processes))
     if trainer.config.comm.trace_buf_size <= 0:
         return None
     if topology.device.type == "cuda":
@@ -304,7 +305,6 @@ def build(trainer: Any) -> GlooFlightRecorder | None:
         return None
     import torch.distributed as dist
 
-    store = _store()
     if store is None:
         log.warning("flight recorder: no store to ask peers to dump; only this rank will")
     return GlooFlightRecorder(dump_folder, dist.get_rank(), processes, store)

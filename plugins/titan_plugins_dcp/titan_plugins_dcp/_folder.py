@@ -236,6 +236,12 @@ def commit(tmp: str, final: str, text: str) -> bool:
         file.flush()
         os.fsync(file.fileno())
     _fsync_dir(tmp)
+    return _replace(tmp, final)
+
+
+def _replace(tmp: str, final: str) -> bool:
+    """Rename ``tmp`` to ``final``, an existing ``final`` moved aside (``.old``) first and deleted
+    after the rename; returns whether one was replaced."""
     aside = None
     if os.path.lexists(final):
         aside = final + ".old"
@@ -273,15 +279,10 @@ def tidy(folder: str) -> list[tuple[str, str]]:
         if m.group(2) == "tmp" and isinstance(inspect(step, path, folder), Usable):
             final = os.path.join(folder, step_name(step))
             try:
-                if os.path.lexists(final):
-                    remove(final + ".old")
-                    os.rename(final, final + ".old")
-                os.rename(path, final)
+                _replace(path, final)
             except OSError as exc:
                 done.append((path, f"could not be renamed to {step_name(step)}: {exc}"))
                 continue
-            _fsync_dir(folder)
-            remove(final + ".old")
             done.append((final, "finished"))
         elif os.path.lexists(path):
             remove(path)
