@@ -29,7 +29,7 @@
 #                   --recompute
 #   peer_budget     torchtitan 0.3.0's 8B-shape run with its memory_budget mode at each budget of
 #                   PERF_BUDGETS (bench/peer_recompute.py), beside titan's budget runs
-#   peer1[:RUN]     one of the peer kit's runs alone (r2_1b_v2k_eager, r3_1b_v2k_compile (default),
+#   peer1[:RUN]     one of the peer kit's runs alone (r1_debugmodel_ce_loss, r2_1b_v2k_eager, r3_1b_v2k_compile (default),
 #                   r4_8b_l8_v2k_compile), the kit's settings, for a short lease; with TITAN_BENCH_AC=full
 #                   or none, in that activation-checkpoint mode (log name RUN_full, RUN_none)
 #   table           python3 bench/perf_table.py over everything measured on this machine
@@ -198,12 +198,13 @@ for stage in "${@:-titan hand peer table}"; do
         esac
         for r in ${arg:-r3_1b_v2k_compile}; do
           case $r in
+            r1_debugmodel_ce_loss) peer_run "$r$pv" --module llama3 --config llama3_debugmodel_ce_loss --training.steps 30 ;;
             r2_1b_v2k_eager) peer_run "$r$pv" --module $pm --config llama3_1b_v2k --training.steps 30 ;;
             r3_1b_v2k_compile) peer_run "$r$pv" --module $pm --config llama3_1b_v2k --training.steps 30 \
               --compile.enable ;;
             r4_8b_l8_v2k_compile) peer_run "$r$pv" --module $pm --config llama3_8b_l8_v2k --training.steps 20 \
               --training.local_batch_size 4 --compile.enable ;;
-            *) echo "unknown peer run $r (r2_1b_v2k_eager r3_1b_v2k_compile r4_8b_l8_v2k_compile)"; exit 2 ;;
+            *) echo "unknown peer run $r (r1_debugmodel_ce_loss r2_1b_v2k_eager r3_1b_v2k_compile r4_8b_l8_v2k_compile)"; exit 2 ;;
           esac
         done ;;
       check) capped check 360 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
