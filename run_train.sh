@@ -9,10 +9,11 @@
 #   MODULE        Python module holding the recipe (none needed for installed plugins' recipes);
 #                 with MODULE, CONFIG (or a --config flag) is required.
 #   CONFIG        recipe name; default llama3_debugmodel (only without MODULE).
-#   COMM_BACKEND  empty (torchrun, real communication) or "fake": one plain process standing
+#   COMM_BACKEND  unset (torchrun, real communication) or "fake": one plain process standing
 #                 for one rank of an NGPU-rank job (NGPU then required), limited to one step
 #                 unless the recipe sets debug.max_steps or TITAN_DEFAULT_MAX_STEPS is set
 #                 (docs/debugging.md). An argument --comm-backend fake selects the same mode.
+# A variable above set but empty (CONFIG=) is an error, not its default: unset it for the default.
 # Further arguments go to `python -m titan_core.train` (e.g. --dump-folder DIR); with --print-config
 # (or --help) one plain process prints and exits, without torchrun; --all-pp-ranks (with
 # COMM_BACKEND=fake) is one plain process too.
@@ -44,6 +45,24 @@ visible_cuda_devices() {
   fi
 }
 
+# A variable of this contract set but empty (`CONFIG=$RECIPE ./run_train.sh` with RECIPE unset) is
+# a mistake, not a request for the default: CONFIG= ran llama3_debugmodel without a word.
+empty_fix() {
+  case "$1" in
+    NGPU) echo "unset it for one process per visible GPU (1 without CUDA), or set the number of processes, e.g. NGPU=2" ;;
+    LOG_RANK) echo "unset it to show local rank 0, or name the local ranks to show, e.g. LOG_RANK=0,1" ;;
+    MODULE) echo "unset it to look the recipe up among the installed plugins' recipes, or name the Python module holding it" ;;
+    CONFIG) echo "unset it to run llama3_debugmodel, or name the recipe to run (titan recipes list)" ;;
+    COMM_BACKEND) echo "unset it to launch torchrun with real communication, or set COMM_BACKEND=fake (docs/debugging.md)" ;;
+    FAKE_PP_RANK) echo "unset it, or set the pipeline coordinate the fake backend represents (docs/debugging.md)" ;;
+  esac
+}
+for name in NGPU LOG_RANK MODULE CONFIG COMM_BACKEND FAKE_PP_RANK; do
+  if [ -n "${!name+x}" ] && [ -z "${!name//[[:space:]]/}" ]; then
+    die "${name} is set but empty ('${!name}'): $(empty_fix "${name}")"
+  fi
+done
+
 # Whether NGPU came from the user: under the fake backend it is the logical world size, which
 # the default (the visible devices) cannot know.
 ngpu_given=0
@@ -60,24 +79,45 @@ fi
     "size under COMM_BACKEND=fake)"
 export NGPU
 
-# What the extra arguments ask for: --comm-backend (its last value wins, as in argparse), help,
+# What the extra arguments ask for: --comm-backend (titan refuses two different values), help,
 # or only the resolved config (printed by one process: it is the same on every rank).
 cli_backend=""
 wants_help=0
 prints_config=0
 all_pp_ranks=0  # --all-pp-ranks: one process that runs the pure fake mode per PP coordinate itself
 cli_recipe=0  # the recipe named by --config/--recipe instead of CONFIG
+cli_recipes=()  # the values of --config/--recipe
+cli_modules=()  # the values of --module
 previous=""
 for arg in "$@"; do
+  case "${previous}" in
+    --comm-backend) cli_backend="${arg}" ;;
+    --config | --recipe) cli_recipes+=("${arg}") ;;
+    --module) cli_modules+=("${arg}") ;;
+  esac
   case "${arg}" in
     --comm-backend=*) cli_backend="${arg#*=}" ;;
     -h | --help) wants_help=1 ;;
     --print-config | --print-config=*) prints_config=1 ;;
     --all-pp-ranks) all_pp_ranks=1 ;;
-    --config | --config=* | --recipe | --recipe=*) cli_recipe=1 ;;
+    --config | --recipe) cli_recipe=1 ;;
+    --config=* | --recipe=*) cli_recipe=1 cli_recipes+=("${arg#*=}") ;;
+    --module=*) cli_modules+=("${arg#*=}") ;;
   esac
-  [ "${previous}" = "--comm-backend" ] && cli_backend="${arg}"
   previous="${arg}"
+done
+# MODULE and --module (CONFIG and --config) both given: titan would take the flag's value, the
+# last one, without a word. The same value twice is one choice; two different ones are refused
+# (titan itself refuses a flag given twice with two values).
+for value in "${cli_modules[@]}"; do
+  [ -z "${MODULE:-}" ] || [ "${value}" = "${MODULE}" ] \
+    || die "MODULE=${MODULE} and --module ${value} name two different recipe modules; give one of" \
+      "them (unset MODULE or drop --module)"
+done
+for value in "${cli_recipes[@]}"; do
+  [ -z "${CONFIG:-}" ] || [ "${value}" = "${CONFIG}" ] \
+    || die "CONFIG=${CONFIG} and --config/--recipe ${value} name two different recipes; give one of" \
+      "them (unset CONFIG or drop the flag)"
 done
 
 backend=${COMM_BACKEND:-}

@@ -378,3 +378,60 @@ def test_all_pp_ranks_without_the_fake_backend_stops_before_torchrun(tmp_path: P
     line = one_error_line(result)
     assert "--all-pp-ranks runs the pure fake backend" in line and "--comm-backend fake" in line
     assert "[rank" not in result.stdout + result.stderr  # torchrun started no worker
+
+
+@pytest.mark.parametrize(
+    ("name", "fix"),
+    [
+        ("CONFIG", "unset it to run llama3_debugmodel"),
+        ("MODULE", "unset it to look the recipe up among the installed plugins'"),
+        ("NGPU", "unset it for one process per visible GPU"),
+        ("LOG_RANK", "unset it to show local rank 0"),
+        ("COMM_BACKEND", "unset it to launch torchrun"),
+        ("FAKE_PP_RANK", "unset it"),
+    ],
+)
+@pytest.mark.parametrize("blank", ["", " "])
+def test_a_contract_variable_set_empty_is_one_error(tmp_path: Path, name: str, fix: str, blank: str) -> None:
+    """``CONFIG= ./run_train.sh`` (a variable of the script's contract set but empty, as
+    ``CONFIG=$RECIPE`` with RECIPE unset gives) silently ran the default recipe, NGPU/LOG_RANK took
+    their defaults, COMM_BACKEND launched torchrun: an empty value is a mistake, named once."""
+    env: dict[str, str | None] = {"MODULE": None, "CONFIG": None, name: blank}
+    result = launch_args(tmp_path, {}, "--print-config", "json", **env)
+    line = one_error_line(result, "run_train.sh: error: ")
+    assert f"{name} is set but empty" in line and fix in line
+    assert result.stdout == ""  # nothing printed, nothing run
+
+
+def test_module_in_the_environment_and_another_module_flag_are_refused(tmp_path: Path) -> None:
+    """``MODULE=a ./run_train.sh --module b`` took b (argparse's last value) without a word."""
+    result = launch_args(tmp_path, {}, "--module", "other_recipes", "--print-config", NGPU="1")
+    line = one_error_line(result, "run_train.sh: error: ")
+    assert "MODULE=layout_recipes" in line and "--module other_recipes" in line
+
+
+@pytest.mark.parametrize("flag", [["--config", "other"], ["--recipe=other"]])
+def test_config_in_the_environment_and_another_recipe_flag_are_refused(
+    tmp_path: Path, flag: list[str]
+) -> None:
+    """``CONFIG=a ./run_train.sh --config b`` took b without a word."""
+    result = launch_args(tmp_path, {}, *flag, "--print-config", NGPU="1")
+    line = one_error_line(result, "run_train.sh: error: ")
+    assert "CONFIG=layout" in line and "other" in line
+
+
+def test_the_same_recipe_in_the_environment_and_as_a_flag_runs(tmp_path: Path) -> None:
+    result = launch_args(
+        tmp_path,
+        {"training.lr": 0.000125},
+        "--module",
+        "layout_recipes",
+        "--config",
+        "layout",
+        "--print-config",
+        "json",
+        NGPU="1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = "\n".join(line.removeprefix("[rank0]:") for line in result.stdout.splitlines())
+    assert json.loads(printed[printed.index("{") :])["training"]["lr"] == 0.000125

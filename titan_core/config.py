@@ -324,6 +324,26 @@ def field_docs(cls: type) -> dict[str, str]:
 PLUGIN_SERVED = "titan_plugin_served"
 
 
+#: Field metadata of a core field that only the strategy handling one parallel dimension reads
+#: (``Strategy.handles``; the value is that dimension): changed from its default on a launch where
+#: no applied strategy handles it, it cannot take effect, and the run warns
+#: (:func:`titan_core.layout.unapplied_settings`).
+APPLIED_BY = "titan_applied_by"
+
+
+def strategy_settings(config: "TrainerConfig") -> dict[str, tuple[Any, str]]:
+    """The core fields only a strategy reads (metadata :data:`APPLIED_BY`) that ``config`` sets to
+    other than their defaults: dotted path -> (value, the parallel dimension of that strategy)."""
+    found = {}
+    for name, cls in CORE_SECTIONS.items():
+        for a in attrs.fields(cls):
+            dim = a.metadata.get(APPLIED_BY)
+            value = getattr(getattr(config, name), a.name)
+            if dim is not None and value != a.default:
+                found[f"{name}.{a.name}"] = (value, dim)
+    return found
+
+
 @section
 class Job:
     #: Folder for everything a run writes: logs, TensorBoard, memory reports, checkpoints.
@@ -442,14 +462,18 @@ class Parallelism:
     #: Pipeline stages per PP rank for interleaved/looped schedules; ``None`` picks by schedule.
     #: Only with ``pp > 1`` (refused otherwise).
     pp_stages_per_rank: int | None = field(default=None, validator=positive)
-    #: Keep the loss sharded over the vocabulary under TP (loss parallel).
-    loss_parallel: bool = True
+    #: Keep the loss sharded over the vocabulary under TP (loss parallel); changed without TP,
+    #: the run warns that it has no effect.
+    loss_parallel: bool = field(default=True, metadata={APPLIED_BY: "tp"})
     #: When FSDP frees a block's gathered parameters after its forward: ``default`` frees them
     #: unless pipeline parallel (whose microbatches would gather the same parameters again),
     #: ``always`` or ``never`` (keep them until the block's backward: one gather less per step,
     #: the memory of every block's gathered parameters at the peak). The last block is kept in
-    #: every mode: backward starts with it.
-    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    #: every mode: backward starts with it. Changed on a launch without FSDP (one CPU process),
+    #: the run warns that it has no effect.
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = field(
+        default="default", metadata={APPLIED_BY: "dp_shard"}
+    )
 
 
 @section
@@ -734,6 +758,7 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
             f"read); set checkpoint.enable = True to resume from step {c.load_step}, or leave "
             "load_step None"
         )
+    problems += _checkpoint_folder_problems(config)
     t = config.training
     problems += optimizer_problems(t)
     if t.global_batch_size is not None and t.global_batch_size % t.local_batch_size:
@@ -757,6 +782,32 @@ def validate(config: Any, source: str = "") -> TrainerConfig:
     if problems:
         raise ConfigError(problems, source)
     return config
+
+
+def _checkpoint_folder_problems(config: Any) -> list[str]:
+    """``checkpoint.folder`` resolving to ``job.dump_folder`` itself, or to a folder holding it, in
+    any spelling (an absolute path, ``../out``, a trailing ``/.``; the field's own check sees only
+    ``''`` and ``'.'``). Compared as resolved paths: the run failed later with its own lock on the
+    dump folder taken for "another run" using the checkpoint folder; one holding the dump folder
+    would get the run's logs mixed with the checkpointer's steps."""
+    c = config.checkpoint
+    dump, folder = config.job.dump_folder, c.folder
+    if not (c.enable or c.create_seed_checkpoint) or not dump or not folder:  # unused, or refused
+        return []
+    root = os.path.realpath(dump)
+    path = os.path.realpath(os.path.join(dump, folder))
+    if path == root:
+        where = "is the dump folder itself"
+    elif os.path.commonpath([root, path]) == path:
+        where = "holds the dump folder"
+    else:
+        return []
+    return [
+        f"checkpoint.folder: {folder!r} {where} (job.dump_folder {dump!r} is {root!r}, the "
+        f"checkpoint folder {path!r}); "
+        "checkpoints need a folder of their own: a name inside the dump folder (the default: "
+        "'checkpoint') or a path outside it"
+    ]
 
 
 def _not_utf8(value: Any, where: str) -> list[str]:

@@ -29,6 +29,7 @@ __all__ = [
     "microbatches_per_step",
     "model_arg",
     "resolve_model",
+    "unapplied_settings",
 ]
 
 _ABSENT = object()
@@ -73,11 +74,18 @@ class Layout:
     accumulation: int
 
 
+def _log_warning(message: str) -> None:
+    from titan_core.log import get_logger
+
+    get_logger("titan.layout").warning(message)
+
+
 def check_layout(
     config: TrainerConfig,
     registry: Registry,
     parallel_dims: ParallelDims,
     call: Callable[..., Any] = lambda what, fn, *args: fn(*args),
+    warn: Callable[[str], None] = _log_warning,
 ) -> Layout:
     """Everything a run of ``parallel_dims`` asks of its config, its model and its strategies that
     shows before anything is built, checked in one place: the global batch against the DP degree
@@ -88,13 +96,43 @@ def check_layout(
     exception becoming one :class:`PluginError` starting with ``what()``
     (:func:`~titan_core.errors.call_plugin`). The trainer calls it before the mesh and the model,
     ``run_train.sh`` before torchrun starts any process (:func:`titan_core.run.preflight`), so
-    the two refuse a layout with the same error."""
+    the two refuse a layout with the same error. A setting that only a strategy this launch does
+    not apply reads is one ``warn`` line (:func:`unapplied_settings`; the run's log by default)."""
     accumulation = microbatches_per_step(config.training, parallel_dims)
     spec, tokenizer, model_args = check_model(config, registry, parallel_dims, call)
     strategies = check_strategies(registry, config, parallel_dims, spec, model_args, call)
     check_served(config, registry)
     check_data_paths(config, registry)
+    for message in unapplied_settings(config, strategies, parallel_dims):
+        warn(message)
     return Layout(spec, tokenizer, model_args, strategies, accumulation)
+
+
+def unapplied_settings(
+    config: TrainerConfig, strategies: list[Any], parallel_dims: ParallelDims
+) -> list[str]:
+    """One line per core setting that only the strategy handling one parallel dimension reads
+    (:data:`~titan_core.config.APPLIED_BY`: ``fsdp_reshard_after_forward`` FSDP's, ``dp_shard``;
+    ``loss_parallel`` TP's, ``tp``), changed from its default while no strategy this run applies
+    handles that dimension: it cannot take effect, and was ignored without a word.
+
+    A warning, not an error (as settings the config alone shows to do nothing are, e.g.
+    ``pp_microbatches`` with ``pp = 1``): whether a strategy applies depends on the launch (the
+    number of processes, the device), and one recipe serves several (a one-process smoke test of
+    a recipe written for 8 GPUs)."""
+    from titan_core.config import strategy_settings
+
+    handled = {dim for strategy in strategies for dim in strategy.handles}
+    degrees = ", ".join(
+        f"{d}={getattr(parallel_dims, d)}" for d in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+    )
+    return [
+        f"{path} = {value!r} has no effect in this run: only the strategy handling {dim} reads it, "
+        f"and none applies to this launch ({degrees}, world size {parallel_dims.world_size}); it "
+        f"takes effect where that strategy applies (e.g. {dim} > 1), or leave it at its default"
+        for path, (value, dim) in strategy_settings(config).items()
+        if dim not in handled
+    ]
 
 
 def model_arguments(spec: Any, config: TrainerConfig, tokenizer: Any) -> Any:

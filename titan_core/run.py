@@ -31,17 +31,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--recipe",
         "--config",
         dest="recipe",
+        action=_Once,
         metavar="NAME",
         required=True,
         help="recipe to run (titan recipes list); --config is an alias",
     )
     parser.add_argument(
         "--module",
+        action=_Once,
         metavar="MOD",
         help="import MOD (e.g. my_project.recipes) and look the recipe up among its functions",
     )
     parser.add_argument(
         "--print-config",
+        action=_Once,
         nargs="?",
         const="toml",
         choices=("toml", "json"),
@@ -50,11 +53,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--comm-backend",
+        action=_Once,
         metavar="BACKEND",
         help="override comm.backend: default, or one a plugin provides (titan plugins list)",
     )
     parser.add_argument(
         "--dump-folder",
+        action=_Once,
         metavar="DIR",
         help="override job.dump_folder (where logs, metrics and reports go)",
     )
@@ -121,6 +126,27 @@ def add_run_options(
                     f"titan: warning: {message}; its flag {flag} is titan run's own and is left out",
                     file=sys.stderr,
                 )
+
+
+class _Once(argparse.Action):
+    """Store the option's value; the option given again with another value is an error naming both.
+
+    argparse keeps the last value, so a wrapper's flag and the user's (``--module a`` from
+    ``MODULE=a``, then ``--module b``) ran what one of them asked for without a word. The same
+    value twice is one choice."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None and earlier != values:
+            names = "/".join(self.option_strings)
+            raise UsageError(
+                f"{names} given twice, as {earlier!r} and as {values!r}: argparse would take the last "
+                "one without a word; give it once (a wrapper such as run_train.sh may add it: MODULE, "
+                "CONFIG, COMM_BACKEND)"
+            )
+        setattr(namespace, self.dest, values)
 
 
 class _Refused(argparse.Action):
@@ -322,7 +348,8 @@ def preflight(argv: list[str], processes: int) -> int:
         # named as the trainer names it, with where it raised instead of a traceback file (this
         # check writes nothing).
         parallel_dims = ParallelDims.from_config(config.parallelism, processes)
-        check_layout(config, registry, parallel_dims, call_plugin)
+        # Warnings are left to the run's log (each worker logs them where LOG_RANK shows it).
+        check_layout(config, registry, parallel_dims, call_plugin, warn=lambda _message: None)
         # Reads run.json and decides as the run's first process will, writes nothing: with
         # --overwrite, whether it may remove the earlier outputs (the first process removes them).
         RunFolder(
