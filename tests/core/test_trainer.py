@@ -171,8 +171,8 @@ _FEW_WORDS = '{"text": "only a few words here"}\n'
             r"data-parallel rank\(s\) x training\.local_batch_size=2 x \(training\.seq_len=32 \+ 1\)\); "
             r"add documents, or lower training\.seq_len or training\.local_batch_size$",
         ),
-        ("empty txt", r"one pass gives 2 tokens \(1 document, empty\), and one step needs 66 tokens"),
-        ("empty documents", r"one pass gives 6 tokens \(3 documents, all empty\)"),
+        ("empty txt", r"one pass gives 0 tokens \(1 document, empty\), and one step needs 66 tokens"),
+        ("empty documents", r"one pass gives 0 tokens \(3 documents, all empty\)"),
         # Accumulation: one step reads 2 microbatches of 2 sequences; the data fills only one.
         (
             "one microbatch of two",

@@ -1,11 +1,12 @@
 """Tokenizer loading and the packed language-modelling data loader.
 
-Documents are tokenized in order, framed by BOS/EOS, concatenated and cut into sequences of
-``seq_len + 1`` tokens (inputs and labels shifted by one). Sequence ``k`` belongs to data-parallel
-rank ``k % dp_degree``; each rank shuffles its sequences through a buffer seeded by
-``(seed, dp_rank)``, so the order depends only on the seed and the DP rank. The corpus repeats
-(with a new shuffle) when it runs out; the buffer is emptied at the end of each pass, so every
-sequence of a pass is served once before the next pass starts, whatever the buffer size.
+Documents are tokenized in order, framed by BOS/EOS (an empty one is skipped), concatenated and
+cut into sequences of ``seq_len + 1`` tokens (inputs and labels shifted by one). The corpus repeats
+(with a new shuffle) when it runs out, as one stream: a pass's last tokens start the next pass's
+first sequence. Sequence ``k`` of that stream belongs to data-parallel rank ``k % dp_degree``; each
+rank shuffles its sequences through a buffer seeded by ``(seed, dp_rank)``, so the order depends
+only on the seed and the DP rank. The buffer is emptied at the end of each pass, so every sequence
+of a pass is served once before the next pass starts, whatever the buffer size.
 """
 
 from __future__ import annotations
@@ -56,7 +57,14 @@ _warned_tokenizers: set[str] = set()
 def load_tokenizer(path: str | None) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
-    file = Path(path) if path else BUNDLED_TOKENIZER
+    if path is not None and not path.strip():
+        # Read as "no path", a blank (an unset variable in ``--data.tokenizer_path "$TOK"``)
+        # trained with the bundled tokenizer, which a debug model's vocabulary fits, silently.
+        raise UsageError(
+            f"data.tokenizer_path: {path!r} is empty; give the path of a Hugging Face tokenizer.json "
+            "(or its folder), or leave it unset (None) for titan's bundled tokenizer"
+        )
+    file = Path(path) if path is not None else BUNDLED_TOKENIZER
     if file.is_dir():
         file = file / "tokenizer.json"
     if not file.is_file():
@@ -540,6 +548,7 @@ class PackedBatches:
     #: re-loops its training data, with a warning), not silently.
     steps: int | None = None
     _repeat_warned: bool = attrs.field(default=False, init=False, repr=False)
+    _empty_noted: bool = attrs.field(default=False, init=False, repr=False)
     #: The pass over the data being read (1 the first), for errors.
     _pass: int = attrs.field(default=1, init=False, repr=False)
 
@@ -553,20 +562,21 @@ class PackedBatches:
         # the passes, not from 0 in each (a pass of an odd number of sequences handed rank 0 one
         # more per pass, so after the first wrap the ranks' global batch was not one process's).
         index = 0
-        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+        # Kept across passes: the tokens a pass ends with (fewer than one sequence) start the
+        # next pass's first sequence, as torchtitan's HuggingFaceDataset keeps its token buffer
+        # across a re-loop and Megatron's GPTDataset packs its epochs as one stream. Emptied at
+        # each pass's start, the tail was dropped on every pass: the corpus's last document
+        # (up to seq_len tokens) never trained whole, and every pass cut the very same windows,
+        # so a step spanning a pass's end could train on one window twice (on two ranks or one).
+        # A pass's sequences are those completed while it is read, the one across its start too.
+        buffer: list[int] = []
         while True:
             produced = 0
-            buffer: list[int] = []
             first_index = index
             self._pass = epoch + 1
             count = _Count()
-            for chunk in self._encoded_chunks(count):
-                for first, last, ids in chunk:
-                    if first and bos is not None:
-                        buffer.append(bos)
-                    buffer.extend(ids)
-                    if last and eos is not None:
-                        buffer.append(eos)
+            for tokens in self._encoded_chunks(count):
+                buffer.extend(tokens)
                 # Cut sequences at an offset and drop the consumed head once per chunk (slicing
                 # the rest off after every sequence copied the whole buffer each time).
                 start = 0
@@ -579,6 +589,7 @@ class PackedBatches:
                 del buffer[:start]
             if epoch == 0:
                 self._check_size(index - first_index, count)
+                self._note_empty(count)
                 if self.repeat_warning and not self._repeat_warned:
                     self._warn_repeat(produced)
                 first_pass = produced
@@ -594,19 +605,51 @@ class PackedBatches:
             epoch += 1
             yield None  # the pass ended
 
-    def _encoded_chunks(self, count: _Count) -> Iterator[list[tuple[bool, bool, list[int]]]]:
-        """One pass's segments, a chunk at a time, as ``(starts a document, ends it, token ids)``;
-        ``count`` adds up their tokens (BOS/EOS framing included) and documents as they come."""
-        framing = (self.tokenizer.bos_id is not None, self.tokenizer.eos_id is not None)
+    def _note_empty(self, count: _Count) -> None:
+        """Once per loader (on data-parallel rank 0: every rank reads the same stream): how many
+        documents of the first pass were skipped as empty."""
+        if not count.empty or self._empty_noted or self.dp_rank != 0:
+            return
+        self._empty_noted = True
+        many = count.empty != 1
+        _log().warning(
+            f"{self.name}: skipped {count.empty} empty document{'s' if many else ''} of "
+            f'{count.documents} in one pass (no text but whitespace: a {{"text": ""}} line, '
+            f"an empty file); {'they add' if many else 'it adds'} nothing to the data, no BOS/EOS "
+            "alone. Remove them from the data to silence this",
+            empty_documents=count.empty,
+            documents=count.documents,
+        )
+
+    def _encoded_chunks(self, count: _Count) -> Iterator[list[int]]:
+        """One pass's token stream, a chunk of documents at a time: each document's tokens
+        framed by BOS and EOS (those the tokenizer has). A document without tokens (an empty
+        text, or only what the tokenizer drops) is left out, framing too: BOS EOS alone made a
+        two-token document of nothing that the model trained on and the document mask kept
+        (Megatron's preprocessing drops such documents; torchtitan kept the lone pair).
+        ``count`` adds up the tokens, documents and empty ones as they come."""
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+        opened = False  # whether the current document's BOS is out (its first tokens came)
         for chunk in _chunks(self._segments(), 128, 8 * PIECE_CHARS):
             encoded = self._encode(chunk, count.documents)
-            out = []
+            out: list[int] = []
             for (_, first, last), ids in zip(chunk, encoded, strict=True):
-                count.documents += first
-                # A document of one piece and no tokens: empty, or only what the tokenizer drops.
-                count.empty += first and last and not ids
-                count.tokens += len(ids) + (first and framing[0]) + (last and framing[1])
-                out.append((first, last, ids))
+                if first:
+                    count.documents += 1
+                    opened = False
+                # A long document comes in pieces (possibly across chunks): framed once, by its
+                # first piece with tokens and its last piece.
+                if ids and not opened:
+                    opened = True
+                    if bos is not None:
+                        out.append(bos)
+                out.extend(ids)
+                if last:
+                    if not opened:
+                        count.empty += 1
+                    elif eos is not None:
+                        out.append(eos)
+            count.tokens += len(out)
             yield out
 
     def check_one_step(self) -> None:
@@ -637,6 +680,17 @@ class PackedBatches:
             document = started
             for text, first, _ in chunk:  # find the failing document (only on an error)
                 document += first
+                if not _encodable(text):
+                    # Not the tokenizer's fault: a str no text file decodes to (a dataset plugin
+                    # decoding bytes with surrogateescape, a JSON \ud800 escape it let through).
+                    bad = next(c for c in text if "\ud800" <= c <= "\udfff")
+                    raise PluginError(
+                        f"{self.name} yielded document {max(document, 1)} (pass {self._pass}) holding "
+                        f"an unpaired surrogate (U+{ord(bad):04X}), which is not text: "
+                        f"{preview(text)}; a Dataset's documents(data) must yield valid Unicode "
+                        "text: decode bytes with errors='replace' (not 'surrogateescape') and "
+                        "refuse or repair unpaired \\ud800-\\udfff escapes"
+                    ) from None
                 try:
                     self.tokenizer.encode_batch([text])
                 except Exception as piece_exc:
@@ -659,6 +713,11 @@ class PackedBatches:
                     f"{self.name} yielded {type(document).__name__} {preview(document)} where a document "
                     "was expected: a Dataset's documents(data) must yield each document's text as a str"
                 )
+            if not document or document.isspace():
+                # No text but whitespace (an empty file, an editor's lone newline): an empty
+                # document, skipped (:meth:`_encoded_chunks`), not BOS "\n" EOS as data.
+                yield "", True, True
+                continue
             pieces = document_pieces(document, PIECE_CHARS)
             if len(pieces) > 1 and not self.tokenizer.cuts_exact:
                 _warn_inexact_cuts()
@@ -713,7 +772,7 @@ class PackedBatches:
             + f", {batches} distinct batch{'es' if batches != 1 else ''} of "
             f"training.local_batch_size={self.batch_size}"
             + (f" ({per} per step, one global batch)" if per > 1 else "")
-            + f"; the batches after those repeat them, so their documents count more than once. {bound}",
+            + f"; the batches after those read its documents again, so they count more than once. {bound}",
             distinct_batches=batches,
         )
 
@@ -786,7 +845,8 @@ class PackedBatches:
 
 @attrs.define
 class _Count:
-    """What a pass has read so far: tokens (BOS/EOS framing included), documents, empty ones."""
+    """What a pass has read so far: tokens (BOS/EOS framing included; none for an empty
+    document, which is skipped), documents, empty ones."""
 
     tokens: int = 0
     documents: int = 0

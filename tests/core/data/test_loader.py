@@ -458,10 +458,18 @@ def test_validation_steps_beyond_the_data_warns_once_naming_the_distinct_batches
     loader = _val_loader(
         texts, window - 1, name="validation.dataset 'text'", repeat_warning="validation.steps"
     )
+
+    def validation() -> list[tuple[list, list]]:
+        return [(x.tolist(), y.tolist()) for x, y in itertools.islice(iter(loader), 5)]
+
     with capture_logs() as logs:
-        first = [x.tolist() for x, _ in itertools.islice(iter(loader), 5)]
-        again = [x.tolist() for x, _ in itertools.islice(iter(loader), 5)]  # the next validation
-    assert first == again and first[2] == first[0]  # what the warning is about: repeats
+        first, again = validation(), validation()
+    assert first == again  # every validation reads the same batches
+    # What the warning is about: the batches after the first pass's two repeat its documents
+    # (the pass's tail token starts the next pass, as in training).
+    stream = [t for x, y in first for t in [*x[0], y[0][-1]]]
+    tokens = _tokens(texts)
+    assert stream[tokens : 2 * tokens] == stream[:tokens]
     warnings = [e for e in logs if e["log_level"] == "warning"]
     assert len(warnings) == 1, warnings
     event = warnings[0]["event"]
@@ -803,58 +811,8 @@ def test_a_dataset_yielding_something_else_than_text_is_one_error_naming_it(item
         next(iter(loader))
 
 
-def _pass_of(texts: list[str], window: int) -> list[tuple[int, ...]]:
-    """The sequences of one pass over ``texts``, in packing order (an unshuffled loader)."""
-    tok = load_tokenizer(None)
-    count = sum(len(ids) + 2 for ids in tok.encode_batch(texts)) // window  # + BOS and EOS
-    rows = iter(PackedBatches(lambda: texts, tok, window - 1, 1, shuffle_buffer=0))
-    return [tuple(next(rows)[0][0].tolist()) for _ in range(count)]
-
-
-def _rows(loader: PackedBatches, count: int) -> list[tuple[int, ...]]:
-    """The first ``count`` input rows the loader serves, batch after batch."""
-    found: list[tuple[int, ...]] = []
-    for inputs, _ in loader:
-        found += [tuple(row.tolist()) for row in inputs]
-        if len(found) >= count:
-            return found[:count]
-    raise AssertionError("the loader ended")
-
-
-@pytest.mark.parametrize("buffer", [1, 5, 13, 14, 40, 1000])
-def test_each_pass_serves_every_sequence_once_whatever_the_shuffle_buffer(buffer: int) -> None:
-    """A buffer larger than one pass (or one spanning a pass's end) refilled from the next pass
-    before the current one was drained: one pass served some sequences twice, others never."""
-    texts = list(corpus.documents(5))
-    one_pass = _pass_of(texts, 17)
-    assert len(set(one_pass)) == len(one_pass) > 10  # distinct sequences, so counts are exact
-    loader = PackedBatches(lambda: texts, load_tokenizer(None), 16, 3, shuffle_buffer=buffer, seed=5)
-    served = _rows(loader, 3 * len(one_pass))
-    for start in range(0, len(served), len(one_pass)):
-        assert sorted(served[start : start + len(one_pass)]) == sorted(one_pass), (buffer, start)
-    assert served[: len(one_pass)] != one_pass or buffer <= 1  # still shuffled
-
-
-@pytest.mark.parametrize("buffer", [4, 1000])
-def test_dp_ranks_together_serve_each_pass_once_with_a_large_shuffle_buffer(buffer: int) -> None:
-    """Sequence k of the whole stream goes to rank k % 2: each pass, the two ranks' shares are
-    the pass's sequences, every one once (an odd pass alternates which rank gets one more)."""
-    texts = list(corpus.documents(4))  # 35 sequences: an odd pass
-    one_pass = _pass_of(texts, 17)
-    size = len(one_pass)
-    assert len(set(one_pass)) == size and size % 2 == 1
-    tok = load_tokenizer(None)
-    ranks = [PackedBatches(lambda: texts, tok, 16, 2, r, 2, seed=1, shuffle_buffer=buffer) for r in range(2)]
-    passes = 3
-    shares = [[k for k in range(passes * size) if k % 2 == r] for r in range(2)]
-    served = [_rows(loader, len(share)) for loader, share in zip(ranks, shares, strict=True)]
-    for p in range(passes):
-        got: list[tuple[int, ...]] = []
-        for r in range(2):
-            before = sum(1 for k in shares[r] if k < p * size)
-            mine = sum(1 for k in shares[r] if p * size <= k < (p + 1) * size)
-            got += served[r][before : before + mine]
-        assert sorted(got) == sorted(one_pass), (buffer, p)
+# Every pass served whole, whatever the shuffle buffer, and the DP ranks' shares of the stream
+# across passes: tests/core/data/test_packing.py (the tail of a pass starts the next one).
 
 
 def _flaky(fail_on_pass: int, at: int) -> Any:
