@@ -78,16 +78,54 @@ def load_initial_weights(
     """
     if _is_hf_folder(path):
         _load_hf_folder(parts, path, spec, model_args)
-        return
-    _refuse_safetensors_file(path)
-    meta = _meta_state(spec, model_args)
-    _check_fits(path, meta)
-    load_full_state_dict(parts, path, collectives=collectives, tied=_aliases(meta))
+    else:
+        _refuse_safetensors_file(path)
+        meta = _meta_state(spec, model_args)
+        _check_fits(path, meta)
+        load_full_state_dict(parts, path, collectives=collectives, tied=_aliases(meta))
+    _refuse_non_finite(parts, path, collectives=collectives)
+
+
+def _refuse_non_finite(parts: list[nn.Module], path: str, *, collectives: bool) -> None:
+    """Refuse loaded parameters holding NaN or inf (an fp16 export that overflowed, weights saved
+    after a divergence by another tool): step 1 would stop as a divergence that blames
+    ``training.lr`` and the data. Parameters only: a buffer may hold ``-inf`` on purpose (a
+    mask). Each rank checks its own shards, one host sync for all of them; the ranks then agree
+    (a NaN in one rank's shard stops every rank, not one while the others wait in step 1)."""
+    named = [(name, _local(p)) for part in parts for name, p in part.named_parameters()]
+    named = [(name, t) for name, t in named if t.is_floating_point() and t.numel()]
+    bad: list[str] = []
+    if named:  # a rank may hold no elements (uneven shards): it still joins the gather below
+        # A float32 sum per tensor (no temporary the size of the tensor; NaN and inf survive
+        # it; float32 holds the sum of any sane weights, fp16 ones too).
+        sums = torch.stack([torch.sum(t, dtype=torch.float32) for _, t in named])
+        bad = [name for (name, _), ok in zip(named, torch.isfinite(sums).tolist(), strict=True) if not ok]
+    import torch.distributed as dist
+
+    if collectives and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, bad)
+        bad = sorted({name for names in every for name in names})
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UsageError(
+            f"{_FIELD}: {path!r} holds non-finite values (NaN or inf) in {bad[0]}{more}: training from "
+            "it would diverge at step 1. Give weights saved before they went bad (an earlier checkpoint, "
+            "an export in float32 or bfloat16)"
+        )
 
 
 def _refuse_safetensors_file(path: str) -> None:
-    """A Hugging Face weights file given for its folder: torch.load's own error ("device meta is
-    invalid") said neither what the file is nor what to give instead."""
+    """A Hugging Face weights file given for its folder, or a file of a DCP checkpoint for its
+    folder: torch.load's own error ("device meta is invalid") said neither what the file is nor
+    what to give instead."""
+    piece = Path(path).name in (".metadata", "meta.json") or Path(path).suffix == ".distcp"
+    if piece and Path(path).is_file() and (Path(path).parent / ".metadata").is_file():
+        # A piece of a DCP checkpoint (its .metadata, a data file): torch.load's error named
+        # neither what the file is nor the folder to give.
+        raise UsageError(
+            f"{_FIELD}: {path!r} is a file of the DCP checkpoint {str(Path(path).parent)!r}; give that folder"
+        )
     if not (Path(path).is_file() and path.lower().endswith(".safetensors")):
         return
     folder = Path(path).parent
@@ -131,7 +169,13 @@ def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
             return  # load_dcp_model says what is wrong with the folder
         from torch.distributed.checkpoint import FileSystemReader
 
-        stored = FileSystemReader(path).read_metadata().state_dict_metadata
+        try:
+            stored = FileSystemReader(path).read_metadata().state_dict_metadata
+        except Exception as exc:  # a truncated pickle: EOFError, UnpicklingError, ValueError, ...
+            raise UsageError(
+                f"{_FIELD}: {path!r} is a DCP checkpoint whose .metadata cannot be read, truncated or "
+                f"damaged ({type(exc).__name__}: {str(exc)[:200]}); give an intact checkpoint"
+            ) from None
         shapes = {
             k.removeprefix("model."): tuple(getattr(v, "size", ()))
             for k, v in stored.items()
@@ -238,13 +282,24 @@ def load_dcp_model(
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load({"model": merged}, checkpoint_id=path, no_dist=not collectives)
     except dcp.CheckpointException as exc:
+        # Its tensors' names and shapes are the model's (_check_fits): the data is what failed.
         raise UsageError(
-            f"{_FIELD}: cannot load the model from {path!r}; was it saved from "
-            f"the same model and flavor? ({str(exc).strip().splitlines()[-1][:300]})"
+            f"{_FIELD}: {path!r}: reading its tensors failed ({_first_failure(exc)}): a data file "
+            "of the checkpoint is truncated or damaged; give an intact checkpoint"
         ) from None
     _refuse_untied(path, [(a, b) for a, b in pairs if not torch.equal(_local(merged[a]), _local(merged[b]))])
     for part, state in zip(parts, own, strict=True):
         set_model_state_dict(part, {k: merged[k] for k in state})
+
+
+def _first_failure(exc: Any) -> str:
+    """The first rank's exception of a DCP ``CheckpointException``, as ``Type: message``."""
+    failures = getattr(exc, "failures", None) or {}
+    for _rank, failure in sorted(failures.items()):
+        error = failure[0] if isinstance(failure, tuple) else failure
+        text = str(error).strip().splitlines()
+        return f"{type(error).__name__}" + (f": {text[-1][:200]}" if text else "")
+    return str(exc).strip().splitlines()[-1][:300]
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -72,19 +72,8 @@ def restore(trainer: Trainer) -> None:
     early = "check_meta" in inspect.signature(load).parameters
     kwargs: dict[str, Any] = {"check_meta": same_model} if early else {}
     trainer.step, meta = load(trainer.parts, trainer.optimizer, trainer.scheduler, **kwargs)
-    initial = trainer.config.checkpoint.initial_load_path
-    folder = os.path.join(trainer.config.job.dump_folder, trainer.config.checkpoint.folder)
-    seed = os.path.join(folder, "step-0")
-    if not trainer.step and meta and initial and os.path.realpath(initial) != os.path.realpath(seed):
-        # A seed checkpoint loaded (no checkpoint gives no meta): the trainer would then read
-        # initial_load_path over its weights, after the log said the run starts from the seed.
-        raise UsageError(
-            f"checkpoint.folder {folder!r} holds a seed checkpoint (step-0), and "
-            f"checkpoint.initial_load_path names other weights ({initial!r}): a run starts from one. "
-            "Leave out initial_load_path to start from the seed, or move step-0 out of that folder "
-            "to start from initial_load_path"
-        )
     if not trainer.step:
+        _refuse_seed_and_initial_weights(trainer, meta)
         return
     same_model(trainer.step, meta)
     if trainer.config.checkpoint.initial_load_path:
@@ -174,6 +163,41 @@ def restore(trainer: Trainer) -> None:
     for group, own, base in zip(trainer.optimizer.param_groups, fresh, fresh_base_lrs, strict=True):
         group.update(own)
         group["lr"] = base * trainer.schedule(trainer.scheduler.last_epoch)
+
+
+def _refuse_seed_and_initial_weights(trainer: Trainer, meta: Mapping[str, Any]) -> None:
+    """Refuse a seed checkpoint that ``load`` restored beside a ``checkpoint.initial_load_path``
+    naming other weights: the trainer would read those over the seed's, after the log said the
+    run starts from the seed. The checkpointer says which seed it restored (``loaded_seed()``,
+    :class:`~titan_core.records.Checkpointer`): its folder layout is its own. One that does not
+    say, but restored something at step 0 (a meta; ``(0, {})`` is no checkpoint), is refused
+    whatever ``initial_load_path`` names: the trainer cannot tell whether it is the same seed."""
+    initial = trainer.config.checkpoint.initial_load_path
+    if not initial:
+        return
+    c = trainer.config.checkpoint
+    folder = os.path.join(trainer.config.job.dump_folder, c.folder)
+    says = getattr(trainer.checkpointer, "loaded_seed", None)
+    if callable(says):
+        seed = says()
+        if seed is None or os.path.realpath(initial) == os.path.realpath(seed):
+            return
+        held, other = f"holds a seed checkpoint ({seed})", "other weights"
+        move = f"move {seed} out of that folder"
+    elif meta:
+        held = (
+            f"holds a seed checkpoint, which checkpoint.backend {c.backend!r} loaded (it does not say "
+            "from where, so titan cannot tell whether initial_load_path names the same weights)"
+        )
+        other = "weights too"
+        move = "move the seed checkpoint out of that folder"
+    else:
+        return
+    raise UsageError(
+        f"checkpoint.folder {folder!r} {held}, and checkpoint.initial_load_path names {other} "
+        f"({initial!r}): a run starts from one. Leave out initial_load_path to start from the seed, or "
+        f"{move} to start from initial_load_path"
+    )
 
 
 class CheckpointSaves:

@@ -401,7 +401,7 @@ class RunFolder:
             # same on all of them, and comes before the first process has removed anything.
             self._check_overwrite(self.prior)
             if is_writer:
-                removed, kept = self._remove(self.prior, checkpoints=True)
+                removed, kept, seeds = self._remove(self.prior, checkpoints=True)
                 from titan_core.log import get_logger
 
                 # What went from the checkpoint folder and what stayed, by name: the user sees
@@ -412,6 +412,11 @@ class RunFolder:
                     named["checkpoints_removed"] = ", ".join(removed) or "none"
                 if kept:
                     named["checkpoint_entries_kept"] = f"{', '.join(kept)} (not written by the checkpointer)"
+                if seeds:
+                    named["seed_checkpoints_kept"] = (
+                        f"{', '.join(seeds)} (the seed the previous run started from, written by a seed "
+                        "run: this run starts from it too; remove it by hand to start from fresh weights)"
+                    )
                 get_logger("titan.run_folder").warning(
                     "--overwrite: removed the previous run's outputs", dump_folder=self.dump, **named
                 )
@@ -578,6 +583,13 @@ class RunFolder:
         record = self.registry.get("checkpointers", self.config.checkpoint.backend, what="checkpoint.backend")
         return tuple(record.outputs)
 
+    def _checkpointer_seeds(self) -> tuple[str, ...]:
+        """``Checkpointer.seeds`` of ``checkpoint.backend`` (looked up as the outputs are)."""
+        if self.registry is None:
+            return ()
+        record = self.registry.get("checkpointers", self.config.checkpoint.backend, what="checkpoint.backend")
+        return tuple(record.seeds)
+
     def _check_overwrite(self, prior: dict[str, Any]) -> None:
         """Refuse an ``--overwrite`` that would delete what is not the earlier run's, before
         anything is removed; reads only."""
@@ -618,10 +630,11 @@ class RunFolder:
                 "(--dump-folder DIR)"
             )
 
-    def _remove(self, prior: dict[str, Any], *, checkpoints: bool) -> tuple[list[str], list[str]]:
+    def _remove(self, prior: dict[str, Any], *, checkpoints: bool) -> tuple[list[str], list[str], list[str]]:
         """Remove the earlier run's files (``checkpoints``: ``--overwrite``, its checkpoints and
         what plugins declare too, after :meth:`_check_overwrite`); returns the entries of the
-        checkpoint folder removed and those kept (not the checkpointer's)."""
+        checkpoint folder removed, those kept (not the checkpointer's), and the seed checkpoints
+        kept (``Checkpointer.seeds``: the earlier run started from them, a seed run wrote them)."""
         import shutil
 
         ck_path = self._prior_checkpoints(prior)[1]
@@ -636,10 +649,20 @@ class RunFolder:
                 os.remove(path)
         removed: list[str] = []
         kept: list[str] = []
+        seeds: list[str] = []
         if checkpoints and os.path.isdir(ck_path) and inside(ck_path, self.dump):
             # Only what the checkpointer declares its own: a user's notes or exported model there
             # stay (with none declared, _check_overwrite refused an occupied folder).
             removed, kept = _split(ck_path, self._checkpointer_outputs() if _entries(ck_path) else ())
+            if removed and not prior.get("seed_checkpoint"):
+                # A seed is no output of a run that started from it: deleted, the run "started
+                # over" from fresh weights (a seed of imported weights lost). A seed run's own
+                # seed is its output, replaced as the rest.
+                import fnmatch
+
+                patterns = self._checkpointer_seeds()
+                seeds = [n for n in removed if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+                removed = [n for n in removed if n not in seeds]
             _remove_entries(ck_path, removed)
         if checkpoints:  # --overwrite: what plugins wrote goes too (their records' outputs)
             for path in _declared_paths(self.dump, self.outputs):
@@ -647,7 +670,7 @@ class RunFolder:
                     shutil.rmtree(path)
                 elif os.path.lexists(path):
                     os.remove(path)
-        return removed, kept
+        return removed, kept, seeds
 
     @staticmethod
     def _remove_events(folder: str) -> None:

@@ -77,7 +77,10 @@ def scan(folder: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
             ignored.append(
                 (path, f"the leftover of a checkpoint of step {m.group(1)} being replaced or removed")
             )
-        elif name.startswith("step"):
+        elif name.startswith("step") and os.path.isfile(os.path.join(path, ".metadata")):
+            # A DCP checkpoint under another name (step-006, a step-2-copy): renamed, it loads.
+            # Not any step-like name: an export titan suggests there (step-2-hf) or a user's
+            # notes is no checkpoint, and "rename it to load it" would make it pass for one.
             ignored.append(
                 (
                     path,

@@ -310,6 +310,8 @@ class DCPCheckpointer:
         self.rank = topology.rank
         #: The newest checkpoint known complete (loaded or saved by this run), named on a failure.
         self.kept: int | None = None
+        #: The seed checkpoint (``step-0``) the last :meth:`load` restored, for :meth:`loaded_seed`.
+        self.seed: str | None = None
         t = config.training
         self.data_geometry = {
             "dp_degree": _dp_degree(config, topology.world_size),
@@ -341,6 +343,7 @@ class DCPCheckpointer:
         are read), one saved after a non-finite loss, and a folder whose checkpoints are all unusable
         (starting afresh would overwrite them).
         """
+        self.seed = None
         if not self.load_only:  # a replay only reads the folder; its run may be saving there now
             self._tidy()
         steps, ignored = scan(self.folder)
@@ -386,6 +389,7 @@ class DCPCheckpointer:
                 self._skip(path, f"reading its data failed ({_first_failure(exc)})", skipped)
                 continue
             event = "seed checkpoint loaded" if found.kind == "seed" else "checkpoint loaded"
+            self.seed = found.path if found.kind == "seed" else None
             self.kept = found.step
             extra = {"skipped": skipped} if skipped else {}
             log.info(event, path=path, step=loaded, seconds=_since(start), **extra)
@@ -395,6 +399,13 @@ class DCPCheckpointer:
             f"({'; '.join(skipped)}); starting afresh would overwrite them, so move them out of the "
             "folder (or restore them from a copy), then run again"
         )
+
+    def loaded_seed(self) -> str | None:
+        """The seed checkpoint's folder (``step-0``) that the last :meth:`load` restored, or
+        ``None`` (``Checkpointer``'s contract: the trainer refuses a ``checkpoint.initial_load_path``
+        naming other weights, which it would read over the seed's). Whatever its meta holds: a
+        seed of an earlier titan records no model."""
+        return self.seed
 
     def _tidy(self) -> None:
         """Rank 0 finishes or removes the leftovers of killed saves (:func:`tidy`), the other ranks

@@ -60,6 +60,7 @@ def titan_checkpointers() -> list[Checkpointer]:
             launch_check=_launch_check,
             verify=_verify,
             outputs=OUTPUTS,
+            seeds=("step-0",),  # a seed run's step-0: --overwrite of a run started from it keeps it
         )
     ]
 

@@ -72,3 +72,25 @@ def test_a_name_of_its_own_beside_the_checkpoints_exports(run: Path, capsys: Any
     root = run / "checkpoint"
     assert export(root, "--to", "hf", root / "step-2-hf") == 0
     assert (root / "step-2-hf" / "config.json").is_file()
+
+
+def test_an_export_named_as_suggested_beside_the_checkpoints_draws_no_warning_at_resume(
+    tmp_path: Path, events: Any
+) -> None:
+    """The refusal above suggests 'step-5-hf' beside the checkpoints; every resume then warned
+    ``ignoring a folder among the checkpoints: not a name titan writes ...; rename it to load
+    it``, advice that made the export pass for a (damaged) checkpoint. A folder of another name
+    that holds a DCP checkpoint (a copy, 'step-2-copy') is still named, with that advice."""
+    import shutil
+
+    settings = {"job.dump_folder": str(tmp_path), "checkpoint.enable": True, "training.steps": 3}
+    train(tiny_config(**{**settings, "debug.max_steps": 2}), get_registry())
+    root = tmp_path / "checkpoint"
+    assert export(root / "step-2", "--to", "hf", root / "step-2-hf") == 0
+    shutil.copytree(root / "step-2", root / "step-2-copy")
+    (root / "step-notes").mkdir()
+    rows = train(tiny_config(**settings), get_registry())
+    assert [int(r["step"]) for r in rows] == [3]
+    reasons = dict(events.warnings())
+    assert str(root / "step-2-hf") not in reasons and str(root / "step-notes") not in reasons
+    assert "rename it to load it" in reasons[str(root / "step-2-copy")]
