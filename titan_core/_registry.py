@@ -155,6 +155,11 @@ class Registry:
             if not self._declared_once(plugin, info):
                 continue
             self._register(plugin, info)
+            if info.status == "loaded" and not info.hooks:
+                # Loaded, offering nothing: its recipes and models were "unknown" with no word on
+                # why (an entry point naming the package instead of its plugin module, or a hook
+                # function instead of its module).
+                self._withdraw(info, _no_hooks(ep, plugin, dist_name))
         self.gather_all()  # a failure in any hook is known before a run uses anything
         return self
 
@@ -509,6 +514,30 @@ def _unbound_hooks(ep: metadata.EntryPoint, plugin: Any, dist_name: str) -> str 
     )
 
 
+def _no_hooks(ep: metadata.EntryPoint, plugin: Any, dist_name: str) -> str:
+    """Why an entry point whose object implements no titan hook is a mistake, and what to name."""
+    import inspect
+
+    named = f"entry point '{ep.name} = {ep.value}'"
+    if inspect.ismodule(plugin):
+        return (
+            f"{named} names module {ep.module!r}, which defines no titan hook (a function named like "
+            "titan_models or titan_recipes, decorated with @titan_core.hookimpl), so the plugin would "
+            f"provide nothing; name the module that defines the hooks; {_fix_where(dist_name)}"
+        )
+    if inspect.isroutine(plugin):
+        return (
+            f"{named} names the function {ep.attr}, not a plugin: name the module that defines the "
+            f"hooks ('{ep.name} = {ep.module}') or an object whose methods they are; "
+            f"{_fix_where(dist_name)}"
+        )
+    return (
+        f"{named} names {type(plugin).__name__} {plugin!r}, which implements no titan hook, so the "
+        f"plugin would provide nothing; name a module, or an instance whose methods are the hooks; "
+        f"{_fix_where(dist_name)}"
+    )
+
+
 #: Where to look up which distribution provides a name: one documented table, not code paths.
 INSTALL_HINT = (
     "titan's own plugins and what each provides: docs/architecture.md, 'Plugins in this repository'"
@@ -632,6 +661,16 @@ def _check_section(record: ConfigSection, hook: str) -> None:
             f"{hook}() returned config section {record.name!r} whose class {record.cls!r} is not a class "
             "made with titan_core.config.section"
         )
+    unchecked = _unchecked_fields(record.cls)
+    if unchecked:
+        # A plain ``attrs.define`` class is an attrs class too, but nothing checks its fields:
+        # ``config.x.count = "a"`` on an ``int`` field ran with the string, without a word.
+        raise TypeError(
+            f"{hook}() returned config section {record.name!r} whose class {record.cls.__name__} has "
+            f"fields no one checks when a recipe sets them ({', '.join(map(repr, unchecked))}): its "
+            "class (or a nested one) is a plain attrs class; decorate it with "
+            "@titan_core.config.section"
+        )
     # Every config holds every section, so a class that cannot be built with its defaults would
     # fail every run: found here, naming the plugin, instead (and the field by the section's name).
     from titan_core.config import register_section_name
@@ -661,6 +700,28 @@ def _check_section(record: ConfigSection, hook: str) -> None:
         )
     if record.check is not None and not callable(record.check):
         raise TypeError(f"{hook}() returned config section {record.name!r} whose check is not callable")
+
+
+def _unchecked_fields(cls: type, prefix: str = "") -> list[str]:
+    """Dotted names of the fields of ``cls`` (and of its nested attrs classes) that
+    :func:`titan_core.config.section` did not put its type and value check on."""
+    import typing
+
+    from titan_core.config import _Checked
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: the field checks name them
+        hints = {}
+    found = []
+    for a in attrs.fields(cls):
+        if not isinstance(a.validator, _Checked):
+            found.append(prefix + a.name)
+            continue
+        nested = hints.get(a.name, a.type)
+        if isinstance(nested, type) and attrs.has(nested) and nested is not cls:
+            found += _unchecked_fields(nested, f"{prefix}{a.name}.")
+    return found
 
 
 def _unwritable_fields(cls: type) -> list[str]:

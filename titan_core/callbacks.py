@@ -7,7 +7,7 @@ from typing import Any
 
 from titan_core.errors import PluginError
 
-__all__ = ["CALLBACK_POINTS", "CORE_METRICS", "Callbacks", "metric_tag", "reserved_metric"]
+__all__ = ["CALLBACK_POINTS", "CORE_METRICS", "Callbacks", "ReadOnlyRow", "metric_tag", "reserved_metric"]
 
 
 #: The loop points callbacks may implement (see :class:`titan_core.records.Callback`).
@@ -89,6 +89,40 @@ def _named_apart(
     return checked
 
 
+class ReadOnlyRow(dict):
+    """The logged row as ``on_step_end`` gets it: a dict (``json.dumps``, ``dict(row)``,
+    ``copy.deepcopy`` give plain ones) that refuses changes.
+
+    Every callback gets the same values in turn, titan's metric writers (``metrics.jsonl``,
+    TensorBoard, order 80) after the others: a callback that rewrote the row in place (a sink
+    tidying values, popping keys) changed what the writers wrote, while the console line showed
+    the real values.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise TypeError(
+            "on_step_end's metrics is titan's logged row, which the other callbacks and the metric "
+            "writers (metrics.jsonl, TensorBoard) read after this one, so it is read-only; report "
+            "values of your own from metrics(step), or change a copy (dict(metrics))"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    pop = popitem = clear = update = setdefault = _refuse
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        # ``copy.copy``, ``copy.deepcopy`` and pickle rebuild a plain (changeable) dict.
+        return dict, (dict(self),)
+
+
+def _read_only_row(on_step_end: Callable[..., Any]) -> Callable[..., Any]:
+    def call(step: int, metrics: Mapping[str, Any], last: bool) -> Any:
+        return on_step_end(step, ReadOnlyRow(metrics), last)
+
+    return call
+
+
 def _stray_methods(callback: Any) -> list[tuple[str, str | None]]:
     """``(name, the loop point it is closest to or None)`` for each public method of ``callback``
     named like a loop point that is none (``on_step_ended``, ``metric``, another framework's
@@ -136,6 +170,8 @@ class Callbacks:
             if point == "metrics":
                 continue  # metric_sources, below
             methods = [(label, getattr(o, point)) for o, label in named if callable(getattr(o, point, None))]
+            if point == "on_step_end":
+                methods = [(label, _read_only_row(fn)) for label, fn in methods]
             setattr(self, point, [guard(label, point, fn) for label, fn in methods])
         #: ``(label, metrics)`` of the callbacks that report metrics: their values are checked,
         #: and the error names the callback.

@@ -81,6 +81,14 @@ def _flavors(value: Any) -> None:
             f"ModelSpec.flavors: expected a mapping of flavor names to model arguments "
             f"({{'debug': {{...}}}}), got {type(value).__name__} {value!r}"
         )
+    # ``config.model.flavor`` is a string: a flavor under another key could never be chosen
+    # (and ``titan models list`` ended in a TypeError for every plugin's models).
+    bad = [k for k in value if not isinstance(k, str) or not k.strip()]
+    if bad:
+        raise TypeError(
+            f"ModelSpec.flavors: flavor names must be non-empty strings (config.model.flavor "
+            f"selects one), got {', '.join(map(repr, bad))}"
+        )
 
 
 @attrs.frozen
@@ -435,6 +443,13 @@ class Checkpointer:
     model record to store with them, which ``check_meta`` then sees). ``parts`` is this rank's
     list of
     model parts. The trainer never calls ``save`` with non-finite weights.
+
+    Optional: ``loaded_seed() -> str | None``, the path of the seed checkpoint (initial weights,
+    no step) that the last ``load`` restored, wherever this checkpointer keeps it, or ``None``.
+    A run that also names ``checkpoint.initial_load_path`` is refused unless that is the same
+    path (the trainer would read those weights over the seed's). Without the method, a ``load``
+    that returned step 0 with a non-empty ``meta`` counts as a seed of unknown path, and any
+    ``initial_load_path`` beside it is refused.
     """
 
     name: str
@@ -468,6 +483,15 @@ class Checkpointer:
         default=(),
         validator=lambda _i, _a, v: _output_patterns(v, "Checkpointer.outputs", "checkpoint.folder"),
     )
+    #: Which of ``outputs`` hold seed checkpoints (the dcp one: ``"step-0"``), as glob patterns
+    #: of the same kind. A seed is written by a seed run (``create_seed_checkpoint``) and is the
+    #: input of the runs that start from it: ``--overwrite`` of such a run keeps it (it would
+    #: otherwise start over from fresh weights); ``--overwrite`` of the seed run itself removes
+    #: it with that run's other outputs.
+    seeds: tuple[str, ...] = attrs.field(
+        default=(),
+        validator=lambda _i, _a, v: _output_patterns(v, "Checkpointer.seeds", "checkpoint.folder"),
+    )
 
 
 @attrs.frozen
@@ -485,7 +509,9 @@ class Callback:
     - ``metrics(step) -> Mapping[str, float]``: on logging steps only, extra values for the log
       line and the metric writers (read device values here, never on other steps);
     - ``on_step_end(step, metrics, last)``: after every step; ``metrics`` is the logged row on
-      logging steps and empty otherwise; ``last`` is true on the final step;
+      logging steps and empty otherwise, read-only (the metric writers read it after this
+      callback: report values through ``metrics``, or change a copy); ``last`` is true on the
+      final step;
     - ``on_train_end(step)``: after the last step of a completed run;
     - ``on_failure(step, exc)``: an exception left the loop (it is re-raised afterwards).
 
