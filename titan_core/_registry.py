@@ -331,6 +331,12 @@ class Registry:
     def provider(self, kind: str, name: str) -> PluginInfo:
         return self._gather(kind)[name.lower()].plugin
 
+    def providers(self, kind: str, name: str) -> list[PluginInfo]:
+        """Every plugin providing ``name`` of ``kind``, the first first (one unless a conflict):
+        what the list commands name in a conflicting name's row."""
+        provided = self._gather(kind)[name.lower()]
+        return [provided.plugin, *provided.rivals]
+
     def label(self, kind: str, name: str) -> str:
         """How errors name the record ``name`` of ``kind`` and the plugin behind it: ``strategy
         'fsdp' (plugin parallel, titan-plugins-parallel 0.1.0)``; ``(plugin NAME)`` for a plugin

@@ -174,18 +174,59 @@ def build_parser(registry: Any) -> argparse.ArgumentParser:
         child.add_argument(
             "--disable-plugin", action="append", default=argparse.SUPPRESS, metavar="NAME", help=DISABLE_HELP
         )
+        configure_failure = None
         try:
             command.configure(child)
-        except Exception as exc:  # a broken plugin command must not take the whole CLI down
+        except (Exception, SystemExit) as exc:  # a broken plugin command must not take the whole CLI down
             from titan_core.errors import describe
 
-            provider = registry.provider("commands", name)
-            print(
-                f"titan: warning: command {name!r} of plugin {provider.name!r} failed: {describe(exc)}",
-                file=sys.stderr,
-            )
-        child.set_defaults(_command=command, _parser=child)
+            # Said at once (`titan --help` still works), and again when the command is run: it
+            # would run with the arguments its configure never added.
+            configure_failure = f"failed to set up its arguments (configure): {describe(exc)}"
+            print(f"titan: warning: {_command_label(registry, name)} {configure_failure}", file=sys.stderr)
+        child.set_defaults(_command=command, _parser=child, _configure_failure=configure_failure)
     return parser
+
+
+def _command_label(registry: Any, name: str) -> str:
+    """``command 'hello' of plugin 'greeter' (titan-greeter 1.0)``: how errors name a command."""
+    provider = registry.provider("commands", name)
+    return f"command {name!r} of plugin {provider.name!r} ({provider.origin})"
+
+
+def run_command_record(command: Any, args: argparse.Namespace, registry: Any) -> int:
+    """``command.run(args)`` as the process's exit status.
+
+    A plugin's command (``titan_commands``) is the plugin's code: an exception other than a
+    :class:`TitanError` is one :class:`PluginError` naming the command, its plugin and
+    distribution and the line that raised (``call_plugin``), not a traceback. titan's own
+    commands raise theirs as they are: an unexpected one is titan's bug, and its traceback is
+    what a report needs. ``run`` returns an exit status (an int from 0 to 255) or ``None``
+    (success); anything else is refused, naming it: a string went to ``sys.exit`` (printed
+    bare, exit 1) and ``256`` exited 0, the status being taken modulo 256.
+    """
+    from titan_core._registry import CORE_MODULE
+    from titan_core.errors import PluginError, call_plugin
+
+    label = _command_label(registry, command.name)
+    if getattr(args, "_configure_failure", None):
+        raise PluginError(f"{label} {args._configure_failure}; update the plugin or tell its author")
+    if registry.provider("commands", command.name).module == CORE_MODULE:
+        code = command.run(args)
+    else:
+        # BrokenPipeError: the reader of the output went away (`titan hello | head`), not the
+        # plugin's failure; _guarded_main ends quietly.
+        passes = lambda exc: isinstance(exc, BrokenPipeError)
+        code = call_plugin(lambda: f"{label} failed", command.run, args, passes=passes)
+    if code is None:
+        return 0
+    if type(code) is not int or not 0 <= code <= 255:  # bool is an int: True/False read as 1/0
+        raise PluginError(
+            f"{label} returned {code!r} ({type(code).__name__}) from run; it must return an exit "
+            "status (an int from 0 to 255, 0 for success) or None (success): print a result, and "
+            "raise titan_core.errors.TitanError(message) for a failure"
+        )
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -278,7 +319,7 @@ def _main(argv: list[str]) -> int:
 
     with sigterm_waits_for_the_error_line():
         try:
-            return command.run(args)
+            return run_command_record(command, args, registry)
         except TitanError as exc:
             return report_error(exc)
 
@@ -451,6 +492,7 @@ def recipes_command(args: argparse.Namespace) -> int:
             if getattr(module, record.name, None) is record.fn and record.name not in recipes:
                 plugin = registry.provider("recipes", record.name).name
                 recipes[record.name] = (record, f"{args.module} (imported from plugin {plugin})")
+        conflicts: dict[str, tuple[str, str]] = {}
     else:
         from titan_core._registry import get_registry
 
@@ -459,16 +501,54 @@ def recipes_command(args: argparse.Namespace) -> int:
             r.name: (r, registry.provider("recipes", r.name).name)
             for r in registry.records("recipes").values()
         }
+        conflicts = _conflicts(registry, "recipes", "recipe")
+        _warn_failed(registry, "recipes")
     if args.json:
         rows = [
-            {"name": n, "source": s, "description": r.description} for n, (r, s) in sorted(recipes.items())
+            {"name": n, "source": s, "description": r.description, "error": None}
+            for n, (r, s) in sorted(recipes.items())
+        ]
+        rows += [
+            {"name": n, "source": who, "description": "", "error": message}
+            for n, (who, message) in sorted(conflicts.items())
         ]
         print(json.dumps(rows, indent=2))
-        return 0
+        return _report_conflicts(conflicts)
     table = [("RECIPE", "FROM", "DESCRIPTION")]
     table += [(n, s, r.description) for n, (r, s) in sorted(recipes.items())]
+    unusable = "(not usable: see the error below)"
+    table += [(n, f"conflict: {who}", unusable) for n, (who, _) in conflicts.items()]
     print_table(table)
-    return 0
+    return _report_conflicts(conflicts)
+
+
+def _conflicts(registry: Any, kind: str, what: str) -> dict[str, tuple[str, str]]:
+    """Names of ``kind`` two plugins provide: ``name -> (their plugins, the error naming both
+    distributions)``. The list commands show them (a row and the error) and exit 1: left out, a
+    name ``titan run`` refuses looked uninstalled, with nothing said but by ``titan plugins list``."""
+    return {
+        name: (", ".join(p.name for p in registry.providers(kind, name)), message)
+        for name, message in sorted(registry.conflicts(kind, what).items())
+    }
+
+
+def _report_conflicts(conflicts: dict[str, tuple[str, str]]) -> int:
+    """One ``titan: error:`` line per conflict (stderr: ``--json`` output stays JSON); the exit status."""
+    for _, message in conflicts.values():
+        print(f"titan: error: {message}", file=sys.stderr)
+    return 1 if conflicts else 0
+
+
+def _warn_failed(registry: Any, kind: str) -> None:
+    """One stderr line per plugin that failed to load: what it provides is missing from the list."""
+    for info in registry.plugins.values():
+        if info.status == "failed":
+            first = next((line for line in (info.error or "").splitlines() if line.strip()), "")
+            print(
+                f"titan: warning: plugin {info.name!r} ({info.origin}) failed to load, so none of its "
+                f"{kind} are listed: {first} (titan plugins list shows it)",
+                file=sys.stderr,
+            )
 
 
 def _user_module_path() -> None:
@@ -593,15 +673,26 @@ def models_command(args: argparse.Namespace) -> int:
                     f"{counted} failed in plugin {provider.name!r} ({provider.origin}): {describe(exc)}"
                 )
             rows.append(row)
+    conflicts = _conflicts(registry, "models", "model")
+    _warn_failed(registry, "models")
+    for name, (who, message) in conflicts.items():  # one row: each plugin has its own flavors
+        rows.append({"model": name, "flavor": None, "params": None, "active_params": None})
+        rows[-1].update(plugin=who, error=message)
     code = 1 if any(r["error"] for r in rows) else 0
     if args.json:
         print(json.dumps(rows, indent=2))
+        _report_conflicts(conflicts)
         return code
     table = [("MODEL", "FLAVOR", "PARAMS", "ACTIVE", "PLUGIN")]
     for r in rows:
+        if r["model"] in conflicts:
+            who = conflicts[r["model"]][0]
+            table.append((r["model"], "-", "-", "-", f"conflict: {who} (not usable: see the error below)"))
+            continue
         params, active = (human(r[k]) if r[k] is not None else "failed" for k in ("params", "active_params"))
         table.append((r["model"], r["flavor"], params, active, r["error"] or r["plugin"]))
     print_table(table)
+    _report_conflicts(conflicts)
     return code
 
 

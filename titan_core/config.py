@@ -106,10 +106,35 @@ def _subfolder(_inst: Any, _attr: Any, value: str) -> None:
         )
 
 
-def local_path(_inst: Any, _attr: Any, value: str | None) -> None:
-    """Validator of a path field: not starting with ``~``. The shell expands ``~`` to the home
+#: What leaving a core path field unset (``None``) means, for the error of a blank one.
+_UNSET_MEANS = {
+    "data.path": "for a dataset that reads no files (the bundled corpus)",
+    "data.tokenizer_path": "to use titan's bundled tokenizer",
+    "validation.path": "to validate on data.path",
+    "checkpoint.initial_load_path": "to train from the freshly initialised weights",
+}
+
+
+def local_path(inst: Any, attr: Any, value: str | None) -> None:
+    """Validator of a path field: not blank, and not starting with ``~``.
+
+    A blank value is what an unset variable gives (``os.environ.get("INIT", "")`` in a recipe,
+    ``--checkpoint.initial_load_path "$INIT"``): read as unset, the run trained from scratch (or
+    on the default data, with the bundled tokenizer) without a word; read as a path, it was the
+    current folder. ``None`` is how a field is left unset. The shell expands ``~`` to the home
     folder; Python's file functions do not, so ``"~/runs/a"`` was a folder named ``~`` in the
     current folder (a run written where no one looks) or a file said not to exist."""
+    if value is not None and not value.strip():
+        unset = _UNSET_MEANS.get(_path(inst, attr.name)) if attr is not None else None
+        if attr is not None and type(None) in typing.get_args(attr.type):
+            fix = "give a path, or leave it unset (None)" + (f" {unset}" if unset else "")
+        else:
+            default = getattr(attr, "default", None)
+            fix = f"give a path (the default: {default!r})" if isinstance(default, str) else "give a path"
+        raise ValueError(
+            f"{value!r} is empty (an unset variable, as os.environ.get(NAME, '') in a recipe or "
+            f'"$NAME" on the command line, gives one); {fix}'
+        )
     if value is not None and value.startswith("~"):
         raise ValueError(
             f"{value!r} starts with '~', which only a shell expands to a home folder: titan would "
@@ -532,7 +557,7 @@ class Checkpoint:
     #: Checkpointer plugin.
     backend: str = "dcp"
     #: Folder (under ``job.dump_folder``) for checkpoints.
-    folder: str = field(default="checkpoint", validator=[local_path, _subfolder])
+    folder: str = field(default="checkpoint", validator=[_subfolder, local_path])
     #: Steps between checkpoints (the last step is always saved).
     interval: int = field(default=500, validator=positive)
     #: Load checkpoints but never save one (for debugging with a seed checkpoint).

@@ -159,7 +159,13 @@ def titan_commands() -> list[Command]:
 
     Called when ``titan`` builds its argument parser (``titan --help`` lists every command), so
     ``configure`` must not import torch; ``run`` is called only for the chosen command.
-    Example: ``titan hello NAME``::
+
+    ``run(args)`` returns the exit status: an ``int`` from 0 to 255 (0: success) or ``None``
+    (success); any other value is refused with one error naming the command and its plugin
+    (exit 1). Report a failure by raising :class:`~titan_core.errors.TitanError` (exit 1) or
+    :class:`~titan_core.errors.UsageError` (exit 2): titan prints its message as one line. Any
+    other exception from ``run`` is one line too, naming the command, its plugin and
+    distribution and where it raised (exit 1). Example: ``titan hello NAME``::
 
         from titan_core import Command, hookimpl
 

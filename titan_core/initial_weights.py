@@ -205,6 +205,12 @@ def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
         )
 
 
+def is_dcp_folder(path: str) -> bool:
+    """A folder with a DCP ``.metadata``: a checkpoint, which a checkpointer may have written
+    (the trainer has it checked by ``Checkpointer.verify`` before loading it)."""
+    return (Path(path) / ".metadata").is_file()
+
+
 def _is_hf_folder(path: str) -> bool:
     """A folder with a ``config.json`` and no DCP ``.metadata``."""
     folder = Path(path)

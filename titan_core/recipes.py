@@ -86,7 +86,23 @@ def find_recipe(registry: Registry, name: str, module: str | None = None) -> Rec
         raise UsageError(
             f"unknown recipe {name!r} in module {module!r}; recipes defined there: {known}{also}"
         )
-    return registry.get("recipes", name, what="recipe")
+    recipe: Recipe = registry.get("recipes", name, what="recipe")
+    info = registry.provider("recipes", name)
+    _FROM_PLUGIN[id(recipe)] = (recipe, f"plugin {info.name!r} ({info.origin})")
+    return recipe
+
+
+#: The plugin each recipe :func:`find_recipe` took from a plugin came from, by the record's id
+#: (the record is kept: an id is unique only while its object lives): :func:`call_recipe`'s
+#: errors name it, since the recipe's file (a site-packages path) alone does not say which plugin
+#: to update or report to. Not for a recipe of ``--module``: that is the user's own code.
+_FROM_PLUGIN: dict[int, tuple[Recipe, str]] = {}
+
+
+def _plugin_of(recipe: Recipe) -> str | None:
+    """``plugin 'p' (dist 1.0)`` when :func:`find_recipe` took ``recipe`` from a plugin."""
+    found = _FROM_PLUGIN.get(id(recipe))
+    return found[1] if found is not None and found[0] is recipe else None
 
 
 def call_recipe(recipe: Recipe) -> TrainerConfig:
@@ -98,32 +114,39 @@ def call_recipe(recipe: Recipe) -> TrainerConfig:
     from titan_core.config import CORE_SECTIONS, ConfigError, TrainerConfig
 
     fn: Callable[[], object] = recipe.fn
+    plugin = _plugin_of(recipe)
+    who = f"recipe {recipe.name!r}" + (f" of {plugin}" if plugin else "")
+
+    def where(line: str) -> str:  # ConfigError's place: the recipe's line, and its plugin
+        return "; ".join(part for part in (line, plugin) if part)
+
     needed = _required_arguments(fn)
     if needed:
         code = getattr(fn, "__code__", None)
-        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        at = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
         raise UsageError(
-            f"recipe {recipe.name!r} takes arguments ({', '.join(needed)}){where}, and titan calls a "
+            f"{who} takes arguments ({', '.join(needed)}){at}, and titan calls a "
             "recipe with none: give them defaults, or write a recipe that calls it with them"
         )
     try:
         config = fn()
     except ConfigError as exc:
-        raise ConfigError(exc.problems, recipe.name, _where(exc)) from None
+        raise ConfigError(exc.problems, recipe.name, where(_where(exc))) from None
     except AttributeError as exc:
         problem = _unknown_attribute(exc)
         if problem is None:
-            raise UsageError(f"recipe {recipe.name!r} raised {describe(exc)}") from None
-        raise ConfigError([problem], recipe.name, _where(exc)) from None
+            raise UsageError(f"{who} raised {describe(exc)}") from None
+        raise ConfigError([problem], recipe.name, where(_where(exc))) from None
     except Exception as exc:
-        raise UsageError(f"recipe {recipe.name!r} raised {describe(exc)}") from None
+        raise UsageError(f"{who} raised {describe(exc)}") from None
     except SystemExit as exc:  # a recipe is a function returning a config, not a program
         raise UsageError(
-            f"recipe {recipe.name!r} called sys.exit({exc.code!r}) instead of returning a config; "
+            f"{who} called sys.exit({exc.code!r}) instead of returning a config; "
             "return titan's config from it (raise an exception to refuse a setting)"
         ) from None
     if not isinstance(config, TrainerConfig):
-        raise ConfigError([f"<recipe>: expected a TrainerConfig, got {type(config).__name__}"], recipe.name)
+        problem = f"<recipe>: expected a TrainerConfig, got {type(config).__name__}"
+        raise ConfigError([problem], recipe.name, where(""))
     deleted = [name for name in CORE_SECTIONS if name not in vars(config)]
     if deleted:  # ``del config.training``: every later reader would fail with an AttributeError
         raise ConfigError(
@@ -132,6 +155,7 @@ def call_recipe(recipe: Recipe) -> TrainerConfig:
                 for name in deleted
             ],
             recipe.name,
+            where(""),
         )
     config.recipe = recipe.name
     return config

@@ -65,10 +65,20 @@ class WarmupStableDecay:
             log.warning(
                 "resuming with another learning-rate schedule; the LR continues from this run's "
                 f"schedule at step {step + 1}: {text}",
-                lr_factor_checkpoint_schedule=WarmupStableDecay(**saved)(step) if _complete(saved) else None,
+                lr_factor_checkpoint_schedule=_factor(saved, step),
                 lr_factor_now=self(step),
             )
 
 
-def _complete(saved: dict[str, Any]) -> bool:
-    return {a.name for a in attrs.fields(WarmupStableDecay)} <= set(saved)
+def _factor(saved: dict[str, Any], step: int) -> float | None:
+    """The checkpoint schedule's factor at LambdaLR index ``step``, or ``None`` when its record
+    cannot be rebuilt: a field missing (an earlier titan's), one this titan lacks (a later
+    one's), or a value of another type (an edited ``meta.json``). The warning is what matters;
+    rebuilding it raised TypeError from inside the resume."""
+    names = [a.name for a in attrs.fields(WarmupStableDecay)]
+    if not set(names) <= set(saved):
+        return None
+    try:
+        return float(WarmupStableDecay(**{name: saved[name] for name in names})(step))
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None

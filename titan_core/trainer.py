@@ -363,7 +363,7 @@ class Trainer:
         reads it: a resume replaced those weights, so reading them cost a whole model's load (an
         8B import) and failed the resume once the folder was moved away."""
         path = self.config.checkpoint.initial_load_path
-        if not path:
+        if path is None:  # a blank one is refused by the config (read as unset, it trained from scratch)
             return
         if self.fake_tensors:
             log.info("fake tensors: checkpoint.initial_load_path is not read (no values to load)")
@@ -378,9 +378,30 @@ class Trainer:
     def _verify_initial_folder(self, path: str) -> None:
         """Refuse a checkpoint folder the checkpointer wrote that it cannot vouch for (damaged
         data, an unfinished save, a non-finite loss): a resume skips such a folder, and a run
-        starting from it would train on corrupt weights without a word."""
-        record = self.registry.get("checkpointers", self.config.checkpoint.backend, what="checkpoint.backend")
-        if record.verify is None or not os.path.isdir(path):
+        starting from it would train on corrupt weights without a word.
+
+        What the path is comes first: a file (a ``.pt`` state dict) is no checkpointer's folder,
+        and a run with checkpointing off needs no checkpointer installed to load one (nor a
+        Hugging Face folder); only a DCP checkpoint folder, which a checkpointer may have written,
+        needs ``checkpoint.backend`` to check it."""
+        from titan_core.initial_weights import is_dcp_folder
+
+        if not os.path.isdir(path):
+            return  # a file, or nothing there: the loader says what is wrong with it
+        backend = self.config.checkpoint.backend
+        try:
+            record = self.registry.get("checkpointers", backend, what="checkpoint.backend")
+        except TitanError as exc:
+            if not is_dcp_folder(path):
+                return  # a Hugging Face folder (or none the loader can read, which it names)
+            raise type(exc)(
+                f"checkpoint.initial_load_path: {path!r} is a DCP checkpoint folder, which "
+                f"checkpoint.backend {backend!r} checks before it is loaded (an unfinished save, "
+                "damaged data or a save after a non-finite loss would otherwise load without a "
+                "word); install or enable that checkpointer, or set checkpoint.backend to the one "
+                f"that wrote the folder: {exc}"
+            ) from None
+        if record.verify is None:
             return
         simulated = self.topology.simulates_peers  # a simulated group's collectives return nothing
         world = 1 if simulated else self.topology.world_size
@@ -1080,9 +1101,33 @@ class Trainer:
         if bad:
             raise Diverged(
                 f"the loss or gradient norm became non-finite (NaN or inf) at step {bad}; stopped at "
-                f"step {step} before saving anything from it. Lower training.lr, check the data, or "
-                "resume from the last checkpoint"
+                f"step {step} before saving anything from it. Lower training.lr or check the data, "
+                f"then run again: {self._after_divergence()}"
             )
+
+    def _after_divergence(self) -> str:
+        """What a rerun of a diverged run starts from, for its error: the last checkpoint (every
+        one saved is of a step before the bad one: a step after it saves only once checked), or
+        from step 1, and why. "Resume from the last checkpoint" sent users after checkpoints a
+        run with checkpointing off, or one that diverged before its first save, never had."""
+        c = self.config.checkpoint
+        if self.checkpointer is None:
+            return (
+                "checkpointing is off (checkpoint.enable = False), so nothing was saved and the run "
+                "starts over from step 1 (checkpoint.enable = True keeps the steps before a failure)"
+            )
+        saved = self.last_saved or self.resumed_from
+        if saved:
+            return (
+                f"the same command resumes from the last checkpoint, of step {saved} (in "
+                f"{os.path.join(self.config.job.dump_folder, c.folder)})"
+            )
+        if c.load_only:
+            return "checkpoint.load_only = True saves no checkpoint, so the run starts over from step 1"
+        return (
+            f"no checkpoint was saved yet (checkpoint.interval = {c.interval}), so the run starts over "
+            "from step 1 (a smaller checkpoint.interval keeps more of a run)"
+        )
 
     def _reduce_for_log(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[Any, Any]:
         """Loss averaged over the data-parallel ranks (only on steps that log)."""

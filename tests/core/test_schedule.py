@@ -94,3 +94,35 @@ def test_every_small_config_gives_a_schedule_that_is_what_it_asks(floor: float) 
             assert factors[steps:] == pytest.approx([floor] * 5), where
         else:
             assert factors[max(warmup, 0) :] == [1.0] * len(factors[warmup:]), where
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"kind": "cosine"}, {"warmup_steps": "2"}],
+    ids=["a field this titan does not know", "a value of another type"],
+)
+def test_a_checkpoints_schedule_record_this_titan_cannot_rebuild_is_compared_not_a_traceback(
+    extra: dict[str, object],
+) -> None:
+    """A resume compared the checkpoint's schedule record and rebuilt its schedule for the
+    warning's factor: a record with a field of another titan (a newer schedule's) or an edited
+    value raised TypeError from inside the resume, a traceback instead of the warning."""
+    from titan_core import schedule as module
+
+    warned: list[tuple[str, dict[str, object]]] = []
+
+    class Log:
+        def warning(self, event: str, **values: object) -> None:
+            warned.append((event, values))
+
+    now = schedule(10, 2, 0.5)
+    saved = {**schedule(20, 2, 0.5).describe(), **extra}
+    real = module.log
+    module.log = Log()  # type: ignore[assignment]
+    try:
+        now.check_resume(saved, 4)
+    finally:
+        module.log = real
+    (event, values), *_ = warned
+    assert "resuming with another learning-rate schedule" in event and "training.steps: 20 -> 10" in event
+    assert values["lr_factor_now"] == now(4)

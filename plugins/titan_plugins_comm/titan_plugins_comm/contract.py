@@ -104,7 +104,17 @@ def pure_fake_launch(pp: int, env: Mapping[str, str]) -> FakeLaunch:
     ngpu = read_ngpu(pp, env)
     raw = env.get("FAKE_PP_RANK")
     valid = f"0..{pp - 1}"
-    if raw is None or raw.strip() == "":
+    if raw is not None and raw.strip() == "":
+        # Set but empty (``FAKE_PP_RANK=$P`` with P unset): read as unset, the error said "is not
+        # set" with PP, and without PP the run went on as rank 0. run_train.sh refuses it alike.
+        fix = (
+            f"set it to the pipeline coordinate to represent, one of {valid} (parallelism.pp={pp}), "
+            "or unset it and pass --all-pp-ranks to run each in turn"
+            if pp > 1
+            else "unset it (parallelism.pp=1: there is no pipeline coordinate to pick)"
+        )
+        raise UsageError(f"FAKE_PP_RANK is set but empty ({raw!r}): {fix}; {DOC}")
+    if raw is None:
         if pp > 1:
             raise UsageError(
                 f"FAKE_PP_RANK is not set: with parallelism.pp={pp} the fake backend represents "
@@ -129,7 +139,7 @@ def pure_fake_launch(pp: int, env: Mapping[str, str]) -> FakeLaunch:
 
 def hybrid_launch(pp: int, env: Mapping[str, str]) -> FakeLaunch:
     """The coordinate of a ``real_pp_fake_spmd`` run: torchrun's ``RANK`` is the PP rank."""
-    if env.get("FAKE_PP_RANK", "").strip() != "":
+    if env.get("FAKE_PP_RANK") is not None:  # set empty too: run_train.sh refuses it alike
         raise UsageError(
             f"FAKE_PP_RANK={env['FAKE_PP_RANK']!r} is set, but real_pp_fake_spmd takes the "
             "pipeline coordinate from torchrun's RANK (one process per PP rank). Unset "

@@ -79,11 +79,53 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
             first = getattr(part, name, None)
             if first is not None:
                 first.register_forward_hook(_wait_for_the_reduce_scatter)
+    _refuse_plain_parameters(parts, ctx.spec, tp_mesh.size())
     if loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
 
         ctx.step_contexts.append(loss_parallel_context)
     return parts
+
+
+def _refuse_plain_parameters(parts: list[nn.Module], spec: ModelSpec, tp: int) -> None:
+    """One :class:`PluginError` when the plan left parameters plain tensors (not DTensors).
+
+    A plan that misses a module (a norm, a bias, a parameter added to the model later) trained
+    until gradient clipping and the optimizer met both kinds in one list: every rank stopped at
+    step 1 with torch's ``aten._foreach_mul_.Scalar got mixed torch.Tensor and DTensor``, naming
+    neither the plan nor the parameter. ``titan_core.testing.check_model_spec`` makes the same
+    check for model authors; this one is for every run."""
+    from torch.distributed.tensor import DTensor
+
+    plain = []
+    for index, part in enumerate(parts):
+        where = f"part {index} " if len(parts) > 1 else ""  # pipeline stages: each part's names
+        plain += [f"{where}{n}" for n, p in part.named_parameters() if not isinstance(p, DTensor)]
+    if not plain:
+        return
+    from titan_core.errors import PluginError
+
+    shown = ", ".join(plain[:8]) + (f" and {len(plain) - 8} more" if len(plain) > 8 else "")
+    raise PluginError(
+        f"{_model_label(spec)}: ModelSpec.tp_plan left {len(plain)} parameters plain (torch.Tensor, "
+        f"not DTensor) on the {tp}-rank TP mesh: {shown}; the optimizer and gradient clipping "
+        "cannot mix them with the DTensor parameters. The model plugin must add them to the plan "
+        "(e.g. SequenceParallel() for a norm, ColwiseParallel()/RowwiseParallel() for a linear) or "
+        "replicate them (distribute_module(module, tp_mesh), a Replicate() placement); "
+        "titan_core.testing.check_model_spec finds this without a run. Meanwhile train with "
+        "parallelism.tp = 1"
+    )
+
+
+def _model_label(spec: ModelSpec) -> str:
+    """``model 'x' (plugin p, dist 1.0)``: the model's plugin, from titan's registry, when it
+    provides a model of that name; else ``model 'x'``."""
+    from titan_core import get_registry
+
+    registry = get_registry()
+    if spec.name.lower() in registry.records("models"):
+        return registry.label("models", spec.name)
+    return f"model {spec.name!r}"
 
 
 def _wait_for_the_reduce_scatter(module: nn.Module, args: Any, output: Any) -> Any:

@@ -47,6 +47,27 @@ def test_pure_fake_contract_errors(pp: int, env: dict[str, str], expected: list[
     assert "docs/debugging.md" in message
 
 
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_a_set_but_empty_fake_pp_rank_is_one_error_naming_it(pp: int, value: str) -> None:
+    """Outside run_train.sh (which refuses it), ``FAKE_PP_RANK=""`` read as unset: with PP the
+    error said "FAKE_PP_RANK is not set", and without PP the run went on as rank 0, unsaid."""
+    with pytest.raises(UsageError) as info:
+        pure_fake_launch(pp, {"NGPU": "4", "FAKE_PP_RANK": value})
+    message = str(info.value)
+    assert message.startswith(f"FAKE_PP_RANK is set but empty ({value!r})"), message
+    assert "is not set" not in message and "unset it" in message and "docs/debugging.md" in message
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_a_set_but_empty_fake_pp_rank_is_refused_by_the_hybrid_backend_too(value: str) -> None:
+    """real_pp_fake_spmd takes no FAKE_PP_RANK; set empty, run_train.sh refuses it, and so does
+    the backend itself."""
+    with pytest.raises(UsageError) as info:
+        hybrid_launch(2, {"NGPU": "4", "FAKE_PP_RANK": value, "RANK": "0", "WORLD_SIZE": "2"})
+    assert str(info.value).startswith(f"FAKE_PP_RANK={value!r} is set, but real_pp_fake_spmd")
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
@@ -93,10 +114,11 @@ def pp2():
     ],
 )
 def test_cli_reports_contract_errors_before_building(
-    tmp_path: Path, backend: str, env: dict[str, str], fragment: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, env: dict[str, str], fragment: str
 ) -> None:
     (tmp_path / "contract_recipes.py").write_text(RECIPES)
-    clean = {"NGPU": "", "FAKE_PP_RANK": "", "RANK": "", "WORLD_SIZE": "", **env}
+    monkeypatch.delenv("FAKE_PP_RANK", raising=False)  # set empty, it is an error of its own
+    clean = {"NGPU": "", "RANK": "", "WORLD_SIZE": "", **env}
     result = run_titan(
         "run",
         "--module",

@@ -154,3 +154,93 @@ def test_tp_with_compiled_blocks_matches_single_process(
     }
     expected = one_process_rows(tmp_path_factory, seed_checkpoint)
     assert_rows_close(layout_rows(tmp_path, 2, seed_checkpoint, layout), expected)
+
+
+GAPPY_RECIPE = '''
+"""A model plugin registered directly, whose TP plan leaves the blocks' ffn_norm out."""
+import attrs
+
+from tests.parallel_harness import tiny_config
+from titan_core import ModelSpec, get_registry, hookimpl
+
+
+def gappy_plan(model, tp_mesh, loss_parallel):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module,
+    )
+
+    from titan_core.blocks import tp_plan_ends
+
+    tp_plan_ends(model, tp_mesh, loss_parallel)
+    plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        # "ffn_norm": SequenceParallel(),  <- forgotten: its weight stays a plain tensor
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, plan)
+
+
+class Gappy:
+    @hookimpl
+    def titan_models(self) -> list[ModelSpec]:
+        from titan_plugins_llama3.plugin import titan_models
+
+        (llama3,) = titan_models()
+        return [attrs.evolve(llama3, name="gappy", tp_plan=gappy_plan)]
+
+
+get_registry().register(Gappy(), "gappy", "gappy-lm", "0.3")
+
+
+def layout():
+    config = tiny_config(**{"parallelism.tp": 2, "training.steps": 2})
+    config.model.name = "gappy"
+    config.job.dump_folder = "out"
+    return config
+'''
+
+
+@pytest.mark.slow
+def test_a_tp_plan_leaving_parameters_plain_is_one_error_naming_them(tmp_path: Path) -> None:
+    """Every rank stopped at step 1 with torch's ``aten._foreach_mul_.Scalar got mixed
+    torch.Tensor and DTensor`` traceback (gradient clipping); ``check_model_spec`` finds it, a run
+    did not. Now each rank stops before building the optimizer, naming the plan, the model's
+    plugin and the parameters."""
+    import subprocess
+
+    from tests.parallel_harness import child_env, torchrun_command
+
+    (tmp_path / "gappy_recipes.py").write_text(GAPPY_RECIPE)
+    result = subprocess.run(
+        torchrun_command(2, "--module", "gappy_recipes", "--recipe", "layout"),
+        cwd=tmp_path,
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # Each rank finds it; the first to fail makes torchrun stop the other (its SIGTERM line).
+    errors = [line for line in result.stderr.splitlines() if "ModelSpec.tp_plan" in line]
+    assert result.returncode != 0 and errors, result.stderr[-4000:]
+    for line in errors:
+        assert (
+            "titan: error: model 'gappy' (plugin gappy, gappy-lm 0.3): ModelSpec.tp_plan left 4 "
+            "parameters plain (torch.Tensor, not DTensor) on the 2-rank TP mesh: "
+            "layers.0.ffn_norm.weight, layers.1.ffn_norm.weight, layers.2.ffn_norm.weight, "
+            "layers.3.ffn_norm.weight;"
+        ) in line, line
+        assert "add them to the plan" in line and "replicate them" in line
+    assert "_foreach" not in result.stderr and "[rank0]: Traceback" not in result.stderr
+    assert "[rank1]: Traceback" not in result.stderr
