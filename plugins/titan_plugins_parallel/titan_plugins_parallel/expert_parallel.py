@@ -66,18 +66,44 @@ def applies(config: TrainerConfig, parallel_dims: ParallelDims) -> bool:
 
 
 def check(config: TrainerConfig, parallel_dims: ParallelDims, spec: ModelSpec, model_args: Any) -> list[str]:
-    """``Strategy.check``: EP does not compose with TP. Whether the model has experts, and how
-    many ``ep`` must divide, only the built model shows (:func:`apply` looks for grouped-experts
-    modules; the model's own ``validate`` may refuse earlier): no field of a ``ModelSpec`` says
-    it, and guessing from one (``num_active_params`` is for ``titan models list``) would refuse
-    a third-party MoE model that leaves it out."""
+    """``Strategy.check``: EP does not compose with TP, and the model must have grouped experts
+    whose count ``ep`` divides. No field of a ``ModelSpec`` says whether a model has experts
+    (``num_active_params`` is for ``titan models list``, and a third-party MoE model may leave it
+    out), so the model is built on the meta device (no memory) and its modules are looked at as
+    :func:`apply` looks at the built one. Found only there, every worker of a launch started,
+    built its model and failed in turn. A model that cannot be built on meta is left to
+    :func:`apply`."""
     pd = parallel_dims
     if pd.tp > 1:
         return [
             f"expert parallel (ep={pd.ep}) with tensor parallel (tp={pd.tp}) is not supported; "
             "set parallelism.tp = 1 or parallelism.ep = 1"
         ]
-    return []
+    if pd.ep <= 1:
+        return []
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = spec.build(model_args)
+    except Exception:  # the real build says what is wrong, naming the model
+        return []
+    return _expert_problems(_grouped_experts([model]), pd.ep, spec.name)
+
+
+def _expert_problems(experts: list[nn.Module], ep: int, model: str) -> list[str]:
+    """Why ``ep`` cannot shard these grouped-experts modules (none, or a count it does not divide)."""
+    if not experts:
+        return [
+            f"parallelism.ep={ep} but model {model!r} has no grouped-experts (MoE) layers; set "
+            "parallelism.ep = 1 or pick a MoE model (e.g. model.name = 'moe')"
+        ]
+    counts = sorted({m.num_experts for m in experts if m.num_experts % ep})
+    return [
+        f"parallelism.ep={ep} must divide the number of experts per layer ({count}); pick an ep "
+        "that divides it"
+        for count in counts
+    ]
 
 
 def dispatch(
@@ -204,17 +230,9 @@ def apply(parts: list[nn.Module], ctx: ParallelContext) -> list[nn.Module]:
         # every rank together, so this stage creates them too (or the others would wait).
         expert_mesh(ctx)
         return parts
-    if not experts:
-        raise UsageError(
-            f"parallelism.ep={pd.ep} but model {ctx.spec.name!r} has no grouped-experts (MoE) "
-            "layers; set parallelism.ep = 1 or pick a MoE model (e.g. model.name = 'moe')"
-        )
-    for module in experts:
-        if module.num_experts % pd.ep:
-            raise UsageError(
-                f"parallelism.ep={pd.ep} must divide the number of experts per layer "
-                f"({module.num_experts}); pick an ep that divides it"
-            )
+    problems = _expert_problems(experts, pd.ep, ctx.spec.name)
+    if problems:
+        raise UsageError(problems[0])
     mesh = expert_mesh(ctx)
     dp_mesh = mesh[("dp_replicate", "efsdp")] if pd.dp_replicate > 1 else mesh["efsdp"]
     # The same mixed precision as the FSDP strategy gives the dense weights.

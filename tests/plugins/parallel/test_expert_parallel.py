@@ -89,15 +89,51 @@ def _ctx(model_name: str, ep: int, tp: int = 1) -> SimpleNamespace:
 
 
 def test_model_without_experts_is_refused() -> None:
-    """Once built: a model without grouped experts. Not before (``Strategy.check``): no spec
-    field says whether a model has experts, and a MoE spec without ``num_active_params`` (a
-    ``titan models list`` count) must not be refused."""
+    """Once built, too (a third-party model whose spec cannot be built on meta is left to this)."""
     import torch
 
-    dense = SimpleNamespace(name="llama3", num_active_params=None)
-    assert expert_parallel.check(None, SimpleNamespace(ep=2, tp=1), dense, None) == []
     with pytest.raises(UsageError, match=r"ep=2 but model 'llama3' has no grouped-experts"):
         expert_parallel.apply([torch.nn.Linear(2, 2)], _ctx("llama3", 2))
+
+
+def _spec_and_args(model: str, flavor: str, **overrides: object) -> tuple[object, object, object]:
+    """A registered model's spec, a flavor's arguments with ``overrides``, a default config."""
+    import attrs
+
+    from titan_core import get_registry
+    from titan_core.config import TrainerConfig
+
+    spec = get_registry().get("models", model, what="model.name")
+    return spec, attrs.evolve(spec.flavors[flavor], **overrides), TrainerConfig()
+
+
+def test_a_model_without_experts_is_refused_before_launch() -> None:
+    """``Strategy.check``, which ``run_train.sh`` runs before torchrun starts a process: the
+    model built on the meta device shows whether it has grouped experts. Refused only by
+    ``apply``, every worker started, built its model and failed in turn."""
+    spec, args, config = _spec_and_args("llama3", "debugmodel")
+    problems = expert_parallel.check(config, SimpleNamespace(ep=2, tp=1), spec, args)
+    assert len(problems) == 1
+    assert "ep=2 but model 'llama3' has no grouped-experts (MoE) layers" in problems[0]
+
+
+def test_an_ep_that_does_not_divide_the_experts_is_refused_before_launch() -> None:
+    spec, args, config = _spec_and_args("moe", "debugmodel", n_experts=6)
+    problems = expert_parallel.check(config, SimpleNamespace(ep=4, tp=1), spec, args)
+    assert len(problems) == 1
+    assert "must divide the number of experts per layer (6)" in problems[0]
+    assert expert_parallel.check(config, SimpleNamespace(ep=2, tp=1), spec, args) == []
+
+
+def test_a_spec_that_cannot_be_built_on_meta_is_left_to_apply() -> None:
+    """A third-party model whose build needs real memory: the check says nothing, ``apply``
+    looks at the built model."""
+
+    def build(_args: object) -> object:
+        raise RuntimeError("needs real tensors")
+
+    spec = SimpleNamespace(name="theirs", build=build)
+    assert expert_parallel.check(None, SimpleNamespace(ep=2, tp=1), spec, None) == []
 
 
 def _pp_ctx(spec_build: object, args: object, ep: int = 2) -> SimpleNamespace:
