@@ -558,6 +558,8 @@ _LABEL_WORDS = {
     "config_sections": "config section",
     "checkpointers": "checkpointer",
     "comm_backends": "comm backend",
+    "datasets": "dataset",
+    "run_options": "run option",
 }
 
 

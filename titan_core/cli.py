@@ -206,18 +206,32 @@ def run_command_record(command: Any, args: argparse.Namespace, registry: Any) ->
     bare, exit 1) and ``256`` exited 0, the status being taken modulo 256.
     """
     from titan_core._registry import CORE_MODULE
-    from titan_core.errors import PluginError, call_plugin
+    from titan_core.errors import PluginError
 
     label = _command_label(registry, command.name)
     if getattr(args, "_configure_failure", None):
         raise PluginError(f"{label} {args._configure_failure}; update the plugin or tell its author")
-    if registry.provider("commands", command.name).module == CORE_MODULE:
-        code = command.run(args)
+    core = registry.provider("commands", command.name).module == CORE_MODULE
+    return exit_status(label, command.run, args, plugin=not core)
+
+
+def exit_status(label: str, run: Callable[..., Any], *args: Any, plugin: bool = True) -> int:
+    """``run(*args)``, a plugin's entry point that ends the process (a command's ``run``, a
+    ``titan run`` option's), as the exit status; ``label`` names it and its plugin in errors.
+
+    A plugin's exception other than a :class:`TitanError` is one :class:`PluginError` naming
+    ``label`` and the line that raised (``call_plugin``), not a traceback (``plugin=False``,
+    titan's own code: raised as it is, its traceback being what a report needs). ``run`` returns
+    an int from 0 to 255 or ``None`` (success); anything else is refused, naming it."""
+    from titan_core.errors import PluginError, call_plugin
+
+    if not plugin:
+        code = run(*args)
     else:
         # BrokenPipeError: the reader of the output went away (`titan hello | head`), not the
         # plugin's failure; _guarded_main ends quietly.
         passes = lambda exc: isinstance(exc, BrokenPipeError)
-        code = call_plugin(lambda: f"{label} failed", command.run, args, passes=passes)
+        code = call_plugin(lambda: f"{label} failed", run, *args, passes=passes)
     if code is None:
         return 0
     if type(code) is not int or not 0 <= code <= 255:  # bool is an int: True/False read as 1/0

@@ -468,7 +468,12 @@ class Checkpointer:
     #: a non-finite loss), ``None`` for a sound one or a folder it did not write. Called on every
     #: rank together (it may use collectives on the default group when ``world_size > 1``)
     #: before ``checkpoint.initial_load_path`` loads a folder, which a resume's own checks do
-    #: not cover.
+    #: not cover. Optional keyword ``check_meta``: a ``verify`` that takes it calls
+    #: ``check_meta(step, meta)`` with the ``meta`` stored with a sound folder it wrote (what
+    #: ``save`` or ``save_seed`` got); the trainer compares its model record with the run's as a
+    #: resume does and warns naming what differs (another ``rope_theta`` keeps every shape). The
+    #: trainer passes it only where ``verify``'s signature names it, so a ``verify`` without it
+    #: keeps working (the trainer then cannot tell another model of the same shapes).
     verify: Callable[[str, int, int], str | None] | None = attrs.field(
         default=None, validator=_optional("Checkpointer.verify")
     )
@@ -554,8 +559,11 @@ class Command:
 
     ``configure(parser)`` adds the command's arguments (or its own subcommands) to an
     ``argparse`` parser and must not import torch (``titan --help`` builds every command's
-    parser); ``run(args) -> int`` does the work and returns the exit status; it may raise
-    :class:`~titan_core.errors.TitanError` for a clean one-line error.
+    parser); ``run(args) -> int | None`` does the work and returns the exit status, an int from
+    0 to 255 (0: success) or ``None`` (success); anything else (a string, ``True``, ``256``) is
+    refused with one error naming the command and its plugin. It may raise
+    :class:`~titan_core.errors.TitanError` for a clean one-line error; any other exception is one
+    error naming the command, its plugin and the line that raised, not a traceback.
     """
 
     name: str
@@ -563,7 +571,7 @@ class Command:
     configure: Callable[[argparse.ArgumentParser], None] = attrs.field(
         validator=_function("Command.configure")
     )
-    run: Callable[[argparse.Namespace], int] = attrs.field(validator=_function("Command.run"))
+    run: Callable[[argparse.Namespace], int | None] = attrs.field(validator=_function("Command.run"))
     description: str = attrs.field(default="", converter=_text("Command.description"))
 
 
@@ -572,13 +580,18 @@ class RunOption:
     """A flag of ``titan run`` that runs something else with the resolved config.
 
     ``flag`` (``"--all-pp-ranks"``) is a boolean option; when given, ``run(config, registry,
-    args) -> int`` is called instead of training.
+    args) -> int | None`` is called instead of training, with the resolved config. Its return
+    value is the process's exit status, as a :class:`Command`'s: an int from 0 to 255 (0:
+    success) or ``None`` (success); anything else is refused with one error naming the run
+    option and its plugin. A :class:`~titan_core.errors.TitanError` it raises is its clean
+    one-line error; any other exception is one error naming the option, its plugin and the line
+    that raised, not a traceback.
     """
 
     name: str
     flag: str = attrs.field(validator=lambda _i, _a, v: _flag(v))
     help: str
-    run: Callable[[TrainerConfig, Any, argparse.Namespace], int] = attrs.field(
+    run: Callable[[TrainerConfig, Any, argparse.Namespace], int | None] = attrs.field(
         validator=_function("RunOption.run")
     )
     description: str = attrs.field(default="", converter=_text("RunOption.description"))

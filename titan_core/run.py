@@ -465,7 +465,14 @@ def _run(args: argparse.Namespace, registry: Any) -> int:
         return 0
     for option in registry.records("run_options").values():
         if getattr(args, f"run_option_{option.name}", False):
-            return option.run(config, registry, args)
+            from titan_core._registry import CORE_MODULE
+            from titan_core.cli import exit_status
+
+            # A plugin's code ending the process, as a plugin command's run: an exception is one
+            # error naming the option and its plugin, and the return value an exit status.
+            core = registry.provider("run_options", option.name).module == CORE_MODULE
+            label = registry.label("run_options", option.name)
+            return exit_status(label, option.run, config, registry, args, plugin=not core)
     from titan_core.log import setup_logging
 
     setup_logging()

@@ -9,13 +9,14 @@ device values only on the steps that log or save.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import math
 import os
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -44,7 +45,7 @@ from titan_core.log import file_failure as log_file_failure
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import ParallelContext, apply_strategies, cross_entropy_loss
-from titan_core.resume import CheckpointSaves, restore, resume_record
+from titan_core.resume import CheckpointSaves, model_changes, restore, resume_record
 from titan_core.run import (
     apply_backend_settings,
     check_launch,
@@ -287,9 +288,13 @@ class Trainer:
         self.fake_tensors = wanted(config.debug.fake_tensors, self.topology, self.spec, self.device)
         dataset = registry.get("datasets", config.data.dataset, what="dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.
-        # A plugin's exception there is one error naming the dataset (read_documents).
-        name = f"data.dataset {config.data.dataset!r}"
-        self._first_document = next(read_documents(lambda: dataset.documents(config.data), name), None)
+        # A plugin's exception there is one error naming the dataset and its plugin
+        # (read_documents), as every later read's does (the same label).
+        #: ``data.dataset 'x' (plugin p, dist 1.0)``: the field and the plugin behind its value.
+        self._data_label = "data." + registry.label("datasets", config.data.dataset)
+        self._first_document = next(
+            read_documents(lambda: dataset.documents(config.data), self._data_label), None
+        )
         if self._first_document is None:  # an empty file: too small, named as a small one is
             self._packed(lambda: ()).check_one_step()
         c = config.checkpoint
@@ -406,15 +411,44 @@ class Trainer:
         simulated = self.topology.simulates_peers  # a simulated group's collectives return nothing
         world = 1 if simulated else self.topology.world_size
         rank = 0 if simulated else self.topology.rank
+        verify = record.verify
+        try:
+            takes_meta = "check_meta" in inspect.signature(verify).parameters
+        except (TypeError, ValueError):  # a callable without a signature: the three arguments only
+            takes_meta = False
+        if takes_meta:  # optional: a verify written before the keyword is called as it was
+            verify = functools.partial(
+                verify, check_meta=lambda _step, meta: self._compare_initial_model(path, meta)
+            )
         why = self._as_plugin(
             lambda: f"the check of {self.registry.label('checkpointers', record.name)}",
-            record.verify,
+            verify,
             path,
             rank,
             world,
         )
         if why is not None:
             raise UsageError(f"checkpoint.initial_load_path: {path!r} cannot be loaded: {why}")
+
+    def _compare_initial_model(self, path: str, meta: Any) -> None:
+        """Warn when the folder's recorded model (the ``meta`` its save stored, which
+        ``Checkpointer.verify`` hands over through ``check_meta``) is not this run's: another
+        ``rope_theta`` or ``norm_eps`` keeps every shape, so the weights load and train as another
+        model's without a word (a Hugging Face folder whose config.json differs is refused). A
+        warning, not a refusal: fine-tuning under other RoPE settings can be meant, and a change
+        of shape is refused by the load already. Compared as a resume compares
+        (``resume.model_changes``: resolved arguments, compute-only ones left out)."""
+        saved = meta.get("model") if isinstance(meta, Mapping) else None
+        if not isinstance(saved, Mapping):  # no record (a seed saved without one, an earlier titan)
+            return
+        changes = model_changes(self.spec, saved, resume_record(self.config, 0)["model"])
+        if changes:
+            log.warning(
+                f"checkpoint.initial_load_path: {path!r} was saved by another model than this run's "
+                f"({'; '.join(changes)}): its weights load (the shapes fit), but they were trained as "
+                "the recorded model, and this run computes with its own settings; if that is not "
+                "meant, set model.flavor / model.overrides to the checkpoint's"
+            )
 
     def _build_optimizer(self) -> None:
         """AdamW over the parameter groups and the LR schedule."""
@@ -465,7 +499,7 @@ class Trainer:
                 lambda: same_start(
                     dataset.documents(config.data),
                     self._first_document,
-                    f"data.dataset {config.data.dataset!r}",
+                    self._data_label,
                 )
             )
             self.batches.check_one_step()
@@ -484,8 +518,7 @@ class Trainer:
             dp_degree=self.parallel_dims.dp,
             seed=self.seed,
             shuffle_buffer=config.data.shuffle_buffer,
-            name=f"data.dataset {config.data.dataset!r}"
-            + (f" at data.path {config.data.path!r}" if config.data.path else ""),
+            name=self._data_label + (f" at data.path {config.data.path!r}" if config.data.path else ""),
             batches_per_step=self.accumulation,
             batches_needed=self.accumulation,
             steps=self.steps,
@@ -818,10 +851,30 @@ class Trainer:
                 for buffer, saved in buffers:
                     buffer.copy_(saved)
         value = float(mean_over_dp(total / batches, self.ctx))
-        perplexity = math.exp(min(value, 700))
+        # exp(700) keeps a huge finite loss from overflowing; an infinite one's perplexity is
+        # infinite (e^700 would pass for a figure some model gave). NaN stays NaN.
+        perplexity = math.inf if value == math.inf else math.exp(min(value, 700))
         # Full precision, as the training loss: a validation curve is checked against a
         # reference from metrics.jsonl (titan compare); the log line rounds what it shows.
         return {"validation/loss": value, "validation/perplexity": perplexity}
+
+    def _warn_non_finite_validation(self, step: int, value: float) -> None:
+        """Warn of a NaN or inf validation loss: logged and written as it is, it went by without
+        a word. The training loss of this step was checked finite already (a validating step
+        logs, and a logging step is checked), so training is sound and goes on (Megatron stops
+        on a NaN evaluation loss; a run that fine-tunes past odd validation data should not lose
+        its progress): what differs is the data or the forward in eval mode."""
+        if math.isfinite(value):
+            return
+        log.warning(
+            f"validation loss is not finite ({value}) at step {step}, while the training loss is: "
+            "the validation data may not be like the training data (validation.path, "
+            "validation.dataset: text the model's logits cannot fit), or the model diverges in "
+            "eval mode, where training's forward does not (a module behaving otherwise under "
+            "model.eval(): dropout, a norm's running statistics, a strategy's evaluate). "
+            "Training goes on; validation/loss is recorded as it is",
+            step=step,
+        )
 
     def _eval_loss(
         self, inputs: torch.Tensor, labels: torch.Tensor, evaluate: Any = None
@@ -1041,6 +1094,7 @@ class Trainer:
                         perplexity=validation["validation/perplexity"],
                     )
                     row.update(validation)  # to the metric writers (TensorBoard, metrics.jsonl)
+                    self._warn_non_finite_validation(step, validation["validation/loss"])
             else:
                 self.metrics.step_done(step, None, None)
             self.phase = "the end-of-step callbacks (checkpoint save)"

@@ -41,7 +41,8 @@ def validation_batches(trainer: Trainer, registry: Registry) -> PackedBatches:
     data = attrs.evolve(d, dataset=name, path=v.path if v.path is not None else d.path)
     documents = dataset.documents
     held_out = False
-    label = f"validation.dataset {name!r}"
+    # The field and the plugin behind its value: ``validation.dataset 'x' (plugin p, dist 1.0)``.
+    label = "validation." + registry.label("datasets", name)
     # The same record read at the same path yields the training documents: the same string
     # (the dataset's own notion of a path), or one file on disk however it is spelled.
     same_path = data.path == d.path or _same_file(data.path, d.path)

@@ -120,7 +120,7 @@ def test_missing_strategy_plugin_is_named(tmp_path: Path, monkeypatch: pytest.Mo
         # An empty file: named with the tokens it holds and what one step needs, as a small one.
         (
             {"empty.jsonl": ""},
-            r"data: data\.dataset 'text' at data\.path '.*corpus' is too small for one "
+            r"data: data\.dataset 'text' \(plugin core[^)]*\) at data\.path '.*corpus' is too small for one "
             r"step: one pass gives 0 tokens \(no documents\), and one step needs 66 tokens",
         ),
     ],
@@ -182,7 +182,8 @@ _FEW_WORDS = '{"text": "only a few words here"}\n'
         ),
         (
             "validation",
-            r"^data: validation\.dataset 'text' is too small for one step: one pass gives "
+            r"^data: validation\.dataset 'text' \(plugin core[^)]*\) is too small for one step: "
+            r"one pass gives "
             r"\d+ tokens \(1 document\)",
         ),
     ],
@@ -216,7 +217,8 @@ def test_data_too_small_for_one_step_is_refused_before_the_model_is_built(
     message = str(info.value)
     assert "\n" not in message
     if case != "validation":
-        assert message.startswith(f"data: data.dataset 'text' at data.path {str(corpus)!r} is too small")
+        assert message.startswith("data: data.dataset 'text' (plugin core")  # the dataset's plugin named
+        assert f") at data.path {str(corpus)!r} is too small" in message
 
 
 class _Backend:

@@ -479,7 +479,8 @@ def test_a_validation_dataset_failing_on_its_first_read_is_one_error_naming_it(
         Trainer(config, registry)
     message = str(info.value)
     assert message.startswith(
-        "validation.dataset 'remote' failed reading document 1 of pass 1 over the data: "
+        "validation.dataset 'remote' (plugin third_party_data) failed reading document 1 of pass 1 "
+        "over the data: "
     )
     assert "ConnectionError: the validation shard server is down" in message
 
@@ -517,14 +518,14 @@ def test_a_validation_set_smaller_than_one_batch_is_refused_before_training(
         corpus.write_text('{"text": "a tiny held out document"}\n')
         config = with_validation(tmp_path / "out")
         config.validation.dataset, config.validation.path = "text", str(corpus)
-        name = "validation.dataset 'text'"
+        name = r"validation\.dataset 'text' \(plugin core[^)]*\)"
     else:
         registry = Registry().load_entry_points()
         tiny = Dataset("mine", training_text, held_out=lambda data: ["one short document"])
         registry.register(plugin(titan_datasets=[tiny]), "third_party_data")
         config = with_validation(tmp_path / "out")
         config.data.dataset = "mine"
-        name = r"validation.dataset 'mine' \(held-out documents\)"
+        name = r"validation.dataset 'mine' \(plugin third_party_data\) \(held-out documents\)"
     with pytest.raises(UsageError, match=rf"{name} is too small for one step: one pass gives \d+ tokens"):
         Trainer(config, registry)
 
@@ -540,7 +541,9 @@ def test_held_out_documents_that_are_empty_are_named_not_validation_path(tmp_pat
     with pytest.raises(UsageError) as info:
         Trainer(config, registry)
     message = str(info.value)
-    assert message.startswith("validation.dataset 'mine' (held-out documents) yields no documents")
+    assert message.startswith(
+        "validation.dataset 'mine' (plugin third_party_data) (held-out documents) yields no documents"
+    )
     assert "Dataset.held_out" in message and "validation.path" in message
     assert "check validation.path" not in message
 
@@ -574,7 +577,8 @@ def test_held_out_documents_read_differently_each_time_are_one_error(tmp_path: P
             trainer.close()
     message = str(info.value)
     assert message.startswith(
-        "validation.dataset 'drifting' (held-out documents) gave another first document"
+        "validation.dataset 'drifting' (plugin third_party_data) (held-out documents) gave another "
+        "first document"
     )
     assert "the same documents in the same order on every call" in message
 
@@ -596,5 +600,7 @@ def test_training_documents_from_one_shared_iterator_are_refused_before_training
         finally:
             trainer.close()
     text = str(info.value)
-    assert text.startswith("data.dataset 'once' gave another first document on a later read"), text
+    assert text.startswith(
+        "data.dataset 'once' (plugin third_party_data) gave another first document on a later read"
+    ), text
     assert "The river falls 1 times" in text and "The river falls 0 times" in text, text

@@ -75,12 +75,17 @@ def _int_or_none(raw: str) -> int | None:
 def read_ngpu(pp: int, env: Mapping[str, str]) -> int:
     """``NGPU``: a positive integer divisible by the pipeline degree."""
     raw = env.get("NGPU")
-    if raw is None or raw.strip() == "":
-        raise UsageError(
-            "NGPU is not set: the fake comm backends need the logical world size. Set NGPU to "
-            f"the number of ranks of the job to represent (a positive integer divisible by "
-            f"parallelism.pp={pp}), e.g. NGPU={max(pp, 1) * 4}; {DOC}"
-        )
+    fix = (
+        "the fake comm backends need the logical world size. Set NGPU to the number of ranks of "
+        f"the job to represent (a positive integer divisible by parallelism.pp={pp}), e.g. "
+        f"NGPU={max(pp, 1) * 4}; {DOC}"
+    )
+    if raw is not None and raw.strip() == "":
+        # Set but empty (``NGPU=$N`` with N unset): "is not set" sent the user looking for a
+        # variable they had set. run_train.sh refuses it alike.
+        raise UsageError(f"NGPU is set but empty ({raw!r}): {fix}")
+    if raw is None:
+        raise UsageError(f"NGPU is not set: {fix}")
     ngpu = _int_or_none(raw)
     if ngpu is None or ngpu < 1:
         raise UsageError(

@@ -237,11 +237,19 @@ def damaged_file(found: Usable, rank: int, peers: Peers) -> str | None:
     return f"its data file {first}{more} differs from what was saved ({why}): damaged on disk"
 
 
-def verify_folder(path: str, rank: int = 0, world_size: int = 1) -> str | None:
+def verify_folder(
+    path: str,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    check_meta: Callable[[int, dict[str, Any]], None] | None = None,
+) -> str | None:
     """Why a checkpoint folder titan wrote cannot be trusted, or ``None`` (``Checkpointer.verify``):
     an unfinished save (``step-N.tmp``), a ``meta.json`` that is not titan's record, data that
     differs from what was saved (CRC-32; the ranks share the pieces), a save after a non-finite
-    loss. A DCP folder without ``meta.json`` (another tool's) is not titan's to judge: ``None``."""
+    loss. A DCP folder without ``meta.json`` (another tool's) is not titan's to judge: ``None``.
+    A sound folder's step and meta (the trainer's record of the model it was saved from) go to
+    ``check_meta`` when given: the trainer compares that model with its own."""
     if not os.path.isfile(os.path.join(path, ".metadata")):
         return None  # no DCP checkpoint (a Hugging Face folder, say): its loader judges it
     name = os.path.basename(os.path.realpath(path))  # a link's target: latest -> step-4.tmp
@@ -269,7 +277,10 @@ def verify_folder(path: str, rank: int = 0, world_size: int = 1) -> str | None:
             f"it was saved after a non-finite loss (its {META_FILE} says loss_finite: false), so its "
             "weights cannot be trusted; give an earlier step"
         )
-    return damaged_file(found, rank, Peers(world_size))
+    why = damaged_file(found, rank, Peers(world_size))
+    if why is None and check_meta is not None:
+        check_meta(step, found.meta)
+    return why
 
 
 # -- the checkpointer --------------------------------------------------------------------------------

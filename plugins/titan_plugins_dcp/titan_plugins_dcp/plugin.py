@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from titan_core import Checkpointer, Command, hookimpl
@@ -25,10 +26,13 @@ def _launch_check(config: TrainerConfig, processes: int) -> None:
         check_seed_launch(config.parallelism, processes)
 
 
-def _verify(path: str, rank: int, world_size: int) -> str | None:
+def _verify(
+    path: str, rank: int, world_size: int, *, check_meta: Callable[[int, dict[str, Any]], None]
+) -> str | None:
     from titan_plugins_dcp.checkpointer import verify_folder
 
-    return verify_folder(path, rank, world_size)
+    # check_meta: the trainer compares the model meta.json records with the run's.
+    return verify_folder(path, rank, world_size, check_meta=check_meta)
 
 
 def _export(args: argparse.Namespace) -> int:

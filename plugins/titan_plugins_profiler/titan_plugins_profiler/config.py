@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import attrs
 
-from titan_core.config import field, positive, section
+from titan_core.config import field, local_path, positive, section
 
 
 @section
@@ -18,14 +18,17 @@ class Profiler:
     #: Record torch.profiler traces every ``profile_freq`` steps.
     enable_profiling: bool = False
     #: Folder for profiler traces, joined to ``job.dump_folder`` (an absolute path as it is).
-    save_traces_folder: str = "profile_traces"
+    # A path field as the core's (``local_path``): blank (an unset variable, which would be the
+    # dump folder itself) and a leading ``~`` (which only a shell expands) are refused.
+    save_traces_folder: str = field(default="profile_traces", validator=local_path)
     #: Steps between profiler traces.
     profile_freq: int = field(default=10, validator=positive)
     #: Record memory snapshots: the CUDA caching allocator's history on GPUs, a tensor-level
     #: account of the rank on CPU; each with an HTML page beside it.
     enable_memory_snapshot: bool = False
     #: Folder for memory snapshots, joined to ``job.dump_folder`` (an absolute path as it is).
-    save_memory_snapshot_folder: str = "memory_snapshot"
+    # Neither blank nor starting with ``~``, as ``save_traces_folder``.
+    save_memory_snapshot_folder: str = field(default="memory_snapshot", validator=local_path)
     #: Steps between memory snapshots; ``None`` uses ``profile_freq``.
     memory_snapshot_freq: int | None = field(default=None, validator=positive)
 

@@ -147,6 +147,6 @@ def test_a_dataset_plugin_failing_is_one_error_naming_it(
         train(config, registry)
     message = str(info.value)
     assert message.startswith(
-        f"data.dataset 'flaky' failed reading document {at + 1} of pass 1 over the data: "
+        f"data.dataset 'flaky' (plugin flaky) failed reading document {at + 1} of pass 1 over the data: "
     )
     assert "ConnectionError: the shard server went away (at " in message
