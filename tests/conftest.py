@@ -46,11 +46,38 @@ def step_rows(stdout: str) -> list[dict]:
     return rows
 
 
-@pytest.fixture(scope="session")
-def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder where the fixture plugins are really installed by pip (put it on PYTHONPATH)."""
-    target = tmp_path_factory.mktemp("site")
-    for name in ("titan_toy_plugin", "titan_broken_plugin", "titan_zloss_plugin", "titan_heavy_plugin"):
+class LogWarnings:
+    """Stands in for a module's structlog ``log``: records each ``warning`` as ``(event, fields)``
+    and hands everything else to the real logger."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+        self.records: list[tuple[str, dict]] = []
+
+    @property
+    def seen(self) -> list[str]:
+        """The warnings' events (their messages)."""
+        return [event for event, _ in self.records]
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.records.append((event, fields))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+
+def record_warnings(monkeypatch: pytest.MonkeyPatch, *modules: types.ModuleType) -> LogWarnings:
+    """One :class:`LogWarnings` put in place of the ``log`` of each of ``modules``."""
+    recorder = LogWarnings(modules[0].log)
+    for module in modules:
+        monkeypatch.setattr(module, "log", recorder)
+    return recorder
+
+
+def pip_install(target: Path, *fixtures: str) -> Path:
+    """Install the fixture plugins ``fixtures`` (folders of ``tests/fixtures``) really, with pip,
+    into ``target`` (put it on PYTHONPATH); returns ``target``."""
+    for name in fixtures:
         subprocess.run(
             [
                 sys.executable,
@@ -68,6 +95,18 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             capture_output=True,
         )
     return target
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where the fixture plugins are really installed by pip (put it on PYTHONPATH)."""
+    return pip_install(
+        tmp_path_factory.mktemp("site"),
+        "titan_toy_plugin",
+        "titan_broken_plugin",
+        "titan_zloss_plugin",
+        "titan_heavy_plugin",
+    )
 
 
 def tiny_llama3(dump_folder: Path | str, steps: int = 4) -> object:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 import textwrap
 import types
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 import attrs
 import pytest
 
-from tests.conftest import FIXTURES, plugin_module, run_titan, step_rows
+from tests.conftest import pip_install, plugin_module, run_titan, step_rows
 from titan_core import ConfigSection, ModelSpec, hookimpl
 from titan_core._registry import Registry
 from titan_core.callbacks import Callbacks
@@ -173,24 +171,7 @@ def test_an_entry_point_whose_object_has_no_hooks_fails_naming_what_to_fix(tmp_p
 @pytest.fixture(scope="module")
 def tidy_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``tests/fixtures/titan_tidy_plugin`` really installed by pip (put it on PYTHONPATH)."""
-    target = tmp_path_factory.mktemp("tidy_site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(FIXTURES / "titan_tidy_plugin"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return target
+    return pip_install(tmp_path_factory.mktemp("tidy_site"), "titan_tidy_plugin")
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

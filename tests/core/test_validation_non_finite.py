@@ -13,30 +13,16 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import plugin_module, tiny_llama3
+from tests.conftest import LogWarnings, plugin_module, record_warnings, tiny_llama3
 from titan_core import Strategy
 from titan_core import trainer as trainer_module
 from titan_core._registry import Registry
 from titan_core.trainer import train
 
 
-class Warnings:
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.seen: list[tuple[str, dict[str, Any]]] = []
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.seen.append((event, fields))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-
 @pytest.fixture
-def warnings(monkeypatch: pytest.MonkeyPatch) -> Warnings:
-    recorder = Warnings(trainer_module.log)
-    monkeypatch.setattr(trainer_module, "log", recorder)
-    return recorder
+def warnings(monkeypatch: pytest.MonkeyPatch) -> LogWarnings:
+    return record_warnings(monkeypatch, trainer_module)
 
 
 def _eval_mode_gives(value: float) -> Registry:
@@ -72,13 +58,13 @@ def _config(tmp_path: Path) -> Any:
     return config
 
 
-def _non_finite(warnings: Warnings) -> list[tuple[str, dict[str, Any]]]:
-    return [(e, f) for e, f in warnings.seen if "validation loss is not finite" in e]
+def _non_finite(warnings: LogWarnings) -> list[tuple[str, dict[str, Any]]]:
+    return [(e, f) for e, f in warnings.records if "validation loss is not finite" in e]
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_a_non_finite_validation_loss_is_a_warning_naming_the_step_and_the_likely_causes(
-    tmp_path: Path, warnings: Warnings, value: float
+    tmp_path: Path, warnings: LogWarnings, value: float
 ) -> None:
     rows = train(_config(tmp_path), _eval_mode_gives(value))
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # training goes on: its loss is finite
@@ -96,7 +82,7 @@ def test_a_non_finite_validation_loss_is_a_warning_naming_the_step_and_the_likel
     assert "eval mode" in event  # the model's eval-mode forward
 
 
-def test_a_finite_validation_loss_draws_no_warning(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_finite_validation_loss_draws_no_warning(tmp_path: Path, warnings: LogWarnings) -> None:
     from titan_core._registry import get_registry
 
     rows = train(_config(tmp_path), get_registry())

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.conftest import plugin_module
+from tests.conftest import LogWarnings, plugin_module, record_warnings
 from tests.parallel_harness import tiny_config, write_seed_checkpoint
 from titan_core import Checkpointer
 from titan_core import trainer as trainer_module
@@ -67,23 +67,9 @@ def _folder(tmp_path: Path, **saved_overrides: Any) -> Path:
     return folder
 
 
-class Warnings:
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.seen: list[str] = []
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.seen.append(event)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-
 @pytest.fixture
-def warnings(monkeypatch: pytest.MonkeyPatch) -> Warnings:
-    recorder = Warnings(trainer_module.log)
-    monkeypatch.setattr(trainer_module, "log", recorder)
-    return recorder
+def warnings(monkeypatch: pytest.MonkeyPatch) -> LogWarnings:
+    return record_warnings(monkeypatch, trainer_module)
 
 
 def _run(tmp_path: Path, folder: Path, registry: Registry) -> list[int]:
@@ -98,12 +84,12 @@ def _run(tmp_path: Path, folder: Path, registry: Registry) -> list[int]:
     return [int(row["step"]) for row in train(config, registry)]
 
 
-def _model_warnings(warnings: Warnings) -> list[str]:
+def _model_warnings(warnings: LogWarnings) -> list[str]:
     return [w for w in warnings.seen if "saved by another model" in w]
 
 
 def test_a_third_party_verify_handing_the_meta_names_another_model(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     folder = _folder(tmp_path, rope_theta=10_000.0)
     assert _run(tmp_path, folder, _registry(_verify_with_meta)) == [1]  # a warning, not a refusal
@@ -113,13 +99,15 @@ def test_a_third_party_verify_handing_the_meta_names_another_model(
 
 
 def test_a_third_party_verify_handing_the_meta_of_the_same_model_draws_no_warning(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     assert _run(tmp_path, _folder(tmp_path), _registry(_verify_with_meta)) == [1]
     assert _model_warnings(warnings) == []
 
 
-def test_a_third_party_verify_without_check_meta_works_as_before(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_third_party_verify_without_check_meta_works_as_before(
+    tmp_path: Path, warnings: LogWarnings
+) -> None:
     folder = _folder(tmp_path, rope_theta=10_000.0)
     assert _run(tmp_path, folder, _registry(_verify_without_meta)) == [1]  # it cannot tell: no word
     assert _model_warnings(warnings) == []

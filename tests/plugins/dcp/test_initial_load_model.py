@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import LogWarnings, record_warnings
 from tests.parallel_harness import tiny_config
 from titan_core import trainer as trainer_module
 from titan_core._registry import get_registry
@@ -20,23 +21,9 @@ from titan_core.trainer import train
 _INITIAL = "checkpoint.initial_load_path"
 
 
-class Warnings:
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.seen: list[str] = []
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.seen.append(event)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-
 @pytest.fixture
-def warnings(monkeypatch: pytest.MonkeyPatch) -> Warnings:
-    recorder = Warnings(trainer_module.log)
-    monkeypatch.setattr(trainer_module, "log", recorder)
-    return recorder
+def warnings(monkeypatch: pytest.MonkeyPatch) -> LogWarnings:
+    return record_warnings(monkeypatch, trainer_module)
 
 
 def _started_from(folder: Path, source: Path, **overrides: Any) -> list[int]:
@@ -54,12 +41,12 @@ def step_2(tmp_path: Path) -> Path:
     return tmp_path / "source" / "checkpoint" / "step-2"
 
 
-def _model_warnings(warnings: Warnings) -> list[str]:
+def _model_warnings(warnings: LogWarnings) -> list[str]:
     return [w for w in warnings.seen if "saved by another model" in w]
 
 
 def test_initial_weights_of_another_model_of_the_same_shapes_are_named(
-    tmp_path: Path, step_2: Path, warnings: Warnings
+    tmp_path: Path, step_2: Path, warnings: LogWarnings
 ) -> None:
     assert _started_from(tmp_path / "new", step_2, rope_theta=10_000.0) == [1, 2]  # loads: a warning
     (message,) = _model_warnings(warnings)
@@ -69,14 +56,14 @@ def test_initial_weights_of_another_model_of_the_same_shapes_are_named(
 
 
 def test_initial_weights_of_the_same_model_draw_no_warning(
-    tmp_path: Path, step_2: Path, warnings: Warnings
+    tmp_path: Path, step_2: Path, warnings: LogWarnings
 ) -> None:
     _started_from(tmp_path / "same", step_2)
     _started_from(tmp_path / "fused", step_2, fuse_qkv=False)  # compute-only: the same weights
     assert _model_warnings(warnings) == []
 
 
-def test_a_seed_checkpoint_of_another_model_is_named_too(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_seed_checkpoint_of_another_model_is_named_too(tmp_path: Path, warnings: LogWarnings) -> None:
     seed = tiny_config(
         **{"job.dump_folder": str(tmp_path / "seed"), "checkpoint.create_seed_checkpoint": True}
     )

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.conftest import LogWarnings, record_warnings
 from tests.parallel_harness import tiny_config
 from titan_core import resume as resume_module
 from titan_core import trainer as trainer_module
@@ -21,24 +22,9 @@ from titan_core.errors import UsageError
 from titan_core.trainer import Trainer, train
 
 
-class Warnings:
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.seen: list[str] = []
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.seen.append(event)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-
 @pytest.fixture
-def warnings(monkeypatch: pytest.MonkeyPatch) -> Warnings:
-    recorder = Warnings(trainer_module.log)
-    monkeypatch.setattr(trainer_module, "log", recorder)
-    monkeypatch.setattr(resume_module, "log", recorder)  # the resume's comparisons warn there
-    return recorder
+def warnings(monkeypatch: pytest.MonkeyPatch) -> LogWarnings:
+    return record_warnings(monkeypatch, trainer_module, resume_module)
 
 
 def config_in(folder: Path, **overrides: Any) -> Any:
@@ -66,7 +52,7 @@ def resumed_inputs(trainer: Trainer, batches: int) -> tuple[list[Any], list[Any]
 
 
 def test_a_resume_applies_this_runs_optimizer_settings_and_says_so(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     rows(config_in(tmp_path, **{"debug.max_steps": 3}))
     changed = {"training.lr": 1e-3, "training.weight_decay": 0.0, "training.beta2": 0.99}
@@ -87,7 +73,7 @@ def test_a_resume_applies_this_runs_optimizer_settings_and_says_so(
     assert "training.beta2: 0.95 -> 0.99" in message
 
 
-def test_a_resume_in_another_precision_says_so(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_in_another_precision_says_so(tmp_path: Path, warnings: LogWarnings) -> None:
     """``training.dtype`` changes every later loss (bf16 autocast against fp32), as ``lr`` does."""
     rows(config_in(tmp_path, **{"debug.max_steps": 2}))
     rows(config_in(tmp_path, **{"debug.max_steps": 3, "training.dtype": "bfloat16"}))
@@ -147,7 +133,7 @@ def test_the_data_continues_where_it_stopped_when_the_accumulation_changes(tmp_p
         assert torch.equal(inputs, stream[6 + i])
 
 
-def test_a_resume_on_other_data_is_named(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_on_other_data_is_named(tmp_path: Path, warnings: LogWarnings) -> None:
     rows(config_in(tmp_path, **{"debug.max_steps": 3}))
     rows(config_in(tmp_path, **{"data.bundled_documents": 300}))
     (message,) = [w for w in warnings.seen if "another data configuration" in w]
@@ -337,7 +323,7 @@ def test_a_resume_into_a_model_of_other_parameters_names_the_model_not_missing_k
 
 
 def test_a_resume_changing_a_plugin_sections_result_field_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warnings: Warnings
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warnings: LogWarnings
 ) -> None:
     """A plugin field named in ``ConfigSection.results`` changes the losses as ``training.lr``
     does: a resume that changes it is warned about the same way, naming it and the step."""
@@ -367,14 +353,14 @@ def test_a_resume_changing_a_plugin_sections_result_field_says_so(
     assert "note" not in message  # not a result field
 
 
-def test_a_resume_with_another_clipping_norm_says_so(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_with_another_clipping_norm_says_so(tmp_path: Path, warnings: LogWarnings) -> None:
     rows(config_in(tmp_path, **{"debug.max_steps": 3}))
     rows(config_in(tmp_path, **{"training.max_norm": 0.5}))
     (message,) = [w for w in warnings.seen if "optimizer settings" in w]
     assert "training.max_norm: 1.0 -> 0.5" in message
 
 
-def test_a_resume_says_the_initial_weights_are_not_read(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_says_the_initial_weights_are_not_read(tmp_path: Path, warnings: LogWarnings) -> None:
     rows(config_in(tmp_path / "seed", **{"checkpoint.create_seed_checkpoint": True, "training.steps": 1}))
     initial = {"checkpoint.initial_load_path": str(tmp_path / "seed" / "checkpoint" / "step-0")}
     rows(config_in(tmp_path / "run", **{**initial, "debug.max_steps": 2}))
@@ -400,7 +386,7 @@ def test_a_seed_checkpoint_of_another_model_is_refused_before_it_is_read(tmp_pat
 
 
 def test_a_resume_spelling_data_path_another_way_is_not_another_data_source(
-    tmp_path: Path, warnings: Warnings, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, warnings: LogWarnings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(f'{{"text": "document {i} on hills"}}' for i in range(400)))
@@ -411,7 +397,7 @@ def test_a_resume_spelling_data_path_another_way_is_not_another_data_source(
     assert not [w for w in warnings.seen if "another data configuration" in w]
 
 
-def test_a_resume_after_the_data_files_changed_says_so(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_after_the_data_files_changed_says_so(tmp_path: Path, warnings: LogWarnings) -> None:
     """The same data.path, a file added: the skip to the checkpoint's position lands elsewhere."""
     folder = tmp_path / "corpus"
     folder.mkdir()
@@ -426,7 +412,7 @@ def test_a_resume_after_the_data_files_changed_says_so(tmp_path: Path, warnings:
 
 @pytest.mark.parametrize("change", ["renamed", "rewritten at the same size"])
 def test_a_resume_after_data_files_were_renamed_or_rewritten_says_so(
-    tmp_path: Path, warnings: Warnings, change: str
+    tmp_path: Path, warnings: LogWarnings, change: str
 ) -> None:
     """Files are read in sorted path order: a rename reorders the stream, a rewrite of the same
     size changes it; the count and bytes alone stayed the same, so neither was named."""
@@ -447,7 +433,9 @@ def test_a_resume_after_data_files_were_renamed_or_rewritten_says_so(
     assert "the files at data.path were renamed or rewritten (the same 2 files of" in message
 
 
-def test_a_resume_of_unchanged_or_copied_data_files_says_nothing(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_of_unchanged_or_copied_data_files_says_nothing(
+    tmp_path: Path, warnings: LogWarnings
+) -> None:
     """The same content at the same names (a copy keeps them; times may change) is the same data."""
     import shutil
     import time
@@ -465,7 +453,7 @@ def test_a_resume_of_unchanged_or_copied_data_files_says_nothing(tmp_path: Path,
 
 
 def test_a_resume_reading_an_identical_copy_at_another_path_says_nothing(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     """The corpus moved (another disk, another mount): the same files at another data.path are the
     same stream, so the resume continues it without calling it another data source."""
@@ -484,7 +472,7 @@ def test_a_resume_reading_an_identical_copy_at_another_path_says_nothing(
     assert not [w for w in warnings.seen if "another data configuration" in w]
 
 
-def test_a_resume_reading_other_files_at_another_path_says_so(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_reading_other_files_at_another_path_says_so(tmp_path: Path, warnings: LogWarnings) -> None:
     """Another data.path with other content is named with both paths."""
     for name in ("corpus", "other"):
         (tmp_path / name).mkdir()
@@ -555,7 +543,9 @@ def _tokenizer_with_two_ids_swapped(source: Path, target: Path) -> None:
     target.write_text(json.dumps(data))
 
 
-def test_a_resume_with_another_tokenizer_at_the_same_path_says_so(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_with_another_tokenizer_at_the_same_path_says_so(
+    tmp_path: Path, warnings: LogWarnings
+) -> None:
     """The token ids the model was trained on mean other text after the tokenizer file changed;
     the path alone (all the checkpoint recorded) was the same, so nothing was said."""
     from titan_core.data.loader import BUNDLED_TOKENIZER
@@ -574,7 +564,7 @@ def test_a_resume_with_another_tokenizer_at_the_same_path_says_so(tmp_path: Path
 
 
 def test_a_resume_with_a_tokenizer_of_another_vocabulary_names_both_sizes(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     from titan_core.data.make_tokenizer import train_tokenizer
 
@@ -587,7 +577,7 @@ def test_a_resume_with_a_tokenizer_of_another_vocabulary_names_both_sizes(
     assert "titan's bundled tokenizer ->" in message and "612 -> 400 tokens" in message
 
 
-def test_a_resume_with_a_copy_of_the_tokenizer_says_nothing(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_with_a_copy_of_the_tokenizer_says_nothing(tmp_path: Path, warnings: LogWarnings) -> None:
     """The same tokenizer at another path, its JSON laid out otherwise, is the same tokenizer."""
     from titan_core.data.loader import BUNDLED_TOKENIZER
 
@@ -599,7 +589,7 @@ def test_a_resume_with_a_copy_of_the_tokenizer_says_nothing(tmp_path: Path, warn
 
 
 def test_a_checkpoint_without_a_tokenizer_record_resumes_without_a_word(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     """An earlier titan's checkpoint records no tokenizer: nothing to compare, nothing said."""
     rows(config_in(tmp_path / "run", **{"debug.max_steps": 3}))
@@ -613,7 +603,7 @@ def test_a_checkpoint_without_a_tokenizer_record_resumes_without_a_word(
 
 
 def test_a_resume_with_another_seq_len_continues_after_the_tokens_consumed(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     """3 steps of 4 sequences of 33 tokens consumed 396 tokens; resumed with seq_len 64, the skip
     counted 12 sequences of 65 (780 tokens), so 384 tokens were never trained on. Now step 4
@@ -633,7 +623,7 @@ def test_a_resume_with_another_seq_len_continues_after_the_tokens_consumed(
     assert not [w for w in warnings.seen if "not a multiple" in w]
 
 
-def test_a_resume_with_another_global_batch_says_so(tmp_path: Path, warnings: Warnings) -> None:
+def test_a_resume_with_another_global_batch_says_so(tmp_path: Path, warnings: LogWarnings) -> None:
     """A preempted job back on fewer ranks, with the same recipe (no ``global_batch_size``),
     takes steps of fewer sequences (``local_batch_size`` x DP degree): the losses go on from
     another batch size without a word, unlike the uninterrupted run's. Here the DP degree's part
@@ -647,7 +637,7 @@ def test_a_resume_with_another_global_batch_says_so(tmp_path: Path, warnings: Wa
 
 
 def test_a_resume_keeping_the_global_batch_by_accumulation_says_nothing_of_it(
-    tmp_path: Path, warnings: Warnings
+    tmp_path: Path, warnings: LogWarnings
 ) -> None:
     """The fix the warning names: the same 4 sequences a step, as 2 microbatches of 2."""
     rows(config_in(tmp_path, **{"debug.max_steps": 2}))
