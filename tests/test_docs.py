@@ -385,3 +385,117 @@ def test_no_table_of_the_docs_is_cut_by_a_blank_line() -> None:
             if not lines[i].strip() and lines[i - 1].startswith("|") and lines[i + 1].startswith("|"):
                 cut.append(f"{page.name}:{i + 1}")
     assert not cut, cut
+
+
+# -- every command that runs a recipe names one the page defines, and its config resolves -------------
+
+#: Command lines whose recipe is not this page's to define (``(page, recipe)``), and why.
+NOT_RUNNABLE_HERE = {
+    ("docs/plugins.md", "my_recipe"): "a recipe of the plugin the page teaches to write",
+    ("docs/getting_started.md", "llama3_9b"): "the page's example of an unknown recipe's error",
+}
+#: Modules a page has its reader make from a run's own folder, not from the page's text.
+FROM_A_RUN_FOLDER = {"my_rerun"}
+
+
+def _page_modules(page: str) -> dict[str, str]:
+    """The recipe modules a page has its reader write (a python block headed by the file's name:
+    ``# NAME.py`` or ``\"\"\"NAME.py: ...``), by file; several blocks of one file are one module."""
+    import re
+    import textwrap
+
+    modules: dict[str, list[str]] = {}
+    for block in map(textwrap.dedent, _python_blocks(page)):  # a block inside a list is indented
+        if m := re.match(r'(?:# |""")([\w/]+\.py)\b', block.lstrip()):
+            modules.setdefault(m.group(1), []).append(block)
+    return {name: "\n\n".join(blocks) for name, blocks in modules.items()}
+
+
+def _recipe_commands(page: str) -> list[tuple[str, list[str]]]:
+    """The page's command lines that run or copy a recipe, each as ``titan`` arguments: ``titan
+    run``, ``python -m titan_core.train`` and ``MODULE=M CONFIG=R ./run_train.sh`` (whose default
+    recipe is ``llama3_debugmodel``) as ``run --recipe R [--module M]``, ``titan recipes copy``
+    as it is."""
+    import itertools
+    import re
+    import shlex
+
+    command = re.compile(
+        r"^(?:\$ )?((?:[A-Z_]+=\S* )*)"
+        r"(titan run|python -m titan_core\.train|\./run_train\.sh|titan recipes copy)(?: |$)([^#|;&]*)"
+    )
+    found = []
+    for line in _fenced_and_prose(page)[0]:
+        m = command.match(line.strip())
+        if not m:
+            continue
+        env = dict(word.split("=", 1) for word in m.group(1).split())
+        words = shlex.split(m.group(3))
+        if m.group(2) == "titan recipes copy":
+            found.append((line.strip(), ["recipes", "copy", *words]))
+            continue
+        recipe, module = env.get("CONFIG"), env.get("MODULE")
+        if m.group(2) == "./run_train.sh":
+            recipe = recipe or "llama3_debugmodel"
+        for flag, value in itertools.pairwise(words):
+            if flag in ("--recipe", "--config"):
+                recipe = value
+            elif flag == "--module":
+                module = value
+        if recipe is None or recipe.isupper():  # a placeholder: `titan run --recipe R`
+            continue
+        found.append((line.strip(), ["run", "--recipe", recipe, *(["--module", module] if module else [])]))
+    return found
+
+
+@pytest.mark.parametrize("page", [page for page in DOC_PAGES if _recipe_commands(page)])
+def test_every_command_of_a_page_runs_a_recipe_it_defines(
+    page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reader who writes a page's recipe modules into one folder can run each of its commands:
+    the module exists, holds the recipe, and the recipe's config resolves (``--print-config``, no
+    torch), in the page's order (``titan recipes copy`` first writes the module a later command
+    runs). Checks what a typo or a renamed recipe would break, without training."""
+    import importlib
+    import sys
+
+    from titan_core._registry import reset_registry
+    from titan_core.cli import main
+
+    monkeypatch.delenv("TITAN_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("FAKE_PP_RANK", raising=False)
+    reset_registry()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written = _page_modules(page)
+    for name, source in written.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    modules = {name.removesuffix(".py").replace("/", ".") for name in written}
+    importlib.invalidate_caches()
+    problems, ran = [], 0
+    try:
+        for line, args in _recipe_commands(page):
+            module = args[args.index("--module") + 1] if "--module" in args else None
+            if (page, args[2]) in NOT_RUNNABLE_HERE or module in FROM_A_RUN_FOLDER:
+                continue
+            if args[0] == "recipes" and "/" in args[2]:  # a copy of a run folder: made by a run
+                continue
+            if module and module not in modules:
+                problems.append(
+                    f"`{line}`: the page writes no module {module!r} (it writes {sorted(modules)})"
+                )
+                continue
+            code = main([*args, "--print-config"] if args[0] == "run" else args)
+            err = capsys.readouterr().err
+            ran += 1
+            if code != 0:
+                problems.append(f"`{line}`: exit {code}: {err.strip()[-500:]}")
+            if args[0] == "recipes":
+                modules.add(args[3].removesuffix(".py"))
+                importlib.invalidate_caches()
+    finally:
+        for name in list(sys.modules):
+            if name.partition(".")[0] in {m.partition(".")[0] for m in modules}:
+                del sys.modules[name]
+    assert not problems, "\n".join(problems)

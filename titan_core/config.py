@@ -119,7 +119,7 @@ def local_path(inst: Any, attr: Any, value: str | None) -> None:
     """Validator of a path field: not blank, and not starting with ``~``.
 
     A blank value is what an unset variable gives (``os.environ.get("INIT", "")`` in a recipe,
-    ``--checkpoint.initial_load_path "$INIT"``): read as unset, the run trained from scratch (or
+    ``--dump-folder "$OUT"``): read as unset, the run trained from scratch (or
     on the default data, with the bundled tokenizer) without a word; read as a path, it was the
     current folder. ``None`` is how a field is left unset. The shell expands ``~`` to the home
     folder; Python's file functions do not, so ``"~/runs/a"`` was a folder named ``~`` in the
@@ -132,8 +132,8 @@ def local_path(inst: Any, attr: Any, value: str | None) -> None:
             default = getattr(attr, "default", None)
             fix = f"give a path (the default: {default!r})" if isinstance(default, str) else "give a path"
         raise ValueError(
-            f"{value!r} is empty (an unset variable, as os.environ.get(NAME, '') in a recipe or "
-            f'"$NAME" on the command line, gives one); {fix}'
+            f"{value!r} is empty (what an unset variable gives, as os.environ.get(NAME, '') in a "
+            f"recipe does); {fix}"
         )
     if value is not None and value.startswith("~"):
         raise ValueError(

@@ -18,6 +18,7 @@ backends) values are meaningless by design and the plain path is taken.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -252,15 +253,23 @@ def initialise(
     # Wrapped to 64 bits: the largest seed the config allows plus a stage's coordinate would
     # overflow torch.manual_seed on that stage's rank only.
     torch.manual_seed((seed + pp_coordinate) % 2**64)
-    for part in parts:
-        with torch.no_grad():
-            init_part(part, spec, device, call)
     fits = full_model_bytes(spec, model_args) <= max_full_gib * GiB
     if world_size == 1:  # the model is whole here: init_weights already did what one process does
         how = "one_process"
     elif simulated or not (fits or device.type == "cpu"):
         how = "per_shard"
     else:
+        how = "copied"  # from a one-process build, below
+    with warnings.catch_warnings():
+        if how == "copied":
+            # torch warns that its DTensor RNG does not cover CPU meshes; these draws are
+            # replaced by the one-process values below, so the warning would be a false alarm
+            # on every multi-process CPU run.
+            warnings.filterwarnings("ignore", message="DTensor random operators may not have")
+        for part in parts:
+            with torch.no_grad():
+                init_part(part, spec, device, call)
+    if how == "copied":
         init_like_one_process(parts, spec, model_args, seed, label=label, call=call)
         how = "one_process"
     for part in parts:

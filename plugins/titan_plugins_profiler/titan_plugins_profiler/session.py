@@ -167,6 +167,14 @@ class ProfilerSession:
                 on_trace_ready=self._write_trace,
                 record_shapes=True,
             )
+            # Each trace is one step, written at the end of its cycle, by design: torch's advice to
+            # keep every cycle's events (acc_events=True, which titan does not offer: the events
+            # would pile up in memory) was logged by every run that traced twice.
+            import warnings
+
+            warnings.filterwarnings(
+                "ignore", message="Warning: Profiler clears events at the end of each", category=UserWarning
+            )
             # Resume the schedule at the global step (public attributes of torch.profiler.profile).
             prof.step_num = step
             prof.current_action = prof.schedule(step)

@@ -81,3 +81,49 @@ def test_shards_of_a_matrix_differ_and_equal_the_full_init() -> None:
         assert not torch.equal(local, full[: full_shape[0] // 2])  # and it differs from rank 0's
     finally:
         dist.destroy_process_group()
+
+
+def test_no_dtensor_rng_warning_where_the_one_process_values_replace_the_shards() -> None:
+    """torch warns that "DTensor random operators may not have complete support on cpu device
+    mesh" when the model's ``init_weights`` draws into CPU DTensors. On the path that then copies
+    every shard out of a one-process build, those draws are thrown away: the warning told every
+    multi-process CPU run (FSDP, TP, CP, EP, PP) that its weights may be wrong when they are not."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titan_core._registry import get_registry
+    from titan_core.init import initialise
+
+    spec = get_registry().get("models", "llama3")
+    args = spec.flavor("debugmodel", {"dim": 64, "n_layers": 2, "n_heads": 4})
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        with torch.device("meta"):
+            model = spec.build(args)
+        model.to_empty(device="cpu")
+        embedding = model.tok_embeddings
+        sharded = distribute_tensor(torch.zeros(embedding.weight.shape), mesh, [Shard(0)])
+        embedding.weight = torch.nn.Parameter(sharded)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            how = initialise(
+                [model],
+                spec,
+                args,
+                3,
+                device=torch.device("cpu"),
+                simulated=False,
+                max_full_gib=8.0,
+                pp_coordinate=0,
+                world_size=2,
+            )
+        assert how == "one_process"
+        assert not [w for w in seen if "DTensor random operators" in str(w.message)]
+    finally:
+        dist.destroy_process_group()

@@ -54,6 +54,34 @@ def test_traces_every_profile_freq_steps_named_by_global_step(tmp_path: Path) ->
         assert [n for n in names if n.startswith("ProfilerStep#")] == [f"ProfilerStep#{step - 1}"]
 
 
+def test_tracing_several_cycles_warns_of_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each trace holds one step and is written at the end of its cycle, by design: torch's
+    "Profiler clears events at the end of each cycle ... set acc_events=True" (a setting titan
+    does not offer, which would keep every cycle's events in memory) was logged by every run
+    that traced twice."""
+    import warnings
+
+    import torch.profiler.profiler as torch_profiler
+
+    monkeypatch.setattr(torch_profiler, "_WARNINGS_SHOWN", set())  # torch warns once per process
+    config = tiny_config(**{"job.dump_folder": str(tmp_path), "profiler.enable_profiling": True})
+    config.profiler.profile_freq = 2
+    session = ProfilerSession(_trainer(config, torch.device("cpu"), rank=0, world=1))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        session.on_train_start(0)
+        for step in range(1, 7):
+            _work()
+            session.on_step_end(step, {}, step == 6)
+        session.on_train_end(6)
+    assert sorted(p.name for p in (tmp_path / "profile_traces").iterdir()) == [
+        "iteration_2",
+        "iteration_4",
+        "iteration_6",
+    ]
+    assert not [w for w in seen if "clears events" in str(w.message)], [str(w.message) for w in seen]
+
+
 class _AllocatorHistory:
     """Stands in for torch.cuda.memory's private recorder so the CUDA path runs on a CPU machine;
     its dump writes a real (empty) snapshot so that the page beside it can be rendered."""
