@@ -228,6 +228,31 @@ def test_bias_update_moves_a_skewed_router_towards_balance() -> None:
     )
 
 
+def test_bias_update_balances_group_limited_routing_too() -> None:
+    """DeepSeek-V3's routing: the two favoured experts share a group, which wins every token's
+    group choice; the bias also steers the choice of groups (their scores include it)."""
+    model = build(attrs.evolve(ARGS, n_expert_groups=4, n_limited_groups=2))
+    with torch.no_grad():
+        for i in (1, 2):
+            layer(model, i).router.gate.weight[:2] += 0.5
+    callback = RouterCallback.build(fake_trainer(model, MoEConfig(bias_update_rate=0.02), 4, 16))
+    noise = torch.randn(4, 16, ARGS.dim, generator=torch.Generator().manual_seed(1))
+    x = torch.ones(4, 16, ARGS.dim) + 2.0 * noise
+    rows = []
+    for step in range(1, 61):
+        layer(model)(x)
+        layer(model, 2)(x)
+        callback.after_optimizer_step(step)
+        if step in (1, 59, 60):
+            rows.append(callback.metrics(step))
+    first, _, last = rows
+    for i in (1, 2):
+        assert first[f"moe/layer{i}/imbalance"] == 4.0  # every slot on experts 0 and 1
+        assert last[f"moe/layer{i}/imbalance"] < 3.0
+        bias = layer(model, i).router.expert_bias
+        assert bias[:2].max() < 0 < bias[2:].min()
+
+
 def test_statistics_summarise_the_interval_per_step() -> None:
     model = build()
     callback = RouterCallback.build(fake_trainer(model, MoEConfig(), batch=1, seq=4))

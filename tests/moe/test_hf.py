@@ -100,6 +100,31 @@ CASES = {
         **DEEPSEEK_V3,
         "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 0.5},
     },
+    # Other routing and shapes than the flavors': group-limited routing with more groups and
+    # experts (or none), unnormalised weights at another scale, top-1, no or two dense layers, a
+    # full-rank query, head widths with the rotated part wider than the rest.
+    "deepseek_v3_8_groups_of_2": {
+        **DEEPSEEK_V3,
+        "n_routed_experts": 16,
+        "n_group": 8,
+        "topk_group": 3,
+        "num_experts_per_tok": 4,
+    },
+    "deepseek_v3_one_group": {**DEEPSEEK_V3, "n_group": 1, "topk_group": 1},
+    "deepseek_v3_unnormalised": {**DEEPSEEK_V3, "norm_topk_prob": False, "routed_scaling_factor": 0.7},
+    "deepseek_v3_top1": {**DEEPSEEK_V3, "num_experts_per_tok": 1, "routed_scaling_factor": 1.0},
+    "deepseek_v3_no_dense": {**DEEPSEEK_V3, "first_k_dense_replace": 0},
+    "deepseek_v3_two_dense": {**DEEPSEEK_V3, "first_k_dense_replace": 2},
+    "deepseek_v3_full_rank_query": {**DEEPSEEK_V3, "q_lora_rank": None},
+    "deepseek_v3_head_dims": {**DEEPSEEK_V3, "qk_nope_head_dim": 8, "qk_rope_head_dim": 16, "v_head_dim": 24},
+    "qwen3_moe_unnormalised": {**QWEN3, "norm_topk_prob": False},
+    "qwen3_moe_no_dense_wide_heads": {
+        **QWEN3,
+        "mlp_only_layers": [],
+        "head_dim": 32,
+        "num_key_value_heads": 4,
+    },
+    "qwen3_moe_two_dense_top3": {**QWEN3, "mlp_only_layers": [1, 0], "num_experts_per_tok": 3},
 }
 
 
@@ -149,18 +174,50 @@ def test_hf_weights_give_the_reference_logits(case: str) -> None:
     torch.testing.assert_close(ours, hf_logits(reference, tokens), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("flavor", ["qwen3_debugmodel", "deepseek_v3_debugmodel"])
-def test_export_loads_in_transformers_with_the_same_logits(flavor: str, tmp_path: Path) -> None:
+#: Flavors and argument variants (routing, dense layers, query rank, head widths) to export.
+EXPORTS = {
+    "qwen3": ("qwen3_debugmodel", {}),
+    "deepseek_v3": ("deepseek_v3_debugmodel", {}),
+    "qwen3_unnormalised_top3_two_dense": (
+        "qwen3_debugmodel",
+        {"route_norm": False, "top_k": 3, "n_dense_layers": 2, "dense_hidden_dim": 192},
+    ),
+    "deepseek_v3_one_group_unnormalised": (
+        "deepseek_v3_debugmodel",
+        {"n_expert_groups": 1, "n_limited_groups": 1, "route_norm": False, "route_scale": 1.0},
+    ),
+    "deepseek_v3_no_dense_full_rank_query": (
+        "deepseek_v3_debugmodel",
+        {"n_dense_layers": 0, "q_lora_rank": 0},
+    ),
+    "deepseek_v3_two_dense_head_dims": (
+        "deepseek_v3_debugmodel",
+        {
+            "n_dense_layers": 2,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 48,
+            "route_scale": 1.7,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPORTS))
+def test_export_loads_in_transformers_with_the_same_logits(case: str, tmp_path: Path) -> None:
     """titan -> Hub-layout safetensors + config.json -> from_pretrained: the same logits."""
     from safetensors.torch import save_file
 
-    args = attrs.evolve(FLAVORS[flavor], vocab_size=256, max_seq_len=64)
+    flavor, overrides = EXPORTS[case]
+    args = attrs.evolve(FLAVORS[flavor], vocab_size=256, max_seq_len=64, **overrides)
     torch.manual_seed(3)
     model = titan_model(args)
-    if args.score_func == "sigmoid":  # a trained selection bias: DeepSeek-V3 exports it
-        with torch.no_grad():
-            for module in model.modules():
-                if hasattr(module, "expert_bias"):
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "expert_bias"):
+                # Routing that depends on the gate's weights, not an initialisation's near ties.
+                module.gate.weight.normal_(0.0, 0.3)
+                if args.score_func == "sigmoid":  # a trained selection bias: DeepSeek-V3 exports it
                     module.expert_bias.normal_(0.0, 0.05)
     exported = hf.to_hf(model.state_dict(), args)
     assert any(".mlp.experts.0.gate_proj.weight" in k for k in exported)  # the Hub layout
@@ -202,6 +259,19 @@ def test_args_without_a_counterpart_are_refused_with_the_fields() -> None:
         hf.hf_config(FLAVORS["debugmodel"])
     with pytest.raises(UsageError, match=r"model_type 'llama' has no titan counterpart"):
         hf.args_from_hf({"model_type": "llama"})
+
+
+def test_groups_of_one_expert_are_refused_on_export() -> None:
+    """titan scores a group of one expert by that expert; transformers' DeepSeek-V3 sums each
+    group's two best and fails on the first forward (``selected index k out of range``): the
+    export would write a folder that loads but cannot run."""
+    args = attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], n_expert_groups=8, n_limited_groups=4)
+    MoETransformer(args)  # titan computes it
+    with pytest.raises(UsageError, match=r"DeepseekV3ForCausalLM counterpart: .*n_expert_groups=8"):
+        hf.hf_config(args)
+    # Two experts per group, or no group-limited routing, export.
+    for groups in (4, 1):
+        hf.hf_config(attrs.evolve(args, n_expert_groups=groups, n_limited_groups=min(groups, 2)))
 
 
 def test_a_missing_tensor_is_named() -> None:
@@ -246,6 +316,46 @@ def test_settings_titan_does_not_compute_are_refused_not_dropped(base: str, fiel
     hf.args_from_hf(config)  # as exported: imports
     with pytest.raises(UsageError, match=rf"Hugging Face config: {field} = {value!r} is not supported"):
         hf.args_from_hf({**config, field: value})
+
+
+#: DeepSeek-V3's published config.json: block-wise FP8 weights, each with a ``weight_scale_inv``.
+FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+
+@pytest.mark.parametrize("flavor", ["qwen3_debugmodel", "deepseek_v3_debugmodel", "deepseek_v2_lite"])
+def test_a_quantized_checkpoint_is_refused_naming_the_fix(flavor: str) -> None:
+    """Quantized weights read as plain numbers would be other weights (no scales applied); the
+    loader named the scale tensors as unexpected, asking whether the folder was another model's."""
+    config = hf.hf_config(FLAVORS[flavor])
+    assert hf.args_from_hf({**config, "quantization_config": None}) == hf.args_from_hf(config)
+    with pytest.raises(
+        UsageError, match=r"Hugging Face config: quantization_config \(quant_method 'fp8'\) .*dequantize"
+    ):
+        hf.args_from_hf({**config, "quantization_config": FP8})
+
+
+def test_a_quantized_folder_is_refused_before_its_tensors_are_read(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from titan_core._registry import get_registry
+    from titan_core.initial_weights import load_initial_weights
+
+    spec = get_registry().get("models", "moe")
+    args = attrs.evolve(FLAVORS["deepseek_v3_debugmodel"], n_layers=2, vocab_size=256)
+    weights = {}
+    for name, tensor in hf.to_hf(titan_model(args).state_dict(), args).items():
+        if name.endswith("proj.weight") and ".layers." in name:  # as DeepSeek publishes them
+            weights[name] = tensor.to(torch.float8_e4m3fn)
+            weights[name.replace(".weight", ".weight_scale_inv")] = torch.ones(1, 1)
+        else:
+            weights[name] = tensor.contiguous()
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({**hf.hf_config(args), "quantization_config": FP8}))
+    model = titan_model(args)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UsageError, match=r"quantization_config .*dequantize"):
+        load_initial_weights([model], str(tmp_path), spec, args)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
 
 
 @pytest.mark.parametrize(

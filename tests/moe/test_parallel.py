@@ -11,8 +11,10 @@ blocks only (no experts to shard there); EP 2, EP 2 with expert FSDP 2 and TP 2 
 (q/k norm, explicit head_dim), and PP 2, CP 2 and CP 2 x PP 2 for Qwen3-MoE's with document
 masking; CP 2 for DeepSeek-V3's (MLA's decoupled RoPE key at the shard's positions); CP 2 and CP 2 x
 FSDP 2 (4 ranks) for Qwen3-MoE's with a stronger balance loss (each sequence's expert counts summed
-over its shards). Every layout logs the one-process run's balance loss, bias and router statistics
-of every MoE layer (under PP the stages add theirs up).
+over its shards). EP 2 with gradient accumulation (one sequence per microbatch) for the
+Llama-style debug flavor (softmax top-2, shared expert) and EP 2 with expert FSDP 2 for its top-1
+variant (Switch-style weights, balance loss only). Every layout logs the one-process run's balance
+loss, bias and router statistics of every MoE layer (under PP the stages add theirs up).
 """
 
 from __future__ import annotations
@@ -93,9 +95,45 @@ ARCHS["deepseek_v3_dense2"] = {
     "model.overrides": {**ARCHS["deepseek_v3"]["model.overrides"], "n_dense_layers": 2},
 }
 
+#: The Llama-style debug flavor (softmax top-2 router, shared expert) and its top-1 variant
+#: (Switch-style weights, no shared expert): EP must not depend on the DeepSeek/Qwen3 shapes.
+LLAMA_STYLE = {
+    "dim": 64,
+    "n_layers": 3,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "n_experts": 4,
+    "top_k": 2,
+    "expert_hidden_dim": 32,
+    "shared_expert_hidden_dim": 32,
+    "dense_hidden_dim": 64,
+}
+ARCHS["llama_style"] = {
+    "model.name": "moe",
+    "model.flavor": "debugmodel",
+    "model.overrides": LLAMA_STYLE,
+    **BALANCING,
+}
+ARCHS["top1"] = {
+    "model.name": "moe",
+    "model.flavor": "debugmodel_top1",
+    "model.overrides": {**LLAMA_STYLE, "top_k": 1, "shared_expert_hidden_dim": 0},
+    "moe.aux_loss_weight": 0.05,
+}
+
 LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
     "ep2": (2, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 2}),
     "ep2_efsdp2": (4, {"parallelism.ep": 2, "training.local_batch_size": GLOBAL_BATCH // 4}),
+    # Gradient accumulation under EP: two microbatches of one sequence per rank make the one
+    # process's batch (the balance loss, bias update and statistics count both).
+    "ep2_accum2": (
+        2,
+        {
+            "parallelism.ep": 2,
+            "training.local_batch_size": GLOBAL_BATCH // 4,
+            "training.global_batch_size": GLOBAL_BATCH,
+        },
+    ),
     "tp2": (2, {"parallelism.tp": 2}),
     "pp2": (2, {"parallelism.pp": 2}),
     # Two stages per rank (an interleaved schedule): a rank's layers come from two model parts.
@@ -140,6 +178,8 @@ CASES = [
     ("deepseek_v3", "cp2"),
     ("qwen3_aux", "cp2"),
     ("qwen3_aux", "cp2_fsdp2"),
+    ("llama_style", "ep2_accum2"),
+    ("top1", "ep2_efsdp2"),
 ]
 
 _SEEDS: dict[str, Path] = {}

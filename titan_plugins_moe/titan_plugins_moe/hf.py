@@ -45,6 +45,7 @@ _ARCHITECTURES = {
 
 def hf_architecture(args: MoEArgs) -> str:
     """The Hugging Face ``model_type`` equal to ``args``; a :class:`UsageError` when none is."""
+    mismatches: dict[str, tuple[Any, Any]]
     if args.attention == "gqa":
         mismatches = {
             "qk_norm": (args.qk_norm, True),
@@ -57,6 +58,10 @@ def hf_architecture(args: MoEArgs) -> str:
     elif args.score_func == "sigmoid":
         shared_ok = args.shared_expert_hidden_dim % args.expert_hidden_dim == 0
         mismatches = {"shared_expert_hidden_dim (a multiple of expert_hidden_dim)": (shared_ok, True)}
+        if args.n_expert_groups > 1 and args.n_experts // args.n_expert_groups < 2:
+            # titan scores a group of one expert by that expert; transformers sums each group's
+            # two best experts and fails on its first forward: the folder would not run there.
+            mismatches["n_expert_groups"] = (args.n_expert_groups, "at most n_experts / 2")
         kind = "deepseek_v3"
     else:
         shared_ok = args.shared_expert_hidden_dim % args.expert_hidden_dim == 0
@@ -570,6 +575,17 @@ def args_from_hf(config: dict[str, Any]) -> MoEArgs:
         config.get("num_local_experts", _EXPERTS_DEFAULT[kind]),
     )
     _check_types(config, kind)
+    quantization = config.get("quantization_config")
+    if quantization is not None:
+        # Quantized tensors read as plain numbers would be other weights (their scales live in
+        # separate tensors, e.g. DeepSeek-V3's block-wise FP8 ``weight_scale_inv``).
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+        raise UsageError(
+            f"Hugging Face config: quantization_config (quant_method {method!r}) is not supported: "
+            "titan loads unquantized weights (float32, bfloat16 or float16); dequantize the checkpoint "
+            "first (for DeepSeek-V3's FP8 release, its inference/fp8_cast_bf16.py) and drop "
+            "quantization_config from config.json"
+        )
     config = {**_HF_DEFAULTS[kind], **config}
     _refuse_unsupported(config, kind)
     # Fields transformers has no default for (DeepSeek-V2's num_experts_per_tok: its model cannot
