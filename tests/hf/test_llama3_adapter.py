@@ -114,6 +114,13 @@ def test_config_json_of_transformers_4_and_5_read_the_same() -> None:
             "rope_scaling's factor is 'x'; expected a positive number",
         ),
         ({"hidden_size": 64.5}, "hidden_size is 64.5; expected a positive integer"),
+        # A quantized release (FP8, GPTQ, AWQ): its weights read as plain numbers would be other
+        # weights, their scales being separate tensors.
+        (
+            {"quantization_config": {"quant_method": "fbgemm_fp8"}},
+            "quantization_config \\(quant_method 'fbgemm_fp8'\\) is not supported: .*dequantize",
+        ),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "quant_method 'gptq'"),
     ],
 )
 def test_configs_titan_cannot_represent_name_the_field(change: dict, named: str) -> None:

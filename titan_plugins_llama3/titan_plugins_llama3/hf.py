@@ -155,6 +155,16 @@ def args_from_hf(config: dict[str, Any]) -> Llama3Args:
             raise ValueError(f"{flag} is true; titan's Llama 3 has no biases")
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act is {config['hidden_act']!r}; titan's Llama 3 uses silu")
+    quantization = config.get("quantization_config")
+    if quantization is not None:
+        # Quantized tensors read as plain numbers would be other weights (their scales are
+        # separate tensors): refused before a tensor is read.
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+        raise ValueError(
+            f"quantization_config (quant_method {method!r}) is not supported: titan loads unquantized "
+            "weights (float32, bfloat16 or float16); dequantize the checkpoint first and drop "
+            "quantization_config from config.json"
+        )
     dim, n_heads = _count(config, "hidden_size"), _count(config, "num_attention_heads")
     n_layers, vocab = _count(config, "num_hidden_layers"), _count(config, "vocab_size")
     intermediate = _count(config, "intermediate_size")
