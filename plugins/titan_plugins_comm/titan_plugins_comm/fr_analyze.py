@@ -146,8 +146,12 @@ def load_dumps(folder: str) -> Dumps:
     a rank's dump (``rank_<r>``) that hold no usable trace: those ranks did dump, so they are
     reported as unreadable, not as missing."""
     if not os.path.isdir(folder):
+        give = "give the comm_traces folder of a run (job.dump_folder/comm_traces)"
+        if not os.path.exists(folder):
+            raise UsageError(f"{folder}: does not exist; {give}")
+        parent = os.path.dirname(os.path.abspath(folder))
         raise UsageError(
-            f"{folder}: not a folder; give the comm_traces folder of a run (job.dump_folder/comm_traces)"
+            f"{folder}: is a file, not a folder; give the folder that holds it ({parent}), or {give}"
         )
     dumps: dict[int, dict[str, Any]] = {}
     unreadable: dict[int, Unreadable] = {}

@@ -252,3 +252,15 @@ def test_earlier_attempts_folders_are_pointed_at_by_name(tmp_path: Path) -> None
     result = run_titan("fr", "analyze", str(run))
     assert result.returncode == 2 and "earlier attempt" not in result.stderr, result.stderr
     assert f"{run}: no flight-recorder dumps (rank_<r> files)" in result.stderr
+
+
+def test_a_path_that_does_not_exist_or_is_a_file_is_named_as_such(tmp_path: Path) -> None:
+    """A mistyped folder was called "not a folder", as if something else were there."""
+    missing = tmp_path / "comm_trace"
+    result = run_titan("fr", "analyze", str(missing))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{missing}: does not exist; give the comm_traces folder of a run" in result.stderr
+    dump = tmp_path / "rank_0"
+    dump.write_bytes(b"x")
+    result = run_titan("fr", "analyze", str(dump))
+    assert f"{dump}: is a file, not a folder; give the folder that holds it ({tmp_path})" in result.stderr
