@@ -7,6 +7,9 @@ pipeline stages add their squared norms over the PP group.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,7 +21,46 @@ if TYPE_CHECKING:
     from titan_core.parallelize import ParallelContext
 
 
+class _SequentialAllReduceAdvice(logging.Filter):
+    """Drops torch's advice to flatten the mesh for the norm's sequential all-reduces.
+
+    A gradient sharded over two mesh dimensions (expert FSDP x EP: ``efsdp``, ``ep``; FSDP x TP:
+    ``dp_shard_cp``, ``tp``) has a norm partial over both, which DTensor reduces with one
+    all-reduce per dimension and a warning that this "may give inconsistent results between
+    ranks". It cannot here: one all-reduce gives all ranks of its group the same bits; after the
+    first dimension every rank holds the sum of its own line, and each group of the next
+    dimension then reduces the same values, in the same rank order, with the same algorithm, so
+    every rank ends with the same total (pinned, bit for bit, by
+    ``tests/plugins/parallel/test_grad_norm_layouts.py``). Only that message, only while the
+    norm is reduced; any other redistribution still warns.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("sequential all_reduce operations" in message and "flatten mesh dimensions" in message)
+
+
+_REDISTRIBUTE_LOGGER = "torch.distributed.tensor._redistribute"
+_ADVICE = _SequentialAllReduceAdvice()  # one filter, added and removed around each reduction
+
+
+@contextlib.contextmanager
+def _without_flattening_advice() -> Iterator[None]:
+    logger = logging.getLogger(_REDISTRIBUTE_LOGGER)
+    logger.addFilter(_ADVICE)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_ADVICE)
+
+
 def _group_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    # DTensor reduces the partial norms where an op needs them whole (``stack``, ``full_tensor``).
+    with _without_flattening_advice():
+        return _reduced_group_norm(grads)
+
+
+def _reduced_group_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if grads[0].device.type == "cpu":
         # CPU's float32 norm kernel adds a tensor's squares one after another: over a model's
         # gradients it is off by 1e-5 relative and more, and by a different amount for each
