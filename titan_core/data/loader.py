@@ -11,6 +11,7 @@ of a pass is served once before the next pass starts, whatever the buffer size.
 
 from __future__ import annotations
 
+import codecs
 import contextvars
 import json
 import os
@@ -19,7 +20,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -54,7 +55,40 @@ class Tokenizer:
 _warned_tokenizers: set[str] = set()
 
 
+#: The thread-pool sizes the ``tokenizers`` library's pool (Rayon) reads, once, when it starts.
+_RAYON_VARS = ("RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")
+#: What :func:`share_tokenizer_threads` set ``RAYON_NUM_THREADS`` to, so a process started by
+#: this one (which inherits the variable) tells titan's value from the user's and sizes its own.
+_RAYON_SET_BY_TITAN = "TITAN_RAYON_NUM_THREADS"
+
+
+def share_tokenizer_threads(environ: Any = os.environ) -> int | None:
+    """Size this process's tokenizer thread pool to its share of the host's cores: the cores it
+    may run on divided by the processes the launcher started on this host (torchrun's
+    ``LOCAL_WORLD_SIZE``; 1 without one), at least 1. Rayon sizes its pool to all the cores, so
+    8 ranks on a host ran 8 times as many tokenizer threads as cores, next to training (the
+    prefetch thread tokenizes). Left alone where the user set ``RAYON_NUM_THREADS`` or
+    ``RAYON_RS_NUM_CPUS`` (``TOKENIZERS_PARALLELISM=false`` still turns the pool off). Takes
+    effect only before the pool starts (the library's first parallel encode), so it is called
+    before a tokenizer is loaded. Returns the threads set, ``None`` when left alone."""
+    ours = environ.get(_RAYON_SET_BY_TITAN)
+    if any(environ.get(name) for name in _RAYON_VARS) and not (
+        ours and environ.get("RAYON_NUM_THREADS") == ours and not environ.get("RAYON_RS_NUM_CPUS")
+    ):
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))  # a taskset or cgroup cpuset: the cores it may use
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    raw = environ.get("LOCAL_WORLD_SIZE", "").strip()
+    local = int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    threads = max(1, cores // local)
+    environ["RAYON_NUM_THREADS"] = environ[_RAYON_SET_BY_TITAN] = str(threads)
+    return threads
+
+
 def load_tokenizer(path: str | None) -> Tokenizer:
+    share_tokenizer_threads()
     from tokenizers import Tokenizer as HFTokenizer
 
     if path is not None and not path.strip():
@@ -341,7 +375,7 @@ def read_text_files(path: str | None) -> Iterator[str]:
             if file.suffix.lower() in _JSON_LINES:
                 yield from _jsonl_texts(file)
             else:
-                yield _decode(file.read_bytes(), file, 1)
+                yield from _text_file_pieces(file)
         except OSError as exc:
             raise UsageError(f"data.path: cannot read {file}: {exc.strerror or exc}") from None
 
@@ -498,15 +532,110 @@ def _encodable(text: str) -> bool:
 
 def _decode(raw: bytes, file: Path, first_line: int, *, bom: bool = True) -> str:
     """``raw`` as UTF-8 (a leading byte-order mark dropped); else an error naming the line."""
+    skipped = len(codecs.BOM_UTF8) if bom and raw.startswith(codecs.BOM_UTF8) else 0
+    data = raw[skipped:]
     try:
-        return raw.decode("utf-8-sig" if bom else "utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = first_line + raw.count(b"\n", 0, exc.start)
-        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise UsageError(
-            f"data.path: {file}:{line} is not UTF-8 (byte 0x{raw[exc.start]:02x}, byte {column} of the "
-            "line); titan reads text files as UTF-8: convert it (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+        # Positions in ``data``: the line starts ``skipped`` bytes before it (the mark's bytes
+        # are the line's; decoded with "utf-8-sig", the error named the byte 3 before the bad one).
+        _not_utf8(file, data, exc.start, first_line, -skipped)
+
+
+def _not_utf8(file: Path, data: bytes, bad: int, line: int, line_start: int) -> NoReturn:
+    """The error for the byte ``data[bad]``; ``data`` starts on line ``line``, which starts at
+    ``data[line_start]`` (negative: in bytes read before ``data``)."""
+    newline = data.rfind(b"\n", 0, bad)
+    line += data.count(b"\n", 0, bad)
+    column = bad - (newline + 1 if newline >= 0 else line_start) + 1
+    raise UsageError(
+        f"data.path: {file}:{line} is not UTF-8 (byte 0x{data[bad]:02x}, byte {column} of the "
+        "line); titan reads text files as UTF-8: convert it (e.g. iconv -f latin1 -t utf-8)"
+    )
+
+
+#: Bytes read from a text file at a time. A ``.txt`` file (one document) is streamed: read whole,
+#: it took twice its size in memory (its bytes and its text) on every data-parallel rank.
+READ_BYTES = 1 << 20
+
+
+class Continued(str):
+    """A piece of a document that the next text yielded continues (the loader frames them once,
+    as one document). :func:`read_text_files` yields a ``.txt`` file longer than
+    :data:`PIECE_CHARS` characters as such pieces, cut where :func:`document_pieces` cuts the
+    whole text, then its last piece as a plain ``str``; a dataset plugin may yield them too."""
+
+    __slots__ = ()
+
+
+def _text_blocks(file: Path) -> Iterator[str]:
+    """The UTF-8 text of ``file`` (a leading byte-order mark dropped), :data:`READ_BYTES` at a
+    time; a byte that is not UTF-8 is the error :func:`_decode` gives for the whole file. A read
+    that ends inside a character leaves its first bytes for the next."""
+    line, line_start = 1, 0  # the line at the start of ``data``, and where it starts (in data)
+    pending = b""
+    head = True
+    with file.open("rb") as f:
+        while True:
+            raw = f.read(READ_BYTES)
+            data = pending + raw
+            if head:
+                if raw and len(data) < len(codecs.BOM_UTF8):
+                    pending = data
+                    continue
+                head = False
+                if data.startswith(codecs.BOM_UTF8):
+                    data, line_start = data[len(codecs.BOM_UTF8) :], -len(codecs.BOM_UTF8)
+            try:
+                text, used = codecs.utf_8_decode(data, "strict", not raw)
+            except UnicodeDecodeError as exc:
+                _not_utf8(file, data, exc.start, line, line_start)
+            newline = data.rfind(b"\n", 0, used)
+            if newline >= 0:
+                line += data.count(b"\n", 0, used)
+                line_start = newline + 1
+            line_start -= used
+            pending = data[used:]
+            if text:
+                yield text
+            if not raw:
+                return
+
+
+def _text_file_pieces(file: Path) -> Iterator[str]:
+    """A text file as one document, streamed: its text in pieces cut exactly where
+    :func:`document_pieces` cuts the whole text (each but the last a :class:`Continued`), so the
+    tokens are those of the file read whole. A cut only needs the piece and the character after
+    it: a piece is cut once more than :data:`PIECE_CHARS` characters are read, and the rest is
+    the last piece. A file of only whitespace is one empty document (skipped, as read whole)."""
+    size = PIECE_CHARS
+    blocks = _text_blocks(file)
+    held, dropped = "", False  # the text while it is only whitespace (not kept past a piece)
+    for block in blocks:
+        if not block.isspace():
+            break
+        if not dropped:
+            held += block
+            if len(held) > size:
+                held, dropped = "", True
+    else:
+        yield held  # whitespace only (all of it, or "" where it was long): an empty document
+        return
+    if dropped:  # the whitespace it starts with was let go: read the file again from its start
+        blocks.close()
+        blocks, text = _text_blocks(file), ""
+    else:
+        text = held + block
+    while True:
+        while len(text) > size:
+            cut = _line_start(text, 0, size) or _word_start(text, 0, size) or size
+            yield Continued(text[:cut])
+            text = text[cut:]
+        block = next(blocks, None)
+        if block is None:
+            break
+        text += block
+    yield text
 
 
 def _json_type(value: object) -> str:
@@ -706,23 +835,28 @@ class PackedBatches:
     def _segments(self) -> Iterator[tuple[str, bool, bool]]:
         """``(text, starts a document, ends it)`` for each document of a pass, a long one in
         pieces (:func:`document_pieces`): tokenized whole, a document takes about 120 times its
-        size in memory (a 14 MB text file took 1.7 GB), so one large file could exhaust the host."""
+        size in memory (a 14 MB text file took 1.7 GB), so one large file could exhaust the host.
+        A document given in pieces already (:class:`Continued`, a streamed ``.txt`` file) is one
+        document: its pieces are framed once."""
+        starts = True  # whether the next text starts a document (the last one was not Continued)
         for document in read_documents(self.documents, self.name, self._pass):
             if not isinstance(document, str):
                 raise PluginError(
                     f"{self.name} yielded {type(document).__name__} {preview(document)} where a document "
                     "was expected: a Dataset's documents(data) must yield each document's text as a str"
                 )
-            if not document or document.isspace():
+            more = isinstance(document, Continued)
+            if starts and not more and (not document or document.isspace()):
                 # No text but whitespace (an empty file, an editor's lone newline): an empty
                 # document, skipped (:meth:`_encoded_chunks`), not BOS "\n" EOS as data.
                 yield "", True, True
                 continue
             pieces = document_pieces(document, PIECE_CHARS)
-            if len(pieces) > 1 and not self.tokenizer.cuts_exact:
+            if (len(pieces) > 1 or more or not starts) and not self.tokenizer.cuts_exact:
                 _warn_inexact_cuts()
             for i, piece in enumerate(pieces):
-                yield piece, i == 0, i == len(pieces) - 1
+                yield piece, starts and i == 0, not more and i == len(pieces) - 1
+            starts = not more
 
     def _check_size(self, sequences: int, count: _Count) -> None:
         """One pass over the data must fill one step: every rank, ``batch_size`` rows for each of
@@ -874,7 +1008,7 @@ def read_documents(documents: Callable[[], Iterable[str]], name: str, pass_: int
             )
         for document in source:
             yield document
-            count += 1
+            count += not isinstance(document, Continued)  # a document's pieces are one document
     except TitanError:
         raise
     except Exception as exc:
