@@ -106,6 +106,52 @@ def _subfolder(_inst: Any, _attr: Any, value: str) -> None:
         )
 
 
+#: The longest timeout ``datetime.timedelta`` (what torch's process groups take) holds, in whole
+#: days: about 2.7 million years.
+_MAX_TIMEOUT_SECONDS = 999_999_999 * 86_400
+
+
+def _timeout(_inst: Any, attr: Any, value: int) -> None:
+    """Validator of a comm timeout: one torch can take. A larger one failed at process-group
+    start with ``OverflowError: days=...`` blamed on the comm backend plugin (exit 1)."""
+    if value > _MAX_TIMEOUT_SECONDS:
+        raise ValueError(
+            f"{value} seconds is beyond the longest timeout torch takes ({_MAX_TIMEOUT_SECONDS}, "
+            "datetime.timedelta's limit of 999999999 days); for no practical limit use e.g. "
+            f"{86_400 * 365} (a year)"
+        )
+
+
+#: What a name field names, and what leaving an optional one unset (``None``) means, for the
+#: error of a blank one.
+_NAME_OF = {
+    "model.name": ("a model name", ""),
+    "model.flavor": ("a flavor", ""),
+    "data.dataset": ("a dataset name", ""),
+    "validation.dataset": ("a dataset name", "to validate on data.dataset"),
+    "comm.backend": ("a comm backend name", ""),
+    "checkpoint.backend": ("a checkpointer name", ""),
+    "parallelism.pp_schedule": ("a pipeline schedule name", ""),
+}
+
+
+def record_name(inst: Any, attr: Any, value: str | None) -> None:
+    """Validator of a field naming a plugin's record (a model, dataset, backend...): not blank.
+
+    A blank name is what an unset variable gives (``os.environ.get("DATASET", "")``): it was
+    ``unknown model ''`` naming no field, or, for an optional one (``validation.dataset``), read
+    as unset: validation ran on ``data.dataset`` without a word."""
+    if value is None or value.strip():
+        return
+    path = _path(inst, attr.name)
+    what, unset = _NAME_OF.get(path, ("a name", ""))
+    if type(None) in typing.get_args(attr.type):
+        fix = f"give {what}, or leave it unset (None)" + (f" {unset}" if unset else "")
+    else:
+        fix = f"give {what} (the default: {attr.default!r})"
+    raise ValueError(f"{value!r} is empty (what an unset variable gives); {fix}")
+
+
 #: What leaving a core path field unset (``None``) means, for the error of a blank one.
 _UNSET_MEANS = {
     "data.path": "for a dataset that reads no files (the bundled corpus)",
@@ -135,6 +181,10 @@ def local_path(inst: Any, attr: Any, value: str | None) -> None:
             f"{value!r} is empty (what an unset variable gives, as os.environ.get(NAME, '') in a "
             f"recipe does); {fix}"
         )
+    if value is not None and "\x00" in value:
+        # No file name holds one: the run built its model, then failed with "ValueError:
+        # embedded null byte" where the path was first used (a traceback naming no field).
+        raise ValueError(f"{value!r} holds a NUL character ('\\x00'), which no path can hold; remove it")
     if value is not None and value.startswith("~"):
         raise ValueError(
             f"{value!r} starts with '~', which only a shell expands to a home folder: titan would "
@@ -223,6 +273,46 @@ def _type_error(value: Any, annotation: Any) -> str | None:
     return None
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _magnitude_error(value: Any, annotation: Any) -> str | None:
+    """An integer of the right type that no field can hold: beyond a signed 64-bit integer for an
+    ``int`` field (TOML's integers, so config.toml would record what other TOML readers refuse;
+    torch's int64 could not hold it either), or beyond float range for a ``float`` one (``10**400``
+    is an int to Python and no float: the validators' comparisons raised OverflowError, which
+    named no field)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    options = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
+    if int in options:
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return None
+        return (
+            f"expected an integer config.toml can hold (a signed 64-bit integer, {_INT64_MIN} to "
+            f"{_INT64_MAX}), got one of {_digits(value)} digits"
+        )
+    if float in options:
+        try:
+            float(value)
+        except OverflowError:
+            return f"expected a number within float range, got an integer of {_digits(value)} digits"
+    return None
+
+
+def _digits(value: int) -> int:
+    """The decimal digits of ``value``; estimated past Python's limit on converting an int to
+    text (4300 digits), where ``str`` raises ValueError."""
+    try:
+        return len(str(abs(value)))
+    except ValueError:
+        return int(abs(value).bit_length() * math.log10(2)) + 1
+
+
 def _sequence_error(value: Any, annotation: Any) -> str | None:
     """A list or tuple field: a list or tuple (TOML has only arrays), each item checked."""
     if not isinstance(value, (list, tuple)):
@@ -282,6 +372,8 @@ class _Checked:
         if isinstance(annotation, str):  # ``from __future__ import annotations`` in the section's module
             annotation = _hints(type(inst)).get(attribute.name, Any)
         err = _type_error(value, annotation)
+        if err is None:
+            err = _magnitude_error(value, annotation)
         if err is None:
             try:
                 for validator in self.validators:
@@ -380,9 +472,9 @@ class Job:
 @section
 class Model:
     #: Model family, as registered by a model plugin (``titan plugins list``).
-    name: str = "llama3"
+    name: str = field(default="llama3", validator=record_name)
     #: Flavor of the family (``debugmodel``, ``8B``, ...).
-    flavor: str = "debugmodel"
+    flavor: str = field(default="debugmodel", validator=record_name)
     #: Changes to the flavor's arguments, e.g. ``{"n_layers": 8}`` for a shallower 8B.
     overrides: dict[str, int | float | bool | str] = field(factory=dict)
 
@@ -391,7 +483,7 @@ class Model:
 class Data:
     #: Dataset name as registered by a plugin: ``bundled`` (generated offline text),
     #: ``text`` (local ``.txt``/``.jsonl`` files given by ``data.path``).
-    dataset: str = "bundled"
+    dataset: str = field(default="bundled", validator=record_name)
     #: File or folder for datasets that read local files (``.jsonl`` with a ``text`` field,
     #: or ``.txt``); ``None`` for the bundled corpus (which refuses a path: it reads no files).
     path: str | None = field(default=None, validator=local_path)
@@ -480,7 +572,7 @@ class Parallelism:
     #: Expert-parallel degree (borrowed from the dp_shard x cp ranks).
     ep: int = field(default=1, validator=positive)
     #: Pipeline schedule: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``ZBVZeroBubble``...
-    pp_schedule: str = "1F1B"
+    pp_schedule: str = field(default="1F1B", validator=record_name)
     #: Microbatches per step for pipeline parallel; ``None`` uses the number of stages. Only
     #: with ``pp > 1`` (refused otherwise).
     pp_microbatches: int | None = field(default=None, validator=positive)
@@ -512,7 +604,7 @@ class Validation:
     #: its held-out documents instead (the bundled corpus has them: same grammar, other draws);
     #: a dataset without them (``text``) is read as it is, with a warning: give held-out data
     #: with ``validation.path`` (or ``validation.dataset``).
-    dataset: str | None = None
+    dataset: str | None = field(default=None, validator=record_name)
     #: File or folder for datasets that read local files (with ``validation.dataset`` or
     #: ``data.dataset`` ``text``); ``None`` uses ``data.path``.
     path: str | None = field(default=None, validator=local_path)
@@ -527,11 +619,12 @@ class Validation:
 @section
 class Comm:
     #: Communication backend plugin: ``default``, ``fake`` or ``real_pp_fake_spmd``.
-    backend: str = "default"
-    #: Timeout of process-group initialisation and the first step, in seconds.
-    init_timeout_seconds: int = field(default=300, validator=positive)
-    #: Timeout of collectives after the first step, in seconds.
-    train_timeout_seconds: int = field(default=100, validator=positive)
+    backend: str = field(default="default", validator=record_name)
+    #: Timeout of process-group initialisation and the first step, in seconds (at most
+    #: 999999999 days, ``datetime.timedelta``'s limit, which torch takes).
+    init_timeout_seconds: int = field(default=300, validator=[positive, _timeout])
+    #: Timeout of collectives after the first step, in seconds (at most 999999999 days).
+    train_timeout_seconds: int = field(default=100, validator=[positive, _timeout])
     #: Flight-recorder entries kept per rank (``TORCH_NCCL_TRACE_BUFFER_SIZE``); 0 disables it.
     trace_buf_size: int = field(default=20000, validator=non_negative)
 
@@ -555,7 +648,7 @@ class Checkpoint:
     #: Save (and resume from) checkpoints.
     enable: bool = False
     #: Checkpointer plugin.
-    backend: str = "dcp"
+    backend: str = field(default="dcp", validator=record_name)
     #: Folder (under ``job.dump_folder``) for checkpoints.
     folder: str = field(default="checkpoint", validator=[_subfolder, local_path])
     #: Steps between checkpoints (the last step is always saved).
@@ -582,7 +675,7 @@ class Checkpoint:
 class Debug:
     #: Seed of model initialisation and data order; ``None`` picks 0 (a signed 64-bit integer,
     #: as config.toml can hold it).
-    seed: int | None = field(default=None, validator=in_range(-(2**63), 2**63 - 1))
+    seed: int | None = None
     #: Use deterministic algorithms (slower; bit-for-bit reproducible on one configuration).
     deterministic: bool = False
     #: With ``deterministic``: warn instead of failing on non-deterministic ops (exploration only;

@@ -99,18 +99,19 @@ def test_a_blank_initial_load_path_is_refused_not_a_run_from_scratch(blank: str)
     config.checkpoint.initial_load_path = None  # unset: fine
 
 
-@pytest.mark.parametrize(
-    "field",
-    [
-        "job.dump_folder",
-        "data.path",
-        "data.tokenizer_path",
-        "validation.path",
-        "metrics.save_tb_folder",
-        "checkpoint.folder",
-        "checkpoint.initial_load_path",
-    ],
-)
+#: The core's path fields (``titan_core.config.local_path``).
+CORE_PATH_FIELDS = [
+    "job.dump_folder",
+    "data.path",
+    "data.tokenizer_path",
+    "validation.path",
+    "metrics.save_tb_folder",
+    "checkpoint.folder",
+    "checkpoint.initial_load_path",
+]
+
+
+@pytest.mark.parametrize("field", CORE_PATH_FIELDS)
 def test_every_core_path_field_refuses_a_blank_value_naming_it(field: str) -> None:
     """A blank path was read as unset (data.path, validation.path: the training data, unsaid), as
     the current folder (metrics.save_tb_folder: event files among the run's logs), or failed later
@@ -122,3 +123,15 @@ def test_every_core_path_field_refuses_a_blank_value_naming_it(field: str) -> No
     with pytest.raises(ConfigError) as info:
         from_dict(data)
     assert f"{field}: ' ' is empty" in str(info.value)
+
+
+@pytest.mark.parametrize("field", CORE_PATH_FIELDS)
+def test_every_core_path_field_refuses_a_nul_character_naming_it(field: str) -> None:
+    """No file name holds a NUL: ``job.dump_folder = "out\\x00"`` passed ``--print-config`` and
+    the run ended in a 41-line ``ValueError: embedded null byte`` traceback."""
+    section, name = field.split(".")
+    data = to_dict(TrainerConfig())
+    data[section][name] = "out\x00put"
+    with pytest.raises(ConfigError) as info:
+        from_dict(data)
+    assert f"{field}: 'out\\x00put' holds a NUL character" in str(info.value)

@@ -262,8 +262,10 @@ class RouterCallback:
         if self.rate > 0 or stats:  # the step's counts over the data-parallel ranks
             load = self._all_reduce(counts.clone()).double()
         if self.rate > 0:
-            delta = self.rate * torch.sign(load.mean(dim=1, keepdim=True) - load).float()
-            delta -= delta.mean(dim=1, keepdim=True)
+            # Centred in float64 (``load`` is), then float32: a float32 mean sums the experts'
+            # steps first, which overflowed to inf (then NaN) for a rate the bias itself holds.
+            delta = self.rate * torch.sign(load.mean(dim=1, keepdim=True) - load)
+            delta = (delta - delta.mean(dim=1, keepdim=True)).float()
             for m, d in zip(self.layers, delta, strict=True):
                 m.router.expert_bias.add_(d)
         if stats:

@@ -20,7 +20,7 @@ def test_a_blank_profiler_folder_is_refused_naming_the_default(name: str, value:
     with pytest.raises(ConfigError) as info:
         setattr(config.profiler, name, value)
     (problem,) = info.value.problems
-    assert problem.startswith(f"profiler.{name}: {value!r} is empty (an unset variable"), problem
+    assert problem.startswith(f"profiler.{name}: {value!r} is empty (what an unset variable gives"), problem
     assert f"give a path (the default: {default!r})" in problem
     assert getattr(config.profiler, name) == default  # the value stays what it was
 
