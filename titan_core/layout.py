@@ -160,7 +160,7 @@ def resolve_model(
     tokenizer when the model asks for it), checked by the model itself (``ModelSpec.validate``,
     through ``call``) and against the tokenizer and ``training.seq_len``. Builds nothing: the
     trainer and run_train.sh's check before torchrun (:func:`titan_core.run.preflight`) share it."""
-    spec = registry.get("models", config.model.name, what="model")
+    spec = registry.get("models", config.model.name, what="model.name")
     tokenizer = load_tokenizer(config.data.tokenizer_path)
     model_args = model_arguments(spec, config, tokenizer)
     bos = model_arg(model_args, "bos_id", _ABSENT)

@@ -197,15 +197,17 @@ def resolve_config(args: argparse.Namespace, registry: Any) -> Any:
 
 def check_names(config: Any, registry: Any) -> None:
     """The plugins' names this config selects exist (cheap: no torch, nothing built)."""
-    spec = registry.get("models", config.model.name, what="model")
+    spec = registry.get("models", config.model.name, what="model.name")
     try:
         spec.flavor(config.model.flavor, config.model.overrides)
     except LookupError as exc:
         field = "model.overrides" if config.model.flavor in spec.flavors else "model.flavor"
         raise UsageError(f"{field}: {exc}") from None
-    registry.get("comm_backends", config.comm.backend, what="comm backend")
+    registry.get("comm_backends", config.comm.backend, what="comm.backend")
     refuse_unread_env(registry, config.comm.backend, os.environ)
-    registry.get("datasets", config.data.dataset, what="dataset")
+    registry.get("datasets", config.data.dataset, what="data.dataset")
+    if config.validation.dataset is not None:
+        registry.get("datasets", config.validation.dataset, what="validation.dataset")
 
 
 def check_model_alone(config: Any, registry: Any) -> tuple[Any, Any, Any]:
@@ -268,7 +270,7 @@ def check_served(config: Any, registry: Any) -> None:
     served = {path for r in registry.every("callbacks").values() for path in r.serves}  # conflicts fail
     # A comm backend's settings (the fake ones turn the memory report on) are not the user's
     # to leave at their defaults: without the serving plugin those runs go on as before.
-    backend_sets = registry.get("comm_backends", config.comm.backend, what="comm backend").sets
+    backend_sets = registry.get("comm_backends", config.comm.backend, what="comm.backend").sets
     for path, value in plugin_served(config).items():
         if path not in served and path in backend_sets:  # the run goes on, but not as documented
             print(
@@ -287,7 +289,7 @@ def check_served(config: Any, registry: Any) -> None:
 
 def apply_backend_settings(config: Any, registry: Any) -> None:
     """Set the config values the selected comm backend always runs with (``CommBackend.sets``)."""
-    backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+    backend = registry.get("comm_backends", config.comm.backend, what="comm.backend")
     for path, value in backend.sets.items():
         section_name, _, name = path.partition(".")
         section = config.sections().get(section_name)
@@ -305,7 +307,7 @@ def check_launch(config: Any, registry: Any, processes: int) -> None:
     (``run_train.sh`` before torchrun starts them; each process before its comm backend starts):
     a refusal is one error before any process group exists, not a collective left waiting. The
     comm backend's comes first: it says how the run must be launched at all."""
-    backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+    backend = registry.get("comm_backends", config.comm.backend, what="comm.backend")
     if backend.launch_check is not None:
         backend.launch_check(config, processes)
     c = config.checkpoint

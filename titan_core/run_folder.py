@@ -336,7 +336,7 @@ def _comparable(prior: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
 def run_dp(config: Any, registry: Any, parallel_dims: Any) -> int | None:
     """The ``dp`` a :class:`RunFolder` of this run compares (``None`` under a backend that
     simulates peers): one function, so the trainer and run_train.sh's check decide alike."""
-    backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+    backend = registry.get("comm_backends", config.comm.backend, what="comm.backend")
     return None if backend.simulates_peers else parallel_dims.dp
 
 

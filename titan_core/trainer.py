@@ -232,7 +232,7 @@ class Trainer:
     def _join(self) -> None:
         """Who we are: the comm backend builds the topology; degrees are checked right away."""
         config, registry = self.config, self.registry
-        backend = registry.get("comm_backends", config.comm.backend, what="comm backend")
+        backend = registry.get("comm_backends", config.comm.backend, what="comm.backend")
         apply_backend_settings(config, registry)  # done by `titan run` already; a Python caller too
         refuse_unread_env(registry, config.comm.backend, os.environ)
         check_launch(config, registry, launched_processes(os.environ))
@@ -286,7 +286,7 @@ class Trainer:
         self.accumulation = layout.accumulation
         strategies = layout.strategies
         self.fake_tensors = wanted(config.debug.fake_tensors, self.topology, self.spec, self.device)
-        dataset = registry.get("datasets", config.data.dataset, what="dataset")
+        dataset = registry.get("datasets", config.data.dataset, what="data.dataset")
         # A wrong data.path should fail now, not once the model is built: read one document.
         # A plugin's exception there is one error naming the dataset and its plugin
         # (read_documents), as every later read's does (the same label).

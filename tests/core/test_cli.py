@@ -204,7 +204,7 @@ def test_unknown_recipe_lists_known_ones() -> None:
             ["--module", "my_project.recipes", "--recipe", "raises"],
             "training.stepz: no such field; training has steps,",
         ),
-        (["--recipe", "llama3_debugmodel", "--comm-backend", "carrier_pigeon"], "unknown comm backend"),
+        (["--recipe", "llama3_debugmodel", "--comm-backend", "carrier_pigeon"], "unknown comm.backend"),
         # A file path where a module name belongs (a TypeError about packages for "./x.py").
         (["--module", "my_project/recipes.py", "--recipe", "good"], "give a module name, not a file path"),
         (["--module", "./recipes.py", "--recipe", "good"], "--module recipes (with '.' on PYTHONPATH"),

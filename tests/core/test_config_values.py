@@ -251,3 +251,30 @@ def test_boundary_values_together_train_as_they_mean(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["loss"]) for r in rows)
     assert [r["lr"] for r in rows] == pytest.approx([t.lr, t.lr])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("model.name", "FSDP"), ("data.dataset", "txt"), ("validation.dataset", "held_out")],
+)
+def test_an_unknown_record_name_is_one_cli_error_naming_the_field(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    field: str,
+    value: str,
+) -> None:
+    """``unknown model 'FSDP'`` did not say which setting held the name (``checkpoint.backend``'s
+    error did)."""
+    from titan_core.cli import main
+
+    (tmp_path / "unknown_name_recipes.py").write_text(
+        "from titan_core.config import TrainerConfig\n\n"
+        f"def r():\n    c = TrainerConfig()\n    c.validation.enable = True\n    c.{field} = {value!r}\n"
+        "    return c\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "unknown_name_recipes", raising=False)
+    assert main(["run", "--module", "unknown_name_recipes", "--recipe", "r", "--print-config"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]  # the next line says where plugins are listed
+    assert first.startswith(f"titan: error: unknown {field} {value!r}; known: "), first
