@@ -120,7 +120,7 @@ def _refuse_safetensors_file(path: str) -> None:
     folder: torch.load's own error ("device meta is invalid") said neither what the file is nor
     what to give instead."""
     piece = Path(path).name in (".metadata", "meta.json") or Path(path).suffix == ".distcp"
-    if piece and Path(path).is_file() and (Path(path).parent / ".metadata").is_file():
+    if piece and Path(path).is_file() and is_dcp_folder(Path(path).parent):
         # A piece of a DCP checkpoint (its .metadata, a data file): torch.load's error named
         # neither what the file is nor the folder to give.
         raise UsageError(
@@ -165,7 +165,7 @@ def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
     """
     source = Path(path)
     if source.is_dir():
-        if not (source / ".metadata").is_file():
+        if not is_dcp_folder(source):
             return  # load_dcp_model says what is wrong with the folder
         from torch.distributed.checkpoint import FileSystemReader
 
@@ -205,7 +205,7 @@ def _check_fits(path: str, meta: dict[str, torch.Tensor]) -> None:
         )
 
 
-def is_dcp_folder(path: str) -> bool:
+def is_dcp_folder(path: str | Path) -> bool:
     """A folder with a DCP ``.metadata``: a checkpoint, which a checkpointer may have written
     (the trainer has it checked by ``Checkpointer.verify`` before loading it)."""
     return (Path(path) / ".metadata").is_file()
@@ -260,10 +260,10 @@ def load_dcp_model(
     tied = tied or {}
     import torch.distributed.checkpoint as dcp
 
-    if not (Path(path) / ".metadata").is_file():
+    if not is_dcp_folder(path):
         # A run's checkpoint folder (the one holding step-N): name its steps to choose from.
         steps = sorted(
-            (p for p in Path(path).iterdir() if p.is_dir() and (p / ".metadata").is_file()),
+            (p for p in Path(path).iterdir() if p.is_dir() and is_dcp_folder(p)),
             key=lambda p: (len(p.name), p.name),
         )
         if steps:

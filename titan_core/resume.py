@@ -29,6 +29,17 @@ if TYPE_CHECKING:
 log = get_logger("titan.trainer")
 
 
+def takes_keyword(fn: Any, name: str) -> bool:
+    """Whether a plugin's ``fn`` takes the optional keyword ``name`` of its contract (the
+    checkpointer's ``load(..., check_meta=)``, ``verify(..., check_meta=)``, ``save_seed(...,
+    meta=)``): one written before the keyword is called as it was. A callable without a signature
+    takes none."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def restore(trainer: Trainer) -> None:
     """Resume ``trainer`` from its last checkpoint, if there is one (sets ``trainer.step`` and
     how many microbatches the restored steps consumed).
@@ -69,7 +80,7 @@ def restore(trainer: Trainer) -> None:
     # Before any tensor is read, where the checkpointer offers it: another model of other
     # parameters would otherwise fail inside the load, as if the checkpoint were damaged.
     load = trainer.checkpointer.load
-    early = "check_meta" in inspect.signature(load).parameters
+    early = takes_keyword(load, "check_meta")
     kwargs: dict[str, Any] = {"check_meta": same_model} if early else {}
     trainer.step, meta = load(trainer.parts, trainer.optimizer, trainer.scheduler, **kwargs)
     if not trainer.step:

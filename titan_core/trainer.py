@@ -10,7 +10,6 @@ device values only on the steps that log or save.
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import math
 import os
@@ -45,7 +44,7 @@ from titan_core.log import file_failure as log_file_failure
 from titan_core.metrics import MetricsLogger, check_callback_metrics
 from titan_core.parallel_dims import ParallelDims
 from titan_core.parallelize import ParallelContext, apply_strategies, cross_entropy_loss
-from titan_core.resume import CheckpointSaves, model_changes, restore, resume_record
+from titan_core.resume import CheckpointSaves, model_changes, restore, resume_record, takes_keyword
 from titan_core.run import (
     apply_backend_settings,
     check_launch,
@@ -412,11 +411,7 @@ class Trainer:
         world = 1 if simulated else self.topology.world_size
         rank = 0 if simulated else self.topology.rank
         verify = record.verify
-        try:
-            takes_meta = "check_meta" in inspect.signature(verify).parameters
-        except (TypeError, ValueError):  # a callable without a signature: the three arguments only
-            takes_meta = False
-        if takes_meta:  # optional: a verify written before the keyword is called as it was
+        if takes_keyword(verify, "check_meta"):
             verify = functools.partial(
                 verify, check_meta=lambda _step, meta: self._compare_initial_model(path, meta)
             )
@@ -917,7 +912,7 @@ class Trainer:
             save_seed = self.checkpointer.save_seed
             # The model it holds, where the checkpointer records it: a run resuming from the seed
             # (its checkpoint folder) is then refused for another model before reading it.
-            takes_meta = "meta" in inspect.signature(save_seed).parameters
+            takes_meta = takes_keyword(save_seed, "meta")
             save_seed(
                 self.parts,
                 **({"meta": {"model": resume_record(self.config, 0)["model"]}} if takes_meta else {}),

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from titan_core.errors import UsageError
+from titan_plugins_parallel.config import checkpoints_whole_blocks
 from titan_plugins_parallel.model_blocks import model_blocks
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def _compiled_region(block: nn.Module, ctx: ParallelContext) -> nn.Module:
     if not isinstance(inner, nn.Module):
         return block
     ac = ctx.config.activation_checkpoint
-    whole = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+    whole = checkpoints_whole_blocks(ac)
     return inner if whole and (ctx.parallel_dims.tp > 1 or ac.debug) else block
 
 

@@ -65,6 +65,12 @@ _READ_BY_MODE = {
 }
 
 
+def checkpoints_whole_blocks(ac: ActivationCheckpoint) -> bool:
+    """Whether ``ac`` checkpoints whole blocks (``full``, or ``selective`` every N-th block), as
+    opposed to none or the ``op`` policy's chosen operators."""
+    return ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+
+
 def _unread_settings(ac: ActivationCheckpoint) -> list[str]:
     read = _READ_BY_MODE[ac.mode]
     return [

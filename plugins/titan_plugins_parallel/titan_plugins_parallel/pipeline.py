@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from titan_core.errors import PluginError, UsageError
+from titan_plugins_parallel.config import checkpoints_whole_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -367,10 +368,8 @@ def _split_backward_problems(cls: type, config: Any) -> list[str]:
             "the op policy allows one backward per recomputed block; use mode 'full' or an "
             "integer selective_ac_option (whole blocks), or Interleaved1F1B (or 1F1B)"
         )
-    whole_blocks = ac is not None and (
-        ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
-    )
-    if whole_blocks and ac.debug:  # the op policy with debug is refused by the config's check
+    # (The op policy with debug is refused by the config's check.)
+    if ac is not None and checkpoints_whole_blocks(ac) and ac.debug:
         problems.append(
             f"activation_checkpoint.debug: parallelism.pp_schedule={name} splits each stage's "
             "backward into an input-gradient and a weight-gradient pass, which the checkpoint's "
