@@ -48,6 +48,8 @@
 # The table of the last call then holds every row; each call also leaves its logs under $OUT/logs, and
 # `python3 bench/perf_table.py DIR1 DIR2` rebuilds the table from the two calls' logs anywhere.
 # PERF_STOP_ON_FAIL=1 ends a call at its first failed run.
+# PERF_SKIP_DONE=1 skips the runs that finished (rc=0) in an earlier call on this machine: one
+# command, repeated on the warm machine, completes a lease whatever each call got through.
 set -u
 T0=$(date +%s)
 DEADLINE=${PERF_DEADLINE:-570}
@@ -81,6 +83,12 @@ declare -A CAP=([bench_debugmodel]=150 [bench_1b]=230 [bench_1b_compile]=200 [be
 capped() { # capped NAME CAP CMD... -> $W/NAME.log; skipped when too little time is left
   local name=$1 cap=$2
   shift 2
+  # PERF_SKIP_DONE=1: a run that already finished in an earlier call of this lease is not rerun, so
+  # that every call of a lease can be the same command (a call taken back loses only its own runs).
+  if [ "${PERF_SKIP_DONE:-0}" = 1 ] && grep -q "^$name .* rc=0 " "$W/calls.txt" 2>/dev/null; then
+    echo "== $name: done in an earlier call"
+    return 0
+  fi
   local l
   l=$(left)
   local t=$((cap < l ? cap : l))
