@@ -103,17 +103,28 @@ def rope_frequencies(
 def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     """Rotate ``x (batch, seq, heads, head_dim)`` by the first ``seq`` rows of ``freqs_cis``.
 
-    Each pair ``(x[2i], x[2i+1])`` is multiplied by the complex ``freqs_cis[pos, i]``, written
-    out in real arithmetic (``(a + bi)(c + di) = (ac - bd) + (ad + bc)i``, the same float32
-    operations, so the result is that of a complex multiplication): inductor generates no code
-    for complex operators, so a complex multiply in a compiled block ran as separate eager
-    kernels in forward, recomputation and backward (1.3% of an 8B-shape step on an H200),
-    while this fuses with its neighbours. ``freqs_cis`` may also be given as its real view
+    Each pair ``(x[2i], x[2i+1])`` is multiplied by the complex ``freqs_cis[pos, i]``. Under
+    ``torch.compile`` it is written out in real arithmetic (``(a + bi)(c + di) = (ac - bd) +
+    (ad + bc)i``, the same float32 operations, so the result is that of the complex multiply):
+    inductor generates no code for complex operators, so a complex multiply in a compiled block
+    ran as separate eager kernels in forward, recomputation and backward (1.3% of an 8B-shape
+    step on an H200), while the real form fuses with its neighbours. Eager, every elementwise op
+    is its own kernel and a full float32 pass over q or k: there the complex multiply, one
+    kernel each way, is the fast form (the real form's ten passes are the likely cause of an
+    eager 1B-shape run falling from 1.075x torchtitan to 0.92x; 3-4x the time on CPU).
+    ``freqs_cis`` may also be given as its real view
     ``(seq, head_dim // 2, 2)``.
     """
     # freqs_cis may cover more positions than x (the whole buffer): x's length is only known
     # here, after sequence-parallel activations were gathered for attention.
     rows = freqs_cis[: x.shape[1]]
+    if not torch.compiler.is_compiling():
+        table = rows if rows.is_complex() else torch.view_as_complex(rows)
+        # Contiguous: a complex view needs even strides and offset, which a float32 slice of
+        # a wider projection (MLA's rope part) need not have; a bf16 x is copied by float() anyway.
+        pairs = torch.view_as_complex(x.float().contiguous().unflatten(-1, (-1, 2)))
+        rotated = torch.view_as_real(pairs * table.view(1, x.shape[1], 1, -1))
+        return rotated.flatten(3).type_as(x)
     rotation = (torch.view_as_real(rows) if rows.is_complex() else rows).view(1, x.shape[1], 1, -1, 2)
     cos, sin = rotation[..., 0], rotation[..., 1]
     pairs = x.float().unflatten(-1, (-1, 2))
