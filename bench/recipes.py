@@ -108,6 +108,14 @@ def _bench(name: str) -> TrainerConfig:
     config.metrics.enable_tensorboard = False
     env = os.environ.get
     config.training.steps = int(env("TITAN_BENCH_STEPS", steps))
+    if name == "bench_debugmodel":
+        # The peer kit runs torchtitan's own llama3_debugmodel settings here: lr 8e-4, 2 warm-up
+        # steps, round(0.8 x steps) steps decaying linearly to 0 (torchtitan's decay_ratio counts
+        # all steps, titan's those after warm-up). At the 3e-4 of the other shapes titan's debug
+        # run ended at loss 3.55 against torchtitan's 2.59: other settings, not other training.
+        t = config.training
+        t.lr, t.warmup_steps, t.min_lr_factor = 8e-4, 2, 0.0
+        t.decay_ratio = min(round(0.8 * t.steps) / max(t.steps - t.warmup_steps, 1), 1.0)
     config.data.prefetch = int(env("TITAN_BENCH_PREFETCH", config.data.prefetch))
     config.metrics.log_freq = int(env("TITAN_BENCH_LOG_FREQ", 1))
     config.activation_checkpoint.mode = env("TITAN_BENCH_AC", "selective")  # type: ignore[assignment]
