@@ -12,6 +12,7 @@
 #   hand[:CONFIG]   python3 -m bench.handloop --config CONFIG (default: the two compiled ones)
 #   peer            .peer/bench.sh, torchtitan 0.3.0's four runs of the same shapes
 #   check           python3 -m bench.gpu_perf_check (flex/GQA/recompile/1-GPU FSDP checks)
+#   rope            python3 -m bench.rope_eager: eager RoPE's complex multiply against its real form
 #   float8check     python3 -m bench.gpu_float8_check (torchao on this torch, float8 numerics,
 #                   compiled float8 blocks, selective AC keeping flex attention and _scaled_mm)
 #   profile[:CONFIG] titan and the hand loop on CONFIG (default bench_8b_l8_compile), 10 steps each,
@@ -215,6 +216,7 @@ for stage in "${@:-titan hand peer table}"; do
             *) echo "unknown peer run $r (r1_debugmodel_ce_loss r2_1b_v2k_eager r3_1b_v2k_compile r4_8b_l8_v2k_compile)"; exit 2 ;;
           esac
         done ;;
+      rope) capped rope 90 python3 -m bench.rope_eager 1b 8b; grep -a "eager rope" "$W/rope.log" ;;
       check) capped check 360 python3 -m bench.gpu_perf_check; cat "$W/check.log" | grep -aE "^(PASS|FAIL)|checks passed" ;;
       peer)
         l=$(($(left) - 15))
@@ -226,7 +228,7 @@ for stage in "${@:-titan hand peer table}"; do
         python3 bench/perf_table.py "$W" | tee "$OUT/perf_table.md"
         echo "calls:"; cat "$W/calls.txt" ;;
       float8check) capped float8check 240 python3 -m bench.gpu_float8_check; grep -aE "^(PASS|FAIL)|checks passed" "$W/float8check.log" ;;
-      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] recompute[:CONFIG] peer peer1[:RUN] peer_budget check float8check table)"; exit 2 ;;
+      *) echo "unknown stage $st (titan[:CONFIG] float8[:CONFIG] hand[:CONFIG] profile[:CONFIG] ablate[:CONFIG] recompute[:CONFIG] peer peer1[:RUN] peer_budget rope check float8check table)"; exit 2 ;;
     esac
   done
 done
