@@ -112,8 +112,7 @@ def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     is its own kernel and a full float32 pass over q or k: there the complex multiply, one
     kernel each way, is the fast form (the real form's ten passes are the likely cause of an
     eager 1B-shape run falling from 1.075x torchtitan to 0.92x; 3-4x the time on CPU).
-    ``freqs_cis`` may also be given as its real view
-    ``(seq, head_dim // 2, 2)``.
+    ``freqs_cis`` may also be given as its real view ``(seq, head_dim // 2, 2)``.
     """
     # freqs_cis may cover more positions than x (the whole buffer): x's length is only known
     # here, after sequence-parallel activations were gathered for attention.
