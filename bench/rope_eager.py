@@ -24,12 +24,8 @@ SHAPES = {"1b": (8, 4096, 32, 8, 64, 16), "8b": (4, 8192, 32, 8, 128, 8)}
 
 
 def real_form(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    """The rotation written out in real arithmetic (``apply_rope``'s compiled form)."""
-    rows = torch.view_as_real(freqs_cis[: x.shape[1]]).view(1, x.shape[1], 1, -1, 2)
-    cos, sin = rows[..., 0], rows[..., 1]
-    pairs = x.float().unflatten(-1, (-1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(3).type_as(x)
+    """The rotation in real arithmetic, the form ``apply_rope`` takes under ``torch.compile``."""
+    return blocks._rotate_real(x, freqs_cis[: x.shape[1]])
 
 
 def per_block_ms(form, q: torch.Tensor, k: torch.Tensor, freqs: torch.Tensor, repeats: int = 20) -> float:

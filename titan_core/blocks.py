@@ -117,13 +117,20 @@ def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     # freqs_cis may cover more positions than x (the whole buffer): x's length is only known
     # here, after sequence-parallel activations were gathered for attention.
     rows = freqs_cis[: x.shape[1]]
-    if not torch.compiler.is_compiling():
-        table = rows if rows.is_complex() else torch.view_as_complex(rows)
-        # Contiguous: a complex view needs even strides and offset, which a float32 slice of
-        # a wider projection (MLA's rope part) need not have; a bf16 x is copied by float() anyway.
-        pairs = torch.view_as_complex(x.float().contiguous().unflatten(-1, (-1, 2)))
-        rotated = torch.view_as_real(pairs * table.view(1, x.shape[1], 1, -1))
-        return rotated.flatten(3).type_as(x)
+    return _rotate_real(x, rows) if torch.compiler.is_compiling() else _rotate_complex(x, rows)
+
+
+def _rotate_complex(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope`'s eager form: ``x`` times the complex ``rows`` (``x.shape[1]`` of them)."""
+    table = rows if rows.is_complex() else torch.view_as_complex(rows)
+    # Contiguous: a complex view needs even strides and offset, which a float32 slice of a wider
+    # projection (MLA's rope part) need not have; a bf16 x is copied by float() anyway.
+    pairs = torch.view_as_complex(x.float().contiguous().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * table.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
+
+
+def _rotate_real(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope`'s compiled form: the same product written out in real arithmetic."""
     rotation = (torch.view_as_real(rows) if rows.is_complex() else rows).view(1, x.shape[1], 1, -1, 2)
     cos, sin = rotation[..., 0], rotation[..., 1]
     pairs = x.float().unflatten(-1, (-1, 2))

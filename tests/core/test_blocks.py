@@ -151,15 +151,21 @@ def _complex_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(rotated).flatten(3).type_as(x)
 
 
+def _real_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """``apply_rope``'s form under ``torch.compile``, run eagerly."""
+    return blocks._rotate_real(x, freqs_cis[: x.shape[1]])
+
+
+@pytest.mark.parametrize("rope", [blocks.apply_rope, _real_rope], ids=["eager", "compiled_form"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_equals_the_complex_rotation_with_either_table_form(dtype: torch.dtype) -> None:
+def test_rope_equals_the_complex_rotation_with_either_table_form(rope: Any, dtype: torch.dtype) -> None:
     freqs = blocks.rope_frequencies(16, 64, theta=5e5, scaling=blocks.RopeScaling(original_max_len=32))
     x = torch.randn(2, 40, 3, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
     expected = _complex_rope(x, freqs)
-    got = blocks.apply_rope(x, freqs)
+    got = rope(x, freqs)
     assert got.dtype == dtype and got.shape == x.shape
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
-    torch.testing.assert_close(blocks.apply_rope(x, torch.view_as_real(freqs)), expected, atol=0, rtol=0)
+    torch.testing.assert_close(rope(x, torch.view_as_real(freqs)), expected, atol=0, rtol=0)
 
 
 def test_eager_rope_is_one_complex_multiply_forward_and_backward() -> None:
