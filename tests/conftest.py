@@ -8,8 +8,12 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.plugins.config_probes import ConfigProbe
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -198,3 +202,17 @@ def recipe_record(name: str) -> object:
     from titan_core import Recipe, TrainerConfig
 
     return Recipe(name, TrainerConfig, "")
+
+
+@pytest.fixture
+def config_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> ConfigProbe:
+    """``config_probe(settings, expected, base="llama3")``: set ``settings`` in a recipe built on
+    ``base``, run ``--print-config`` and assert ``expected`` (``tests/plugins/config_probes.py``)."""
+    from tests.plugins.config_probes import assert_probe, print_config
+
+    def probe(settings: dict[str, str], expected: str | None, base: str = "llama3") -> None:
+        assert_probe(*print_config(tmp_path, monkeypatch, capsys, settings, base), expected)
+
+    return probe

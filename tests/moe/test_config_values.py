@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.config_probes import assert_probe, print_config
+from tests.plugins.config_probes import ConfigProbe
 
 PROBES = [
     # (base recipe, {field: expression}, expected error text or None: accepted)
@@ -51,14 +51,9 @@ PROBES = [
 
 @pytest.mark.parametrize(("base", "settings", "expected"), PROBES, ids=lambda v: str(v)[:60])
 def test_a_moe_value(
-    base: str,
-    settings: dict[str, str],
-    expected: str | None,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    base: str, settings: dict[str, str], expected: str | None, config_probe: ConfigProbe
 ) -> None:
-    assert_probe(*print_config(tmp_path, monkeypatch, capsys, settings, base), expected)
+    config_probe(settings, expected, base)
 
 
 def test_the_largest_bias_rate_accepted_keeps_the_bias_finite(tmp_path: Path) -> None:

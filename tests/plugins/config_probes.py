@@ -1,10 +1,13 @@
 """Probe a plugin config field as a user does: a recipe module setting it, run with ``titan run
---module M --recipe probe --print-config`` in this process; the exit code and what stderr shows."""
+--module M --recipe probe --print-config`` in this process; the exit code and what stderr shows.
+Tests use the ``config_probe`` fixture (``tests/conftest.py``): ``config_probe(settings,
+expected, base)`` runs :func:`print_config` and :func:`assert_probe`."""
 
 from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,9 @@ BASES = {
     "moe": ("titan_plugins_moe.recipes", "moe_debugmodel"),
 }
 _COUNTER = itertools.count()
+
+#: The ``config_probe`` fixture: ``(settings, expected, base="llama3") -> None``.
+ConfigProbe = Callable[..., None]
 
 
 def print_config(

@@ -3,11 +3,9 @@ field and what to change (exit 2), or accepted."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.plugins.config_probes import assert_probe, print_config
+from tests.plugins.config_probes import ConfigProbe
 
 ON = {"float8.enable": "True"}
 
@@ -33,11 +31,5 @@ PROBES = [
 
 
 @pytest.mark.parametrize(("settings", "expected"), PROBES, ids=lambda v: str(v)[:60])
-def test_a_float8_value(
-    settings: dict[str, str],
-    expected: str | None,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert_probe(*print_config(tmp_path, monkeypatch, capsys, settings), expected)
+def test_a_float8_value(settings: dict[str, str], expected: str | None, config_probe: ConfigProbe) -> None:
+    config_probe(settings, expected)

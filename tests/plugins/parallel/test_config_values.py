@@ -3,11 +3,9 @@ one ``titan: error:`` naming the field and what to change (exit 2), or accepted.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.plugins.config_probes import assert_probe, print_config
+from tests.plugins.config_probes import ConfigProbe
 
 SEL = {"activation_checkpoint.mode": "'selective'"}
 FULL = {"activation_checkpoint.mode": "'full'"}
@@ -55,13 +53,9 @@ PROBES = [
 
 @pytest.mark.parametrize(("settings", "expected"), PROBES, ids=lambda v: str(v)[:60])
 def test_a_parallel_section_value(
-    settings: dict[str, str],
-    expected: str | None,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    settings: dict[str, str], expected: str | None, config_probe: ConfigProbe
 ) -> None:
-    assert_probe(*print_config(tmp_path, monkeypatch, capsys, settings), expected)
+    config_probe(settings, expected)
 
 
 @pytest.mark.parametrize("name", ["inducter", "", "aot_nonsense"])
