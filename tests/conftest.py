@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -17,6 +18,13 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The Ctrl-C tests need Python's KeyboardInterrupt, here and in the runs they start: a suite
+    # started with SIGINT ignored (nohup, a background job) passes the ignoring on to both.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def titan_env(**extra: str) -> dict[str, str]:

@@ -160,6 +160,10 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+            if signum == signal.SIGINT and signal.getsignal(signum) is signal.SIG_IGN:
+                # Started with Ctrl-C ignored (nohup, a background job): Python leaves it so, and
+                # so does the run, rather than stopping on a first one and ignoring the second.
+                continue
             with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
                 self._previous[signum] = signal.signal(signum, handler)
         return self

@@ -373,6 +373,22 @@ def test_the_signal_handlers_only_set_flags(monkeypatch: pytest.MonkeyPatch) -> 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it() -> None:
+    """``nohup`` and background jobs start with SIGINT ignored, as Python itself leaves it: the
+    run took a first SIGINT as a stop anyway, then ignored the second (the one that stops at once)."""
+    from titan_core.stop_signals import StopSignals
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals() as flags:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+            assert not flags.interrupted
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("scoped", [True, False], ids=["cli", "library"])
 def test_a_failing_run_holds_sigterm_until_its_error_line_only_under_the_clis_scope(scoped: bool) -> None:
     """torchrun's SIGTERM to a survivor that was saying why it failed ended it with nothing said;
